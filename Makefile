@@ -1,0 +1,48 @@
+# The two set-up commands are `make run` and `make test`; both build the environment themselves.
+PYTHON ?= python3
+TOOLS := .venv-tools
+UV := $(TOOLS)/bin/uv
+UV_VERSION := 0.13.9
+VENV := .venv
+PY := $(VENV)/bin/python
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+export UV_LINK_MODE := copy
+ARGS ?=
+
+.PHONY: run test lint docs bench env clean unit integration
+
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet "uv==$(UV_VERSION)"
+
+$(VENV)/.synced: $(UV) uv.lock pyproject.toml */pyproject.toml libs/*/pyproject.toml services/*/pyproject.toml
+	$(UV) sync --frozen --all-packages --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')"
+	@touch $@
+
+env: $(VENV)/.synced
+
+run: env
+	$(VENV)/bin/ibpool run $(ARGS)
+
+lint: env
+	$(VENV)/bin/ruff check proto libs services tests examples
+	$(VENV)/bin/mypy --strict proto/ibpool_proto libs/core/ibpool_core
+
+docs: env
+	$(PY) -m ibpool_proto.docs docs/events
+
+unit: env
+	$(VENV)/bin/pytest -q proto libs services examples -m "not integration"
+
+integration: env
+	$(VENV)/bin/pytest -q tests/integration
+
+test: lint
+	$(VENV)/bin/pytest -q
+
+bench: env
+	$(PY) tests/bench/bench_bus.py --runs 5
+
+clean:
+	rm -rf $(VENV) $(TOOLS) .ibpool

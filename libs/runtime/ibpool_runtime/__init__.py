@@ -1,0 +1,1 @@
+"""ibpool_runtime: what every ibpool service stands on (bus, store, telemetry, HTTP, config, lifecycle)."""

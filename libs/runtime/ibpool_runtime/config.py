@@ -1,0 +1,106 @@
+"""Service configuration: one msgspec Struct per service, read from env and an optional TOML file.
+
+Precedence, lowest first: field defaults, the TOML file, the shared `IBPOOL_<FIELD>` env vars
+(written by `ibpool dev up` for the bus and store URLs), `IBPOOL_<SERVICE>_<FIELD>`. An invalid
+value fails at start with a message naming the field, where it came from and what was wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message says which field and why."""
+
+
+class BaseConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Fields every service has. Services subclass this and add their own."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    instance: str = ""
+    # JetStream stream replicas: 1 for the embedded server, 3 for a cluster.
+    stream_replicas: int = 1
+    # Bounded retries before a service gives up on NATS or Postgres and exits non-zero.
+    connect_attempts: int = 10
+    connect_backoff_s: float = 0.5
+    consumer_batch: int = 64
+    consumer_max_ack_pending: int = 1024
+    consumer_ack_wait_s: float = 30.0
+    consumer_max_deliver: int = 5
+    shutdown_grace_s: float = 10.0
+    outbox_window: int = 256
+    log_level: str = "info"
+
+
+C = TypeVar("C", bound=BaseConfig)
+
+# Fields that `ibpool dev up` writes once for every service.
+SHARED_FIELDS = ("nats_url", "postgres_dsn", "stream_replicas")
+
+
+def env_name(service: str, field: str) -> str:
+    return f"IBPOOL_{service.upper()}_{field.upper()}"
+
+
+def load_config(
+    config_type: type[C],
+    service: str,
+    env: Mapping[str, str] | None = None,
+    toml_path: str | Path | None = None,
+) -> C:
+    """Build `config_type` from defaults, TOML and env; raise ConfigError naming the bad field."""
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    toml_path = toml_path or env.get(env_name(service, "config_file"))
+    if toml_path:
+        path = Path(toml_path)
+        try:
+            doc = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        section = doc.get(service, doc)
+        for k, v in section.items():
+            raw[k] = v
+            origin[k] = f"{path} [{service}] {k}"
+    fields = {f.name for f in msgspec.structs.fields(config_type)}
+    for f in fields:
+        for name in ((f"IBPOOL_{f.upper()}",) if f in SHARED_FIELDS else ()) + (env_name(service, f),):
+            if name in env:
+                raw[f] = env[name]
+                origin[f] = f"env {name}"
+    prefix = f"IBPOOL_{service.upper()}_"
+    unknown = [k for k in env if k.startswith(prefix) and k[len(prefix) :].lower() not in fields | {"config_file"}]
+    if unknown:
+        raise ConfigError(f"unknown setting(s) for {service}: {', '.join(sorted(unknown))}; known: {sorted(fields)}")
+    try:
+        return msgspec.convert(raw, config_type, strict=False)
+    except msgspec.ValidationError as e:
+        msg = str(e)
+        field = _field_of(msg)
+        where = origin.get(field, "") if field else ""
+        where_text = f" (from {where})" if where else ""
+        raise ConfigError(f"invalid {service} config: field `{field or '?'}`{where_text}: {msg}") from None
+
+
+def _field_of(validation_message: str) -> str | None:
+    marker = "at `$."
+    if marker in validation_message:
+        return validation_message.split(marker, 1)[1].split("`", 1)[0].split(".")[0].split("[")[0]
+    if "Object contains unknown field `" in validation_message:
+        return validation_message.split("unknown field `", 1)[1].split("`", 1)[0]
+    if "missing required field `" in validation_message:
+        return validation_message.split("required field `", 1)[1].split("`", 1)[0]
+    return None

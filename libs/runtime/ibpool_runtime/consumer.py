@@ -1,0 +1,249 @@
+"""Durable pull consumers: decode once, handle in one transaction per batch, ack, nak or dead-letter.
+
+A batch of fetched messages is handled in one Postgres transaction, each handler inside its own
+savepoint with its inbox row, so one commit and one round of acks serve the whole batch, and a
+failing handler rolls back only its own work. A message that does not decode goes to the DLQ at
+once; a handler that keeps failing goes there after `max_deliver` attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from ibpool_proto import DecodeError, Message, decode
+
+from . import faults, telemetry
+from .bus import Bus
+from .logs import get_logger
+from .metrics import ServiceMetrics
+from .store import Store, Transaction
+from .streams import stream_for_subject
+
+log = get_logger(__name__)
+
+
+class NoTransaction(Exception):
+    """A handler tried to emit events from a consumer that has no store."""
+
+
+@dataclass
+class HandlerContext:
+    """What a handler gets besides the event: its transaction, the delivery, who it is."""
+
+    tx: Transaction | None
+    subject: str
+    deliveries: int
+    headers: Mapping[str, str]
+    source: str
+
+    async def emit(self, *messages: Message) -> None:
+        """Queue events in the outbox of this handler's transaction."""
+        if self.tx is None:
+            raise NoTransaction("this consumer has no store; events must leave through an outbox")
+        await self.tx.outbox(*messages)
+
+
+Handler = Callable[[Any, HandlerContext], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A durable consumer: which subjects, which handler, whether it runs in a store transaction."""
+
+    durable: str
+    filter_subjects: tuple[str, ...]
+    handler: Handler
+    transactional: bool = True
+    stream: str | None = None
+
+    def stream_name(self) -> str:
+        return self.stream or stream_for_subject(self.filter_subjects[0])
+
+
+@dataclass
+class ConsumerSettings:
+    batch: int = 64
+    max_ack_pending: int = 1024
+    ack_wait_s: float = 30.0
+    max_deliver: int = 5
+    fetch_timeout_s: float = 0.5
+
+
+@dataclass
+class _Outcome:
+    msg: Msg
+    event: Message | None
+    error: str | None = None
+    duplicate: bool = False
+
+
+@dataclass
+class Consumer:
+    bus: Bus
+    store: Store | None
+    sub: Subscription
+    settings: ConsumerSettings
+    metrics: ServiceMetrics
+    source: str
+    busy: bool = False
+    running: bool = False
+    _psub: Any = field(default=None, repr=False)
+
+    async def start(self) -> None:
+        stream = self.sub.stream_name()
+        config = ConsumerConfig(
+            durable_name=self.sub.durable,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.settings.ack_wait_s,
+            max_deliver=self.settings.max_deliver,
+            max_ack_pending=self.settings.max_ack_pending,
+            filter_subjects=list(self.sub.filter_subjects),
+        )
+        try:
+            await self.bus.js.add_consumer(stream, config)
+        except nats.js.errors.BadRequestError:
+            await self.bus.js.delete_consumer(stream, self.sub.durable)
+            await self.bus.js.add_consumer(stream, config)
+        self._psub = await self.bus.js.pull_subscribe_bind(self.sub.durable, stream=stream)
+
+    async def pending(self) -> int:
+        info = await self.bus.js.consumer_info(self.sub.stream_name(), self.sub.durable)
+        return int(info.num_pending or 0)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and handle until `stop` is set; the batch in hand is always finished."""
+        self.running = True
+        try:
+            while not stop.is_set():
+                try:
+                    msgs = await self._psub.fetch(self.settings.batch, timeout=self.settings.fetch_timeout_s)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    continue
+                except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+                    break
+                except Exception as e:
+                    log.warning("fetch failed", consumer=self.sub.durable, error=str(e) or type(e).__name__)
+                    await asyncio.sleep(0.5)
+                    continue
+                self.busy = True
+                try:
+                    await self.process(msgs)
+                finally:
+                    self.busy = False
+        finally:
+            self.running = False
+
+    async def process(self, msgs: Sequence[Msg]) -> None:
+        outcomes: list[_Outcome] = []
+        for msg in msgs:
+            try:
+                outcomes.append(_Outcome(msg, decode(msg.data)))
+            except DecodeError as e:
+                await self._dead_letter(msg, f"decode: {e}", why="decode")
+        if not outcomes:
+            return
+        if self.sub.transactional and self.store is not None:
+            try:
+                async with self.store.transaction() as tx:
+                    for o in outcomes:
+                        await self._handle_one(o, tx)
+            except Exception as e:  # the commit itself failed: nothing of the batch happened
+                log.warning("batch commit failed", consumer=self.sub.durable, error=str(e))
+                for o in outcomes:
+                    o.error = o.error or f"commit: {e}"
+        else:
+            for o in outcomes:
+                await self._handle_one(o, None)
+        for o in outcomes:
+            await self._settle(o)
+
+    async def _handle_one(self, o: _Outcome, tx: Transaction | None) -> None:
+        assert o.event is not None
+        headers = dict(o.msg.headers or {})
+        deliveries = _deliveries(o.msg)
+        parent = telemetry.extract(headers)
+        token = otel_context.attach(parent)
+        started = time.perf_counter()
+        try:
+            with telemetry.tracer("ibpool.consumer").start_as_current_span(
+                f"handle {o.event.ce_type()}",
+                kind=trace.SpanKind.CONSUMER,
+                attributes={
+                    "messaging.system": "nats",
+                    "messaging.destination.name": o.msg.subject,
+                    "messaging.message.id": o.event.id,
+                    "messaging.consumer.group.name": self.sub.durable,
+                    "ibpool.deliveries": deliveries,
+                },
+            ) as span:
+                ctx = HandlerContext(tx, o.msg.subject, deliveries, headers, self.source)
+                try:
+                    if tx is not None:
+                        async with tx.savepoint():
+                            if not await tx.mark_handled(self.sub.durable, o.event.id):
+                                o.duplicate = True
+                                span.set_attribute("ibpool.duplicate", True)
+                                return
+                            await faults.delay_if_armed("handler.delay_s")
+                            await self.sub.handler(o.event, ctx)
+                    else:
+                        await faults.delay_if_armed("handler.delay_s")
+                        await self.sub.handler(o.event, ctx)
+                except Exception as e:
+                    o.error = f"{type(e).__name__}: {e}"
+                    span.record_exception(e)
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, o.error))
+        finally:
+            otel_context.detach(token)
+            self.metrics.handler_seconds.labels(self.sub.durable).observe(time.perf_counter() - started)
+
+    async def _settle(self, o: _Outcome) -> None:
+        assert o.event is not None
+        kind = o.event.ce_type()
+        if o.error is None:
+            await o.msg.ack()
+            if o.duplicate:
+                self.metrics.duplicates.labels(self.sub.durable).inc()
+            else:
+                self.metrics.handled.labels(self.sub.durable, kind).inc()
+            return
+        self.metrics.failed.labels(self.sub.durable, kind).inc()
+        deliveries = _deliveries(o.msg)
+        if deliveries >= self.settings.max_deliver:
+            await self._dead_letter(o.msg, f"handler failed {deliveries} times: {o.error}", why="handler")
+            return
+        log.warning("handler failed, will retry", consumer=self.sub.durable, event_id=o.event.id,
+                    deliveries=deliveries, error=o.error)
+        await o.msg.nak(delay=min(0.25 * 2 ** (deliveries - 1), 30.0))
+
+    async def _dead_letter(self, msg: Msg, reason: str, *, why: str) -> None:
+        log.error("dead-lettering message", consumer=self.sub.durable, subject=msg.subject, reason=reason)
+        try:
+            await self.bus.dead_letter(msg, consumer=self.sub.durable, reason=reason, deliveries=_deliveries(msg))
+        except Exception as e:  # DLQ unreachable: leave it for redelivery rather than lose it
+            log.error("dead-letter publish failed", error=str(e))
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=5.0)
+            return
+        self.metrics.dead_lettered.labels(self.sub.durable, why).inc()
+        await msg.term()
+
+
+def _deliveries(msg: Msg) -> int:
+    try:
+        return int(msg.metadata.num_delivered)
+    except Exception:
+        return 1

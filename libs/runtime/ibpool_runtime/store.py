@@ -1,0 +1,180 @@
+"""The store: asyncpg on Postgres, one schema per service, numbered SQL migrations, inbox and outbox.
+
+A handler's state change, the id of the event it handled (inbox) and the events it caused
+(outbox) are written in one transaction, so a redelivered event changes nothing and a crash
+between commit and publish loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from ibpool_proto import Message
+
+from .bus import outgoing
+from .logs import get_logger
+
+log = get_logger(__name__)
+
+RUNTIME_MIGRATIONS = Path(__file__).parent / "migrations"
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_MIGRATION_NAME = re.compile(r"^(\d+)_[\w-]+\.sql$")
+
+
+class StoreUnavailable(Exception):
+    """Postgres could not be reached after the configured retries."""
+
+
+class MigrationError(Exception):
+    """A migration file is misnamed or failed to apply; the message names the file."""
+
+
+class Transaction:
+    """One database transaction of a service: its own state, the inbox and the outbox."""
+
+    def __init__(self, conn: asyncpg.Connection, on_outbox: Any = None) -> None:
+        self.conn = conn
+        self._on_outbox = on_outbox
+        self.emitted = 0
+
+    async def mark_handled(self, consumer: str, event_id: str) -> bool:
+        """Record that `consumer` handled `event_id`; False if it already had (a redelivery)."""
+        row = await self.conn.fetchval(
+            "INSERT INTO inbox (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING 1",
+            consumer,
+            event_id,
+        )
+        return row is not None
+
+    async def outbox(self, *messages: Message) -> None:
+        """Queue messages for publishing; they leave only if this transaction commits."""
+        if not messages:
+            return
+        rows = []
+        for m in messages:
+            out = outgoing(m)
+            rows.append((m.id, out.subject, msgspec.json.encode(out.headers).decode(), out.body))
+        await self.conn.executemany(
+            "INSERT INTO outbox (event_id, subject, headers, body) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT (event_id) DO NOTHING",
+            rows,
+        )
+        self.emitted += len(rows)
+
+    @asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        async with self.conn.transaction():
+            yield
+
+
+class Store:
+    def __init__(self, pool: asyncpg.Pool, schema: str) -> None:
+        self.pool = pool
+        self.schema = schema
+        self._committed_outbox = asyncio.Event()
+
+    @classmethod
+    async def connect(
+        cls, dsn: str, schema: str, *, attempts: int = 10, backoff_s: float = 0.5, max_size: int = 10
+    ) -> Store:
+        if not _SCHEMA_NAME.match(schema):
+            raise ValueError(f"schema name {schema!r} must be a lower-case SQL identifier")
+        last: Exception | None = None
+        for attempt in range(1, attempts + 1):
+            try:
+                conn = await asyncpg.connect(dsn, timeout=5)
+                try:
+                    await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+                finally:
+                    await conn.close()
+                pool = await asyncpg.create_pool(
+                    dsn, min_size=1, max_size=max_size, server_settings={"search_path": schema}, timeout=5
+                )
+                return cls(pool, schema)
+            except (OSError, asyncpg.PostgresError, TimeoutError) as e:
+                last = e
+                log.warning("postgres connect failed", attempt=attempt, error=str(e) or type(e).__name__)
+                await asyncio.sleep(min(backoff_s * 2 ** (attempt - 1), 5.0))
+        raise StoreUnavailable(f"cannot reach Postgres at {_redact(dsn)} after {attempts} attempts: {last!r}")
+
+    async def migrate(self, *dirs: Path) -> list[str]:
+        """Apply numbered SQL files not yet applied, under an advisory lock; returns what ran."""
+        applied_now: list[str] = []
+        async with self.pool.acquire() as conn:
+            await conn.execute("SELECT pg_advisory_lock(hashtext($1))", f"ibpool.migrate.{self.schema}")
+            try:
+                await conn.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                    " source text NOT NULL, version int NOT NULL, name text NOT NULL,"
+                    " applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (source, version))"
+                )
+                for source, directory in [("runtime", RUNTIME_MIGRATIONS), *[("service", d) for d in dirs]]:
+                    done = {r["version"] for r in await conn.fetch(
+                        "SELECT version FROM schema_migrations WHERE source = $1", source)}
+                    for version, path in _migration_files(directory):
+                        if version in done:
+                            continue
+                        try:
+                            async with conn.transaction():
+                                await conn.execute(path.read_text())
+                                await conn.execute(
+                                    "INSERT INTO schema_migrations (source, version, name) VALUES ($1, $2, $3)",
+                                    source, version, path.name)
+                        except asyncpg.PostgresError as e:
+                            raise MigrationError(f"migration {path.name} failed: {e}") from None
+                        applied_now.append(path.name)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock(hashtext($1))", f"ibpool.migrate.{self.schema}")
+        return applied_now
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        async with self.pool.acquire() as conn, conn.transaction():
+            tx = Transaction(conn)
+            yield tx
+        if tx.emitted:
+            self._committed_outbox.set()
+
+    def outbox_committed(self) -> asyncio.Event:
+        """Set after a commit that wrote outbox rows; the relay waits on it."""
+        return self._committed_outbox
+
+    async def outbox_lag(self) -> int:
+        return int(await self.pool.fetchval("SELECT count(*) FROM outbox"))
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.pool.fetchval("SELECT 1", timeout=2))
+        except Exception:
+            return False
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.pool.close(), timeout=5)
+        except TimeoutError:
+            self.pool.terminate()
+
+
+def _migration_files(directory: Path) -> Iterable[tuple[int, Path]]:
+    files = []
+    for path in sorted(directory.glob("*.sql")):
+        match = _MIGRATION_NAME.match(path.name)
+        if not match:
+            raise MigrationError(f"migration file {path} must be named NNN_description.sql")
+        files.append((int(match.group(1)), path))
+    versions = [v for v, _ in files]
+    if len(versions) != len(set(versions)):
+        raise MigrationError(f"two migrations in {directory} share a number")
+    return files
+
+
+def _redact(dsn: str) -> str:
+    return re.sub(r"://([^:@/]+):[^@/]*@", r"://\1:***@", dsn)

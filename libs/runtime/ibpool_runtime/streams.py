@@ -1,0 +1,39 @@
+"""The JetStream streams of ibpool, declared once: one per domain plus the dead-letter stream."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+DLQ_STREAM = "IBPOOL_DLQ"
+DLQ_SUBJECT_PREFIX = "ibpool.dlq"
+
+DAY_S = 86_400.0
+
+
+class StreamSpec(NamedTuple):
+    name: str
+    subjects: tuple[str, ...]
+    max_age_s: float
+    # JetStream drops a second message with the same Nats-Msg-Id inside this window.
+    duplicate_window_s: float = 120.0
+    max_bytes: int = -1
+    description: str = ""
+
+
+STREAMS: tuple[StreamSpec, ...] = (
+    StreamSpec("IBPOOL_NODE", ("ibpool.node.>",), 1 * DAY_S, description="registrations, heartbeats, telemetry"),
+    StreamSpec("IBPOOL_FABRIC", ("ibpool.fabric.>",), 30 * DAY_S, description="topology versions, link state"),
+    StreamSpec("IBPOOL_POOL", ("ibpool.pool.>",), 30 * DAY_S, description="ledger commands and allocation events"),
+    StreamSpec("IBPOOL_JOB", ("ibpool.job.>",), 30 * DAY_S, description="job submissions and lifecycle"),
+    StreamSpec("IBPOOL_SCALE", ("ibpool.scale.>",), 30 * DAY_S, description="autoscaler decisions"),
+    StreamSpec("IBPOOL_HEALTH", ("ibpool.health.>",), 30 * DAY_S, description="health verdicts and actions"),
+    StreamSpec(DLQ_STREAM, (f"{DLQ_SUBJECT_PREFIX}.>",), 14 * DAY_S, description="messages no handler could take"),
+)
+
+
+def stream_for_subject(subject: str) -> str:
+    for spec in STREAMS:
+        for pattern in spec.subjects:
+            if subject.startswith(pattern.removesuffix(">")):
+                return spec.name
+    raise KeyError(f"no ibpool stream holds subject {subject!r}")

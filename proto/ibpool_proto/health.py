@@ -1,0 +1,80 @@
+"""Health domain: verdicts of the failover controller and the actions they cause."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from .message import Event
+
+CordonScope = Literal["node", "gpu", "rail", "leaf"]
+
+
+class NodeSuspected(Event, frozen=True, kw_only=True, tag="io.ibpool.health.node.suspected.v1"):
+    key_name: ClassVar[str] = "node_id"
+    summary: ClassVar[str] = "A node missed heartbeats or showed warning signs; not yet failed."
+
+    node_id: str
+    reason: str
+
+
+class NodeFailed(Event, frozen=True, kw_only=True, tag="io.ibpool.health.node.failed.v1"):
+    key_name: ClassVar[str] = "node_id"
+    summary: ClassVar[str] = "A node is judged failed; its work must move."
+
+    node_id: str
+    reason: str
+
+
+class NodeRecovered(Event, frozen=True, kw_only=True, tag="io.ibpool.health.node.recovered.v1"):
+    key_name: ClassVar[str] = "node_id"
+    summary: ClassVar[str] = "A failed or suspected node has been healthy for the stable window."
+
+    node_id: str
+
+
+class GpuFailed(Event, frozen=True, kw_only=True, tag="io.ibpool.health.gpu.failed.v1"):
+    key_name: ClassVar[str] = "node_id"
+    summary: ClassVar[str] = "One GPU of a node is judged failed (XID, ECC, thermal); the rest keep working."
+
+    node_id: str
+    gpu_index: int
+    reason: str
+    xid: int | None = None
+
+
+class Cordoned(Event, frozen=True, kw_only=True, tag="io.ibpool.health.cordon.applied.v1"):
+    key_name: ClassVar[str] = "node_id"
+    summary: ClassVar[str] = "A node, GPU, rail or leaf was taken out of scheduling."
+
+    node_id: str
+    scope: CordonScope
+    reason: str
+    gpu_index: int | None = None
+    rail: int | None = None
+
+
+class Uncordoned(Event, frozen=True, kw_only=True, tag="io.ibpool.health.cordon.lifted.v1"):
+    key_name: ClassVar[str] = "node_id"
+    summary: ClassVar[str] = "A cordon was lifted."
+
+    node_id: str
+    scope: CordonScope
+    gpu_index: int | None = None
+    rail: int | None = None
+
+
+class DrainRequested(Event, frozen=True, kw_only=True, tag="io.ibpool.health.drain.requested.v1"):
+    key_name: ClassVar[str] = "node_id"
+    summary: ClassVar[str] = "The controller asked that all work move off a node before it is taken down."
+
+    node_id: str
+    reason: str
+
+
+class RequeueRequested(Event, frozen=True, kw_only=True, tag="io.ibpool.health.requeue.requested.v1"):
+    key_name: ClassVar[str] = "job_id"
+    summary: ClassVar[str] = "The controller asked that a job be requeued from its last checkpoint; its hardware failed."
+
+    job_id: str
+    allocation_id: str
+    reason: str

@@ -1,0 +1,68 @@
+"""One embedded stack (real nats-server with JetStream, real PostgreSQL) per test session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from ibpool_runtime import devstack, telemetry
+from ibpool_runtime.bus import Bus
+from ibpool_runtime.store import Store
+
+telemetry.setup_tracing("ibpool-tests")
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devstack.StackInfo]:
+    state = tmp_path_factory.mktemp("stack")
+    # Tests keep JetStream's production fsync setting; Postgres skips fsync to keep the suite fast.
+    info = devstack.up(state, sync_always=True, pg_fsync=False)
+    os.environ["IBPOOL_NATS_URL"] = info.nats_url
+    os.environ["IBPOOL_POSTGRES_DSN"] = info.postgres_dsn
+    try:
+        yield info
+    finally:
+        devstack.down(state)
+
+
+@pytest.fixture
+async def bus(stack: devstack.StackInfo) -> AsyncIterator[Bus]:
+    b = await Bus.connect(stack.nats_url, name="test")
+    await b.ensure_streams()
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+@pytest.fixture
+def schema() -> str:
+    """A fresh Postgres schema name, so tests never see each other's rows."""
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def store(stack: devstack.StackInfo, schema: str) -> AsyncIterator[Store]:
+    s = await Store.connect(stack.postgres_dsn, schema)
+    await s.migrate()
+    try:
+        yield s
+    finally:
+        await s.close()
+        conn = await asyncpg.connect(stack.postgres_dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
