@@ -102,3 +102,8 @@ class Event(Message, frozen=True, kw_only=True):
 
 class Command(Message, frozen=True, kw_only=True):
     """Something a service is asked to do (imperative: ProposePlacement)."""
+
+
+def every_subject() -> str:
+    """The filter that matches every ibpool subject (for observers such as `ibpool run`)."""
+    return f"{SUBJECT_PREFIX}>"

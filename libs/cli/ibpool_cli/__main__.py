@@ -1,0 +1,58 @@
+"""The `ibpool` command: `ibpool dev up|down|status` and `ibpool run`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ibpool_runtime import devstack
+
+DEFAULT_STATE = Path(".ibpool/dev")
+
+
+def _dev(args: argparse.Namespace) -> int:
+    state = Path(args.state_dir)
+    try:
+        if args.action == "up":
+            info = devstack.up(state, sync_always=not args.default_fsync)
+            print(f"nats      {info.nats_url}  (monitor {info.nats_monitor_url}, pid {info.nats_pid})")
+            print(f"postgres  {info.postgres_dsn}  (pid {info.postgres_pid})")
+            print(f"env file  {Path(info.state_dir) / devstack.ENV_FILE}  (services read IBPOOL_NATS_URL, IBPOOL_POSTGRES_DSN)")
+        elif args.action == "down":
+            print("stopped" if devstack.down(state) else f"nothing running for {state}")
+        else:
+            for k, v in devstack.status(state).items():
+                print(f"{k:<14} {v}")
+    except devstack.StackError as e:
+        print(f"ibpool dev {args.action}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ibpool", description="ibpool: the control plane of InfiniBand GPU clusters")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser("dev", help="the embedded stack: nats-server and PostgreSQL from wheels")
+    dev.add_argument("action", choices=["up", "down", "status"])
+    dev.add_argument("--state-dir", default=str(DEFAULT_STATE))
+    dev.add_argument("--default-fsync", action="store_true", help="JetStream default fsync instead of sync_interval: always")
+
+    run = sub.add_parser("run", help="the main job: stack, services, simulated cluster, live view")
+    run.add_argument("--nodes", type=int, default=16)
+    run.add_argument("--duration", type=float, default=60.0, help="seconds the finite scenario runs")
+    run.add_argument("--serve", action="store_true", help="keep the system up until Ctrl-C")
+    run.add_argument("--seed", type=int, default=42)
+    run.add_argument("--state-dir", default=None, help="default: a fresh folder under .ibpool/")
+
+    args = p.parse_args(argv)
+    if args.command == "dev":
+        return _dev(args)
+    from .run import run_main
+
+    return run_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""What a node agent does with grants: start, refuse, finish and stop workloads. Pure.
+
+The agent's service feeds these functions the grant, what already runs and the time; it stores
+the returned workload and publishes the returned events. The simulated launcher's work ends
+after the grant's `simulated_runtime_s`; work whose simulated memory exceeds the grant's memory
+limit is killed as OOM, which is how the simulated agent enforces fractional grants.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import msgspec
+
+from ibpool_proto.job import ExitReason, JobExited, JobStarted
+from ibpool_proto.pool import AllocationGranted, AllocationRevoked
+
+OOM_EXIT_CODE = 137  # what a kernel OOM kill looks like from the parent: 128 + SIGKILL
+REVOKED_EXIT_CODE = 143  # 128 + SIGTERM
+SECONDS_TO_OOM = 0.5  # simulated work reaches its memory peak this fast
+
+
+class Workload(msgspec.Struct, frozen=True, kw_only=True):
+    allocation_id: str
+    job_id: str
+    node_id: str
+    gpu_indices: list[int]
+    started_at: dt.datetime
+    ends_at: dt.datetime | None
+    planned_exit: ExitReason = "completed"
+    memory_limit_mib: int | None = None
+    memory_demand_mib: int | None = None
+    env: dict[str, str] = {}
+
+
+class GrantAdmitted(msgspec.Struct, frozen=True, kw_only=True):
+    workload: Workload
+    started: JobStarted
+
+
+class GrantIgnored(msgspec.Struct, frozen=True, kw_only=True):
+    """Nothing to do: a repeat of a grant already running, or not for a node hosted here."""
+
+    reason: str
+
+
+class GrantRefused(msgspec.Struct, frozen=True, kw_only=True):
+    """The grant cannot be honoured on this node; the job exits at once with the reason."""
+
+    exited: JobExited
+
+
+GrantDecision = GrantAdmitted | GrantIgnored | GrantRefused
+
+
+def admit_grant(
+    grant: AllocationGranted,
+    *,
+    hosted_nodes: dict[str, int],
+    running: set[str],
+    now: dt.datetime,
+    source: str,
+    default_runtime_s: float,
+) -> GrantDecision:
+    """Decide what a grant means here. `hosted_nodes` maps node id -> GPU count."""
+    if grant.node_id not in hosted_nodes:
+        return GrantIgnored(reason=f"node {grant.node_id} is not hosted by this agent")
+    if grant.allocation_id in running:
+        return GrantIgnored(reason=f"allocation {grant.allocation_id} already runs")
+    gpu_count = hosted_nodes[grant.node_id]
+    indices = sorted({a.gpu_index for a in grant.assignments if a.node_id == grant.node_id})
+    bad = [i for i in indices if not 0 <= i < gpu_count]
+    if not indices or bad:
+        detail = f"GPU indices {bad} do not exist (node has {gpu_count})" if bad else "grant assigns no GPU here"
+        return GrantRefused(exited=JobExited(
+            source=source, key=grant.job_id, occurred_at=now, job_id=grant.job_id,
+            allocation_id=grant.allocation_id, node_id=grant.node_id, exit_code=1, reason="failed", detail=detail,
+        ))
+    spec = grant.workload
+    runtime_s = spec.simulated_runtime_s if spec and spec.simulated_runtime_s is not None else default_runtime_s
+    limit = grant.enforcement.memory_limit_mib
+    demand = spec.simulated_memory_mib if spec else None
+    planned: ExitReason = "completed"
+    if limit is not None and demand is not None and demand > limit:
+        planned, runtime_s = "oom", min(runtime_s, SECONDS_TO_OOM)
+    workload = Workload(
+        allocation_id=grant.allocation_id, job_id=grant.job_id, node_id=grant.node_id, gpu_indices=indices,
+        started_at=now, ends_at=now + dt.timedelta(seconds=runtime_s), planned_exit=planned,
+        memory_limit_mib=limit, memory_demand_mib=demand, env=dict(grant.enforcement.env),
+    )
+    started = JobStarted(
+        source=source, key=grant.job_id, occurred_at=now, job_id=grant.job_id,
+        allocation_id=grant.allocation_id, node_id=grant.node_id, launcher="simulated",
+    )
+    return GrantAdmitted(workload=workload, started=started)
+
+
+def finish_due(workloads: list[Workload], *, now: dt.datetime, source: str) -> list[tuple[Workload, JobExited]]:
+    """The workloads whose simulated end has come, each with its exit event."""
+    done = []
+    for w in workloads:
+        if w.ends_at is None or w.ends_at > now:
+            continue
+        oom = w.planned_exit == "oom"
+        detail = (
+            f"simulated memory {w.memory_demand_mib} MiB exceeded the grant's limit {w.memory_limit_mib} MiB"
+            if oom else ""
+        )
+        done.append((w, JobExited(
+            source=source, key=w.job_id, occurred_at=now, job_id=w.job_id, allocation_id=w.allocation_id,
+            node_id=w.node_id, exit_code=OOM_EXIT_CODE if oom else 0, reason=w.planned_exit, detail=detail,
+            runtime_s=(now - w.started_at).total_seconds(),
+        )))
+    return done
+
+
+def stop_revoked(workload: Workload, revoked: AllocationRevoked, *, now: dt.datetime, source: str) -> JobExited:
+    return JobExited(
+        source=source, key=workload.job_id, occurred_at=now, job_id=workload.job_id,
+        allocation_id=workload.allocation_id, node_id=workload.node_id, exit_code=REVOKED_EXIT_CODE,
+        reason="revoked", detail=revoked.reason, runtime_s=(now - workload.started_at).total_seconds(),
+    )

@@ -1,0 +1,120 @@
+"""GPU backends: NVML on hosts with NVIDIA GPUs, the seeded simulation everywhere else."""
+
+from __future__ import annotations
+
+import socket
+from typing import Protocol
+
+from ibpool_core.gpu_model import SimulatedGpus
+from ibpool_proto.node import GpuInfo, GpuSample
+
+from .config import NodeAgentConfig
+
+
+class GpuBackend(Protocol):
+    name: str
+    node_id: str
+    hostname: str
+
+    def inventory(self) -> list[GpuInfo]: ...
+
+    def sample(self, dt_s: float, load: dict[int, int]) -> list[GpuSample]:
+        """Telemetry now; `load` is GPU index -> MiB that granted work uses (the simulation needs it)."""
+        ...
+
+
+class SimulatedBackend:
+    name = "simulated"
+
+    def __init__(self, node_id: str, cfg: NodeAgentConfig) -> None:
+        self.node_id = node_id
+        self.hostname = node_id
+        self.model = SimulatedGpus(
+            node_id=node_id, seed=cfg.seed, count=cfg.gpus_per_node, model=cfg.gpu_model,
+            ecc_rate=cfg.sim_ecc_rate, xid_rate=cfg.sim_xid_rate,
+        )
+
+    def inventory(self) -> list[GpuInfo]:
+        return self.model.inventory()
+
+    def sample(self, dt_s: float, load: dict[int, int]) -> list[GpuSample]:
+        return self.model.sample(dt_s, load)
+
+
+class NvmlBackend:
+    """Reads real GPUs through NVML (nvidia-ml-py). Inventory and basic telemetry."""
+
+    name = "nvml"
+
+    def __init__(self, node_id: str) -> None:
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        self.node_id = node_id
+        self.hostname = socket.gethostname()
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+
+    def inventory(self) -> list[GpuInfo]:
+        n = self.nvml
+        out = []
+        for i, h in enumerate(self.handles):
+            try:
+                mig_capable = n.nvmlDeviceGetMigMode(h)[1] is not None
+            except n.NVMLError:
+                mig_capable = False
+            name = n.nvmlDeviceGetName(h)
+            out.append(GpuInfo(
+                index=i, uuid=_text(n.nvmlDeviceGetUUID(h)), model=_text(name),
+                memory_mib=int(n.nvmlDeviceGetMemoryInfo(h).total // (1 << 20)), mig_capable=mig_capable,
+            ))
+        return out
+
+    def sample(self, dt_s: float, load: dict[int, int]) -> list[GpuSample]:
+        n = self.nvml
+        out = []
+        for i, h in enumerate(self.handles):
+            util = n.nvmlDeviceGetUtilizationRates(h)
+            mem = n.nvmlDeviceGetMemoryInfo(h)
+            try:
+                ecc_v = int(n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC))
+                ecc_a = int(n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC))
+            except n.NVMLError:
+                ecc_v = ecc_a = 0
+            out.append(GpuSample(
+                index=i, uuid=_text(n.nvmlDeviceGetUUID(h)), utilization_pct=float(util.gpu),
+                memory_used_mib=int(mem.used // (1 << 20)),
+                temperature_c=float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
+                power_w=n.nvmlDeviceGetPowerUsage(h) / 1000.0, ecc_volatile=ecc_v, ecc_aggregate=ecc_a,
+            ))
+        return out
+
+
+def _text(v: str | bytes) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def nvml_gpu_count() -> int:
+    """How many GPUs NVML sees here; 0 when there is no driver or no GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+
+
+def node_ids(cfg: NodeAgentConfig) -> list[str]:
+    return [f"{cfg.node_prefix}-{i:03d}" for i in range(cfg.first_node, cfg.first_node + cfg.nodes)]
+
+
+def make_backends(cfg: NodeAgentConfig) -> list[GpuBackend]:
+    """NVML where a GPU is present (backend=auto) or required (nvml); the simulation otherwise."""
+    use_nvml = cfg.backend == "nvml" or (cfg.backend == "auto" and nvml_gpu_count() > 0)
+    if use_nvml:
+        return [NvmlBackend(node_id=socket.gethostname().split(".")[0])]
+    return [SimulatedBackend(n, cfg) for n in node_ids(cfg)]

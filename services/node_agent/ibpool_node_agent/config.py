@@ -1,0 +1,27 @@
+"""Node agent configuration (env `IBPOOL_NODE_AGENT_<FIELD>` or a TOML file)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ibpool_runtime.config import BaseConfig
+
+
+class NodeAgentConfig(BaseConfig, frozen=True, kw_only=True):
+    # How many nodes this process hosts (simulated backend only; NVML hosts its own node).
+    nodes: int = 1
+    node_prefix: str = "node"
+    first_node: int = 1
+    backend: Literal["auto", "simulated", "nvml"] = "auto"
+    gpus_per_node: int = 8
+    gpu_model: str = "NVIDIA H100 80GB HBM3"
+    cpu_milli: int = 128_000
+    memory_mib: int = 2_097_152
+    seed: int = 42
+    heartbeat_interval_s: float = 1.0
+    telemetry_interval_s: float = 5.0
+    # How long a simulated workload runs when the grant does not say.
+    default_runtime_s: float = 60.0
+    # Simulated fault rates per telemetry sample (0 turns them off).
+    sim_ecc_rate: float = 2e-4
+    sim_xid_rate: float = 2e-5
