@@ -73,7 +73,9 @@ class DrainRequested(Event, frozen=True, kw_only=True, tag="io.ibpool.health.dra
 
 class RequeueRequested(Event, frozen=True, kw_only=True, tag="io.ibpool.health.requeue.requested.v1"):
     key_name: ClassVar[str] = "job_id"
-    summary: ClassVar[str] = "The controller asked that a job be requeued from its last checkpoint; its hardware failed."
+    summary: ClassVar[str] = (
+        "The controller asked that a job be requeued from its last checkpoint; its hardware failed."
+    )
 
     job_id: str
     allocation_id: str

@@ -43,9 +43,7 @@ def parse_ce_type(ce_type: str) -> TypeName:
     return TypeName(parts[0], parts[1], parts[2], int(parts[3][1:]))
 
 
-class Message(
-    msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=False
-):
+class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=False):
     """Base of every event and command on the bus.
 
     Envelope fields: `id` (UUIDv7, also `Nats-Msg-Id` and `ce-id`), `occurred_at` (UTC),

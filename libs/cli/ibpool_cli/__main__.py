@@ -18,7 +18,10 @@ def _dev(args: argparse.Namespace) -> int:
             info = devstack.up(state, sync_always=not args.default_fsync)
             print(f"nats      {info.nats_url}  (monitor {info.nats_monitor_url}, pid {info.nats_pid})")
             print(f"postgres  {info.postgres_dsn}  (pid {info.postgres_pid})")
-            print(f"env file  {Path(info.state_dir) / devstack.ENV_FILE}  (services read IBPOOL_NATS_URL, IBPOOL_POSTGRES_DSN)")
+            print(
+                f"env file  {Path(info.state_dir) / devstack.ENV_FILE}"
+                "  (services read IBPOOL_NATS_URL, IBPOOL_POSTGRES_DSN)"
+            )
         elif args.action == "down":
             print("stopped" if devstack.down(state) else f"nothing running for {state}")
         else:
@@ -37,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     dev = sub.add_parser("dev", help="the embedded stack: nats-server and PostgreSQL from wheels")
     dev.add_argument("action", choices=["up", "down", "status"])
     dev.add_argument("--state-dir", default=str(DEFAULT_STATE))
-    dev.add_argument("--default-fsync", action="store_true", help="JetStream default fsync instead of sync_interval: always")
+    dev.add_argument(
+        "--default-fsync", action="store_true", help="JetStream default fsync instead of sync_interval: always"
+    )
 
     run = sub.add_parser("run", help="the main job: stack, services, simulated cluster, live view")
     run.add_argument("--nodes", type=int, default=16)

@@ -21,11 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
-from nats.aio.msg import Msg
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-
 from ibpool_proto import decode, new_id
 from ibpool_proto.job import JobExited, JobStarted
 from ibpool_proto.message import every_subject
@@ -33,6 +28,10 @@ from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered
 from ibpool_proto.pool import AllocationGranted, AllocationRevoked, Enforcement, GpuAssignment, WorkloadSpec
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus
+from nats.aio.msg import Msg
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
 
 HEARTBEAT_DEADLINE_S = 10.0
 SOURCE = "ibpool-run"
@@ -100,8 +99,12 @@ def _view(obs: Observed, nodes: int, phase: str) -> Group:
     head.add_row("nodes registered", f"{len(obs.registered)}/{nodes}", "heartbeating now", f"{alive}/{nodes}")
     head.add_row("heartbeats/s", f"{obs.heartbeats_per_s():.1f}", "events on the bus", str(obs.total))
     first = obs.all_heartbeating_after
-    head.add_row("all heartbeating after", "-" if first is None else f"{first:.2f} s",
-                 "jobs started / exited", f"{obs.jobs_started} / {sum(obs.exits.values())}")
+    head.add_row(
+        "all heartbeating after",
+        "-" if first is None else f"{first:.2f} s",
+        "jobs started / exited",
+        f"{obs.jobs_started} / {sum(obs.exits.values())}",
+    )
     types = Table(title="events by type", show_edge=False)
     types.add_column("ce-type")
     types.add_column("count", justify="right")
@@ -120,14 +123,23 @@ def _probe_grants(node_ids: list[str], seed: int) -> list[AllocationGranted]:
         gpus = sorted(rng.sample(range(8), rng.choice([1, 2, 4])))
         oom = i == 5
         limit = 20_000 if oom else None
-        grants.append(AllocationGranted(
-            source=SOURCE, key=node, allocation_id=f"probe-{new_id()}", job_id=f"probe-job-{i}", node_id=node,
-            kind="whole", assignments=[GpuAssignment(node_id=node, gpu_index=g) for g in gpus],
-            enforcement=Enforcement(env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}, memory_limit_mib=limit),
-            lease_expires_at=now + dt.timedelta(minutes=10), ledger_version=0,
-            workload=WorkloadSpec(simulated_runtime_s=rng.uniform(5, 15),
-                                  simulated_memory_mib=30_000 if oom else 10_000),
-        ))
+        grants.append(
+            AllocationGranted(
+                source=SOURCE,
+                key=node,
+                allocation_id=f"probe-{new_id()}",
+                job_id=f"probe-job-{i}",
+                node_id=node,
+                kind="whole",
+                assignments=[GpuAssignment(node_id=node, gpu_index=g) for g in gpus],
+                enforcement=Enforcement(env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}, memory_limit_mib=limit),
+                lease_expires_at=now + dt.timedelta(minutes=10),
+                ledger_version=0,
+                workload=WorkloadSpec(
+                    simulated_runtime_s=rng.uniform(5, 15), simulated_memory_mib=30_000 if oom else 10_000
+                ),
+            )
+        )
     return grants
 
 
@@ -143,14 +155,31 @@ def run_main(args: argparse.Namespace) -> int:
         return 1
     console.print(f"stack up in {time.monotonic() - t0:.1f} s: nats {info.nats_url}, postgres {info.postgres_dsn}")
     agent_port = devstack.free_port()
-    env = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn,
-               IBPOOL_NODE_AGENT_HTTP_PORT=str(agent_port), IBPOOL_NODE_AGENT_BACKEND="simulated",
-               IBPOOL_NODE_AGENT_INSTANCE="run")
+    env = dict(
+        os.environ,
+        IBPOOL_NATS_URL=info.nats_url,
+        IBPOOL_POSTGRES_DSN=info.postgres_dsn,
+        IBPOOL_NODE_AGENT_HTTP_PORT=str(agent_port),
+        IBPOOL_NODE_AGENT_BACKEND="simulated",
+        IBPOOL_NODE_AGENT_INSTANCE="run",
+    )
     agent_log = (state / "node_agent.log").open("ab")
     agent = subprocess.Popen(
-        [sys.executable, "-m", "ibpool_node_agent", "--nodes", str(args.nodes), "--seed", str(args.seed),
-         "--prefix", "node"],
-        env=env, stdout=agent_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "ibpool_node_agent",
+            "--nodes",
+            str(args.nodes),
+            "--seed",
+            str(args.seed),
+            "--prefix",
+            "node",
+        ],
+        env=env,
+        stdout=agent_log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
     )
     code = 1
     try:
@@ -175,8 +204,13 @@ def run_main(args: argparse.Namespace) -> int:
     return code
 
 
-async def _scenario(args: argparse.Namespace, info: devstack.StackInfo, agent: subprocess.Popen[bytes],
-                    agent_port: int, console: Console) -> int:
+async def _scenario(
+    args: argparse.Namespace,
+    info: devstack.StackInfo,
+    agent: subprocess.Popen[bytes],
+    agent_port: int,
+    console: Console,
+) -> int:
     obs = Observed()
     nc = await nats.connect(info.nats_url, name="ibpool-run")
     await nc.subscribe(every_subject(), cb=_observe(obs, args.nodes))  # type: ignore[arg-type]
@@ -194,8 +228,13 @@ async def _scenario(args: argparse.Namespace, info: devstack.StackInfo, agent: s
     interactive = console.is_terminal
     last_line = 0.0
     deadline = None if args.serve else time.monotonic() + args.duration
-    with Live(_view(obs, args.nodes, "starting"), console=console, refresh_per_second=4,
-              transient=False, auto_refresh=interactive) as live:
+    with Live(
+        _view(obs, args.nodes, "starting"),
+        console=console,
+        refresh_per_second=4,
+        transient=False,
+        auto_refresh=interactive,
+    ) as live:
         while not stop.is_set():
             if agent.poll() is not None:
                 console.print(f"[red]node agent exited early with {agent.returncode}[/]")
@@ -209,9 +248,17 @@ async def _scenario(args: argparse.Namespace, info: devstack.StackInfo, agent: s
                 probes_sent = True
             if probes_sent and not revoked_sent and obs.jobs_started >= len(probes):
                 g = probes[0]
-                await bus.publish(AllocationRevoked(
-                    source=SOURCE, key=g.node_id, allocation_id=g.allocation_id, job_id=g.job_id,
-                    node_id=g.node_id, ledger_version=0, reason="probe: revoke one grant"))
+                await bus.publish(
+                    AllocationRevoked(
+                        source=SOURCE,
+                        key=g.node_id,
+                        allocation_id=g.allocation_id,
+                        job_id=g.job_id,
+                        node_id=g.node_id,
+                        ledger_version=0,
+                        reason="probe: revoke one grant",
+                    )
+                )
                 revoked_sent = True
             if args.serve and not served_printed and obs.all_heartbeating_after is not None:
                 console.print(f"node agent API  http://127.0.0.1:{agent_port}/v1/nodes  (/healthz /readyz /metrics)")
@@ -222,9 +269,11 @@ async def _scenario(args: argparse.Namespace, info: devstack.StackInfo, agent: s
                 live.update(_view(obs, args.nodes, phase))
             elif time.monotonic() - last_line >= 5:
                 last_line = time.monotonic()
-                console.print(f"[{obs.elapsed():5.1f}s] registered {len(obs.registered)}/{args.nodes}, "
-                              f"heartbeats/s {obs.heartbeats_per_s():.1f}, events {obs.total}, "
-                              f"jobs started {obs.jobs_started} exited {sum(obs.exits.values())}")
+                console.print(
+                    f"[{obs.elapsed():5.1f}s] registered {len(obs.registered)}/{args.nodes}, "
+                    f"heartbeats/s {obs.heartbeats_per_s():.1f}, events {obs.total}, "
+                    f"jobs started {obs.jobs_started} exited {sum(obs.exits.values())}"
+                )
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.25)
             except TimeoutError:
@@ -243,7 +292,9 @@ async def _scenario(args: argparse.Namespace, info: devstack.StackInfo, agent: s
     return _summary(console, obs, args, probes_sent, agent.returncode)
 
 
-def _summary(console: Console, obs: Observed, args: argparse.Namespace, probes_sent: bool, agent_code: int | None) -> int:
+def _summary(
+    console: Console, obs: Observed, args: argparse.Namespace, probes_sent: bool, agent_code: int | None
+) -> int:
     t = Table(title="ibpool run: summary")
     t.add_column("check")
     t.add_column("seen", justify="right")
@@ -252,10 +303,21 @@ def _summary(console: Console, obs: Observed, args: argparse.Namespace, probes_s
     hb_ok = first is not None and first <= HEARTBEAT_DEADLINE_S
     checks = [
         ("nodes registered", f"{len(obs.registered)}/{args.nodes}", len(obs.registered) == args.nodes),
-        (f"all nodes heartbeating within {HEARTBEAT_DEADLINE_S:.0f} s", "-" if first is None else f"{first:.2f} s", hb_ok),
-        ("heartbeats seen", str(obs.by_type.get(NodeHeartbeat.ce_type(), 0)), obs.by_type.get(NodeHeartbeat.ce_type(), 0) > 0),
-        ("probe jobs started (no allocator yet: grants sent by the driver)", str(obs.jobs_started),
-         (not probes_sent) or obs.jobs_started > 0),
+        (
+            f"all nodes heartbeating within {HEARTBEAT_DEADLINE_S:.0f} s",
+            "-" if first is None else f"{first:.2f} s",
+            hb_ok,
+        ),
+        (
+            "heartbeats seen",
+            str(obs.by_type.get(NodeHeartbeat.ce_type(), 0)),
+            obs.by_type.get(NodeHeartbeat.ce_type(), 0) > 0,
+        ),
+        (
+            "probe jobs started (no allocator yet: grants sent by the driver)",
+            str(obs.jobs_started),
+            (not probes_sent) or obs.jobs_started > 0,
+        ),
         ("jobs exited by reason", ", ".join(f"{k} {v}" for k, v in sorted(obs.exits.items())) or "-", True),
         ("nodes deregistered at stop", f"{len(obs.deregistered)}/{args.nodes}", len(obs.deregistered) == args.nodes),
         ("undecodable messages", str(obs.undecodable), obs.undecodable == 0),

@@ -24,7 +24,16 @@ DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
 # XIDs a healthy fleet still shows now and then (NVIDIA's XID catalogue): app errors
 # (13, 31, 43) far more often than hardware ones (48 DBE, 63/64 row remap, 74 NVLink, 79 off bus, 94/95 ECC).
 XID_WEIGHTS: tuple[tuple[int, int], ...] = (
-    (13, 30), (31, 30), (43, 20), (48, 3), (63, 5), (64, 2), (74, 4), (79, 1), (94, 3), (95, 2),
+    (13, 30),
+    (31, 30),
+    (43, 20),
+    (48, 3),
+    (63, 5),
+    (64, 2),
+    (74, 4),
+    (79, 1),
+    (94, 3),
+    (95, 2),
 )
 
 
@@ -72,8 +81,14 @@ class SimulatedGpus:
     def inventory(self) -> list[GpuInfo]:
         mem, _, _, mig = GPU_MODELS[self.model]
         return [
-            GpuInfo(index=i, uuid=self.gpu_uuid(i), model=self.model, memory_mib=mem,
-                    nvlink_domain=f"{self.node_id}/nvl0", mig_capable=mig)
+            GpuInfo(
+                index=i,
+                uuid=self.gpu_uuid(i),
+                model=self.model,
+                memory_mib=mem,
+                nvlink_domain=f"{self.node_id}/nvl0",
+                mig_capable=mig,
+            )
             for i in range(self.count)
         ]
 
@@ -103,10 +118,16 @@ class SimulatedGpus:
             throttle = ["sw_thermal_slowdown"] if g.temperature > 85.0 else []
             out.append(
                 GpuSample(
-                    index=i, uuid=self.gpu_uuid(i), utilization_pct=round(g.utilization, 1),
-                    memory_used_mib=g.memory_used, temperature_c=round(g.temperature, 1),
-                    power_w=round(max(idle_w * 0.8, power), 1), ecc_volatile=g.ecc_volatile,
-                    ecc_aggregate=g.ecc_aggregate, retired_pages=g.retired_pages, xids=xids,
+                    index=i,
+                    uuid=self.gpu_uuid(i),
+                    utilization_pct=round(g.utilization, 1),
+                    memory_used_mib=g.memory_used,
+                    temperature_c=round(g.temperature, 1),
+                    power_w=round(max(idle_w * 0.8, power), 1),
+                    ecc_volatile=g.ecc_volatile,
+                    ecc_aggregate=g.ecc_aggregate,
+                    retired_pages=g.retired_pages,
+                    xids=xids,
                     throttle_reasons=throttle,
                 )
             )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 
 import msgspec
-
 from ibpool_proto.job import ExitReason, JobExited, JobStarted
 from ibpool_proto.pool import AllocationGranted, AllocationRevoked
 
@@ -72,10 +71,19 @@ def admit_grant(
     bad = [i for i in indices if not 0 <= i < gpu_count]
     if not indices or bad:
         detail = f"GPU indices {bad} do not exist (node has {gpu_count})" if bad else "grant assigns no GPU here"
-        return GrantRefused(exited=JobExited(
-            source=source, key=grant.job_id, occurred_at=now, job_id=grant.job_id,
-            allocation_id=grant.allocation_id, node_id=grant.node_id, exit_code=1, reason="failed", detail=detail,
-        ))
+        return GrantRefused(
+            exited=JobExited(
+                source=source,
+                key=grant.job_id,
+                occurred_at=now,
+                job_id=grant.job_id,
+                allocation_id=grant.allocation_id,
+                node_id=grant.node_id,
+                exit_code=1,
+                reason="failed",
+                detail=detail,
+            )
+        )
     spec = grant.workload
     runtime_s = spec.simulated_runtime_s if spec and spec.simulated_runtime_s is not None else default_runtime_s
     limit = grant.enforcement.memory_limit_mib
@@ -84,13 +92,25 @@ def admit_grant(
     if limit is not None and demand is not None and demand > limit:
         planned, runtime_s = "oom", min(runtime_s, SECONDS_TO_OOM)
     workload = Workload(
-        allocation_id=grant.allocation_id, job_id=grant.job_id, node_id=grant.node_id, gpu_indices=indices,
-        started_at=now, ends_at=now + dt.timedelta(seconds=runtime_s), planned_exit=planned,
-        memory_limit_mib=limit, memory_demand_mib=demand, env=dict(grant.enforcement.env),
+        allocation_id=grant.allocation_id,
+        job_id=grant.job_id,
+        node_id=grant.node_id,
+        gpu_indices=indices,
+        started_at=now,
+        ends_at=now + dt.timedelta(seconds=runtime_s),
+        planned_exit=planned,
+        memory_limit_mib=limit,
+        memory_demand_mib=demand,
+        env=dict(grant.enforcement.env),
     )
     started = JobStarted(
-        source=source, key=grant.job_id, occurred_at=now, job_id=grant.job_id,
-        allocation_id=grant.allocation_id, node_id=grant.node_id, launcher="simulated",
+        source=source,
+        key=grant.job_id,
+        occurred_at=now,
+        job_id=grant.job_id,
+        allocation_id=grant.allocation_id,
+        node_id=grant.node_id,
+        launcher="simulated",
     )
     return GrantAdmitted(workload=workload, started=started)
 
@@ -104,19 +124,39 @@ def finish_due(workloads: list[Workload], *, now: dt.datetime, source: str) -> l
         oom = w.planned_exit == "oom"
         detail = (
             f"simulated memory {w.memory_demand_mib} MiB exceeded the grant's limit {w.memory_limit_mib} MiB"
-            if oom else ""
+            if oom
+            else ""
         )
-        done.append((w, JobExited(
-            source=source, key=w.job_id, occurred_at=now, job_id=w.job_id, allocation_id=w.allocation_id,
-            node_id=w.node_id, exit_code=OOM_EXIT_CODE if oom else 0, reason=w.planned_exit, detail=detail,
-            runtime_s=(now - w.started_at).total_seconds(),
-        )))
+        done.append(
+            (
+                w,
+                JobExited(
+                    source=source,
+                    key=w.job_id,
+                    occurred_at=now,
+                    job_id=w.job_id,
+                    allocation_id=w.allocation_id,
+                    node_id=w.node_id,
+                    exit_code=OOM_EXIT_CODE if oom else 0,
+                    reason=w.planned_exit,
+                    detail=detail,
+                    runtime_s=(now - w.started_at).total_seconds(),
+                ),
+            )
+        )
     return done
 
 
 def stop_revoked(workload: Workload, revoked: AllocationRevoked, *, now: dt.datetime, source: str) -> JobExited:
     return JobExited(
-        source=source, key=workload.job_id, occurred_at=now, job_id=workload.job_id,
-        allocation_id=workload.allocation_id, node_id=workload.node_id, exit_code=REVOKED_EXIT_CODE,
-        reason="revoked", detail=revoked.reason, runtime_s=(now - workload.started_at).total_seconds(),
+        source=source,
+        key=workload.job_id,
+        occurred_at=now,
+        job_id=workload.job_id,
+        allocation_id=workload.allocation_id,
+        node_id=workload.node_id,
+        exit_code=REVOKED_EXIT_CODE,
+        reason="revoked",
+        detail=revoked.reason,
+        runtime_s=(now - workload.started_at).total_seconds(),
     )

@@ -14,12 +14,11 @@ from typing import NamedTuple
 import nats
 import nats.errors
 import nats.js.errors
+from ibpool_proto import Message, encode
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, StreamConfig
-
-from ibpool_proto import Message, encode
 
 from . import telemetry
 from .logs import get_logger
@@ -75,23 +74,33 @@ class Bus:
     ) -> Bus:
         """Connect with bounded retries; raise BusUnavailable naming the URL when all fail."""
         last: Exception | None = None
+        seen: list[Exception] = []
+
+        async def on_error(e: Exception) -> None:
+            seen.append(e)
+            await _log_nats_error(e)
+
         for attempt in range(1, attempts + 1):
             try:
-                nc = await nats.connect(
-                    url,
-                    name=name,
-                    connect_timeout=2,
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
-                    error_cb=_log_nats_error,
+                # nats-py keeps retrying a first connect as if it were a reconnect; bound each attempt.
+                nc = await asyncio.wait_for(
+                    nats.connect(
+                        url,
+                        name=name,
+                        connect_timeout=2,
+                        allow_reconnect=True,
+                        max_reconnect_attempts=-1,
+                        reconnect_time_wait=0.5,
+                        error_cb=on_error,
+                    ),
+                    timeout=3,
                 )
                 return cls(nc, nc.jetstream(publish_async_max_pending=window))
             except Exception as e:  # nats-py raises several unrelated types here
-                last = e
+                last = seen[-1] if isinstance(e, TimeoutError) and seen else e
                 log.warning("nats connect failed", url=url, attempt=attempt, error=str(e) or type(e).__name__)
                 await asyncio.sleep(min(backoff_s * 2 ** (attempt - 1), 5.0))
-        raise BusUnavailable(f"cannot reach NATS at {url} after {attempts} attempts: {last!r}")
+        raise BusUnavailable(f"cannot reach NATS at {url} after {attempts} attempts: {last}")
 
     @property
     def connected(self) -> bool:
@@ -119,10 +128,10 @@ class Bus:
         out = outgoing(message)
         return await self.js.publish(out.subject, out.body, headers=out.headers)
 
-    def publish_nowait(self, message: Message) -> None:
-        """Fire-and-forget for telemetry: stored by JetStream, but no ack is awaited."""
+    async def publish_unacked(self, message: Message) -> None:
+        """For telemetry: stored by JetStream, but no ack is awaited (a lost sample is replaced by the next)."""
         out = outgoing(message)
-        asyncio.ensure_future(self.nc.publish(out.subject, out.body, headers=out.headers))
+        await self.nc.publish(out.subject, out.body, headers=out.headers)
 
     async def publish_batch(self, batch: Sequence[OutgoingMessage], timeout_s: float = 10.0) -> list[PubAck]:
         """Publish in order with `publish_async` (bounded window) and await every ack."""

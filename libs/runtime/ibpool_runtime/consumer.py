@@ -17,12 +17,11 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
+from ibpool_proto import DecodeError, Message, decode
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-
-from ibpool_proto import DecodeError, Message, decode
 
 from . import faults, telemetry
 from .bus import Bus
@@ -145,6 +144,8 @@ class Consumer:
                     self.busy = False
         finally:
             self.running = False
+            with contextlib.suppress(Exception):
+                await self._psub.unsubscribe()
 
     async def process(self, msgs: Sequence[Msg]) -> None:
         outcomes: list[_Outcome] = []
@@ -225,8 +226,13 @@ class Consumer:
         if deliveries >= self.settings.max_deliver:
             await self._dead_letter(o.msg, f"handler failed {deliveries} times: {o.error}", why="handler")
             return
-        log.warning("handler failed, will retry", consumer=self.sub.durable, event_id=o.event.id,
-                    deliveries=deliveries, error=o.error)
+        log.warning(
+            "handler failed, will retry",
+            consumer=self.sub.durable,
+            event_id=o.event.id,
+            deliveries=deliveries,
+            error=o.error,
+        )
         await o.msg.nak(delay=min(0.25 * 2 ** (deliveries - 1), 30.0))
 
     async def _dead_letter(self, msg: Msg, reason: str, *, why: str) -> None:

@@ -88,7 +88,9 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def start_nats(state_dir: Path, *, sync_always: bool = True, port: int | None = None) -> tuple[subprocess.Popen[bytes], str, str]:
+def start_nats(
+    state_dir: Path, *, sync_always: bool = True, port: int | None = None
+) -> tuple[subprocess.Popen[bytes], str, str]:
     port = port or free_port()
     monitor = free_port()
     store = state_dir / "jetstream"
@@ -98,12 +100,15 @@ def start_nats(state_dir: Path, *, sync_always: bool = True, port: int | None = 
     conf.write_text(
         f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\nserver_name: ibpool-dev\n"
         f"max_payload: 8MB\n"
-        f"jetstream {{\n  store_dir: \"{store}\"\n{sync_line}}}\n"
+        f'jetstream {{\n  store_dir: "{store}"\n{sync_line}}}\n'
     )
     log = state_dir / "nats.log"
     proc = subprocess.Popen(
         [str(nats_server_binary()), "-c", str(conf)],
-        stdout=log.open("ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
     _wait_port(port, 15, "nats-server", proc, log)
     return proc, f"nats://127.0.0.1:{port}", f"http://127.0.0.1:{monitor}"
@@ -118,9 +123,22 @@ def _pg_user() -> str | None:
     try:
         pwd.getpwnam(PG_SYSTEM_USER)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin", PG_SYSTEM_USER],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin", PG_SYSTEM_USER],
+            check=True,
+            capture_output=True,
+        )
     return PG_SYSTEM_USER
+
+
+def _run_as(user: str | None) -> dict[str, object]:
+    """subprocess arguments that run a command as `user` with that user's own group only."""
+    if user is None:
+        return {}
+    import pwd
+
+    pw = pwd.getpwnam(user)
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
 
 
 def _make_traversable(path: Path) -> None:
@@ -152,9 +170,19 @@ def start_postgres(state_dir: Path, *, fsync: bool = True, port: int | None = No
         os.chown(log, pw.pw_uid, pw.pw_gid)
     if not (data / "PG_VERSION").exists():
         r = subprocess.run(
-            [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--encoding=UTF8",
-             "--no-instructions"],
-            capture_output=True, text=True, user=user,
+            [
+                str(bindir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-instructions",
+            ],
+            capture_output=True,
+            text=True,
+            **_run_as(user),  # type: ignore[call-overload]
         )
         if r.returncode != 0:
             raise StackError(f"initdb failed in {data}: {r.stderr.strip() or r.stdout.strip()}")
@@ -164,10 +192,16 @@ def start_postgres(state_dir: Path, *, fsync: bool = True, port: int | None = No
         opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
     r = subprocess.run(
         [str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", opts, "-w", "-t", "60", "start"],
-        capture_output=True, text=True, user=user, stdin=subprocess.DEVNULL, start_new_session=True,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        **_run_as(user),  # type: ignore[call-overload]
     )
     if r.returncode != 0:
-        raise StackError(f"PostgreSQL failed to start (pg_ctl: {r.stderr.strip() or r.stdout.strip()}); see {log}:\n{_tail(log)}")
+        raise StackError(
+            f"PostgreSQL failed to start (pg_ctl: {r.stderr.strip() or r.stdout.strip()}); see {log}:\n{_tail(log)}"
+        )
     pid = int((data / "postmaster.pid").read_text().splitlines()[0])
     return pid, f"postgresql://postgres@127.0.0.1:{port}/postgres", data
 
@@ -178,7 +212,10 @@ def stop_postgres(data: Path) -> None:
         return
     subprocess.run(
         [str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", "30", "stop"],
-        capture_output=True, text=True, user=_pg_user(), check=False,
+        capture_output=True,
+        text=True,
+        check=False,
+        **_run_as(_pg_user()),  # type: ignore[call-overload]
     )
 
 
@@ -216,8 +253,14 @@ def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True) -> S
         _stop_pid(nats_proc.pid)
         raise
     info = StackInfo(
-        state_dir=str(state_dir), nats_url=nats_url, nats_monitor_url=monitor, nats_pid=nats_proc.pid,
-        postgres_dsn=dsn, postgres_pid=pg_pid, postgres_data=str(data), sync_always=sync_always,
+        state_dir=str(state_dir),
+        nats_url=nats_url,
+        nats_monitor_url=monitor,
+        nats_pid=nats_proc.pid,
+        postgres_dsn=dsn,
+        postgres_pid=pg_pid,
+        postgres_data=str(data),
+        sync_always=sync_always,
     )
     (state_dir / STACK_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(info)))
     (state_dir / ENV_FILE).write_text(env_text(info))

@@ -39,12 +39,13 @@ def _error(status: int, error: str, detail: str = "", path: str | None = None) -
     return json_response(ErrorBody(error=error, detail=detail, path=path), status=status)
 
 
-class BadBody(web.HTTPBadRequest):
+class BadBody(Exception):
+    """A request body that is not valid JSON or not the expected Struct; answered with 400."""
+
     def __init__(self, detail: str, path: str | None) -> None:
-        super().__init__(
-            body=msgspec.json.encode(ErrorBody(error="invalid request body", detail=detail, path=path)),
-            content_type="application/json",
-        )
+        super().__init__(detail)
+        self.detail = detail
+        self.path = path
 
 
 async def read_body(request: web.Request, body_type: type[T]) -> T:
@@ -61,13 +62,19 @@ async def read_body(request: web.Request, body_type: type[T]) -> T:
 
 
 @web.middleware
-async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     try:
         return await handler(request)
+    except BadBody as e:
+        return _error(400, "invalid request body", e.detail, e.path)
     except web.HTTPNotFound:
         return _error(404, "not found", f"no route for {request.method} {request.path}")
     except web.HTTPMethodNotAllowed as e:
-        return _error(405, "method not allowed", f"{request.method} {request.path}; allowed: {sorted(e.allowed_methods)}")
+        return _error(
+            405, "method not allowed", f"{request.method} {request.path}; allowed: {sorted(e.allowed_methods)}"
+        )
     except web.HTTPRequestEntityTooLarge:
         return _error(413, "request body too large", f"limit is {MAX_BODY_BYTES} bytes")
     except web.HTTPException:

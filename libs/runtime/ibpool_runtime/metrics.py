@@ -13,24 +13,34 @@ class ServiceMetrics:
             "ibpool_events_handled", "Events handled and acked", ["consumer", "type"], registry=self.registry
         )
         self.failed = Counter(
-            "ibpool_events_failed", "Handler failures (nak'd for redelivery)", ["consumer", "type"],
+            "ibpool_events_failed",
+            "Handler failures (nak'd for redelivery)",
+            ["consumer", "type"],
             registry=self.registry,
         )
         self.dead_lettered = Counter(
             "ibpool_events_dead_lettered", "Messages sent to IBPOOL_DLQ", ["consumer", "why"], registry=self.registry
         )
         self.duplicates = Counter(
-            "ibpool_events_duplicate", "Redelivered events the inbox had already seen", ["consumer"],
+            "ibpool_events_duplicate",
+            "Redelivered events the inbox had already seen",
+            ["consumer"],
             registry=self.registry,
         )
         self.handler_seconds = Histogram(
-            "ibpool_handler_seconds", "Time in a handler", ["consumer"], registry=self.registry,
+            "ibpool_handler_seconds",
+            "Time in a handler",
+            ["consumer"],
+            registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
         )
-        self.outbox_lag = Gauge("ibpool_outbox_lag", "Outbox rows committed but not yet published",
-                                registry=self.registry)
+        self.outbox_lag = Gauge(
+            "ibpool_outbox_lag", "Outbox rows committed but not yet published", registry=self.registry
+        )
         self.consumer_pending = Gauge(
-            "ibpool_consumer_pending", "Messages in the stream not yet delivered to the consumer", ["consumer"],
+            "ibpool_consumer_pending",
+            "Messages in the stream not yet delivered to the consumer",
+            ["consumer"],
             registry=self.registry,
         )
         self.info = Gauge("ibpool_service_info", "Service identity", ["service"], registry=self.registry)

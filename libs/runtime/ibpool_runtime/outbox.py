@@ -43,18 +43,16 @@ class OutboxRelay:
     async def publish_pending(self) -> int:
         """Publish up to `window` rows; returns how many were published (0 if another relay holds the lock)."""
         async with self.store.pool.acquire() as conn, conn.transaction():
-            locked = await conn.fetchval("SELECT pg_try_advisory_xact_lock(hashtext($1))", f"ibpool.outbox.{self.store.schema}")
+            locked = await conn.fetchval(
+                "SELECT pg_try_advisory_xact_lock(hashtext($1))", f"ibpool.outbox.{self.store.schema}"
+            )
             if not locked:
                 return 0
-            rows = await conn.fetch(
-                "SELECT seq, subject, headers, body FROM outbox ORDER BY seq LIMIT $1", self.window
-            )
+            rows = await conn.fetch("SELECT seq, subject, headers, body FROM outbox ORDER BY seq LIMIT $1", self.window)
             if not rows:
                 return 0
             faults.crash_if_armed("outbox.before_publish")
-            batch = [
-                OutgoingMessage(r["subject"], msgspec.json.decode(r["headers"]), bytes(r["body"])) for r in rows
-            ]
+            batch = [OutgoingMessage(r["subject"], msgspec.json.decode(r["headers"]), bytes(r["body"])) for r in rows]
             await self.bus.publish_batch(batch)
             await conn.execute("DELETE FROM outbox WHERE seq = ANY($1::bigint[])", [r["seq"] for r in rows])
         self.published += len(rows)
@@ -62,6 +60,7 @@ class OutboxRelay:
 
     async def flush(self, timeout_s: float = 10.0) -> None:
         """Publish everything committed so far (used at shutdown)."""
+
         async def _drain() -> None:
             while await self.publish_pending():
                 pass

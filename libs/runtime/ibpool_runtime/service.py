@@ -173,8 +173,11 @@ Build = Callable[[Kit[C]], Awaitable[ServiceSpec]]
 
 async def connect_kit(name: str, config: C, schema: str) -> Kit[C]:
     bus = await Bus.connect(
-        config.nats_url, name=f"{name}/{config.instance or socket.gethostname()}",
-        attempts=config.connect_attempts, backoff_s=config.connect_backoff_s, window=config.outbox_window,
+        config.nats_url,
+        name=f"{name}/{config.instance or socket.gethostname()}",
+        attempts=config.connect_attempts,
+        backoff_s=config.connect_backoff_s,
+        window=config.outbox_window,
     )
     try:
         store = await Store.connect(

@@ -16,7 +16,6 @@ from typing import Any
 
 import asyncpg
 import msgspec
-
 from ibpool_proto import Message
 
 from .bus import outgoing
@@ -117,8 +116,10 @@ class Store:
                     " applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (source, version))"
                 )
                 for source, directory in [("runtime", RUNTIME_MIGRATIONS), *[("service", d) for d in dirs]]:
-                    done = {r["version"] for r in await conn.fetch(
-                        "SELECT version FROM schema_migrations WHERE source = $1", source)}
+                    done = {
+                        r["version"]
+                        for r in await conn.fetch("SELECT version FROM schema_migrations WHERE source = $1", source)
+                    }
                     for version, path in _migration_files(directory):
                         if version in done:
                             continue
@@ -127,7 +128,10 @@ class Store:
                                 await conn.execute(path.read_text())
                                 await conn.execute(
                                     "INSERT INTO schema_migrations (source, version, name) VALUES ($1, $2, $3)",
-                                    source, version, path.name)
+                                    source,
+                                    version,
+                                    path.name,
+                                )
                         except asyncpg.PostgresError as e:
                             raise MigrationError(f"migration {path.name} failed: {e}") from None
                         applied_now.append(path.name)

@@ -22,8 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first", type=int, help="number of the first node")
     p.add_argument("--http-port", type=int)
     args = p.parse_args(argv)
-    for flag, field in (("nodes", "nodes"), ("seed", "seed"), ("prefix", "node_prefix"),
-                        ("first", "first_node"), ("http_port", "http_port")):
+    for flag, field in (
+        ("nodes", "nodes"),
+        ("seed", "seed"),
+        ("prefix", "node_prefix"),
+        ("first", "first_node"),
+        ("http_port", "http_port"),
+    ):
         value = getattr(args, flag)
         if value is not None:
             os.environ[f"IBPOOL_NODE_AGENT_{field.upper()}"] = str(value)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import msgspec
 from aiohttp import web
-
 from ibpool_core.workload import Workload
 from ibpool_proto.node import GpuInfo
 from ibpool_runtime.http import json_response
@@ -34,19 +33,31 @@ def routes(agent: NodeAgent) -> web.RouteTableDef:
 
     @r.get("/v1/agent")
     async def get_agent(_: web.Request) -> web.Response:
-        return json_response(AgentView(
-            source=agent.kit.source, nodes=len(agent.node_ids), heartbeats_sent=agent.heartbeats_sent,
-            exits_by_reason=await state.exits_by_reason(pool),
-        ))
+        return json_response(
+            AgentView(
+                source=agent.kit.source,
+                nodes=len(agent.node_ids),
+                heartbeats_sent=agent.heartbeats_sent,
+                exits_by_reason=await state.exits_by_reason(pool),
+            )
+        )
 
     @r.get("/v1/nodes")
     async def list_nodes(_: web.Request) -> web.Response:
         work = await state.running(pool)
-        return json_response([
-            NodeView(node_id=n.node_id, hostname=n.hostname, backend=n.backend, gpus=n.gpus,
-                     running=[w for w in work if w.node_id == n.node_id])
-            for n in await state.nodes(pool) if n.node_id in agent.backends
-        ])
+        return json_response(
+            [
+                NodeView(
+                    node_id=n.node_id,
+                    hostname=n.hostname,
+                    backend=n.backend,
+                    gpus=n.gpus,
+                    running=[w for w in work if w.node_id == n.node_id],
+                )
+                for n in await state.nodes(pool)
+                if n.node_id in agent.backends
+            ]
+        )
 
     @r.get("/v1/nodes/{node_id}")
     async def get_node(request: web.Request) -> web.Response:
@@ -54,8 +65,9 @@ def routes(agent: NodeAgent) -> web.RouteTableDef:
         for n in await state.nodes(pool):
             if n.node_id == node_id and node_id in agent.backends:
                 work = await state.running(pool, [node_id])
-                return json_response(NodeView(node_id=n.node_id, hostname=n.hostname, backend=n.backend,
-                                              gpus=n.gpus, running=work))
+                return json_response(
+                    NodeView(node_id=n.node_id, hostname=n.hostname, backend=n.backend, gpus=n.gpus, running=work)
+                )
         return json_response({"error": "not found", "detail": f"node {node_id!r} is not hosted here"}, status=404)
 
     return r

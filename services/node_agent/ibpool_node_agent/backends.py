@@ -30,8 +30,12 @@ class SimulatedBackend:
         self.node_id = node_id
         self.hostname = node_id
         self.model = SimulatedGpus(
-            node_id=node_id, seed=cfg.seed, count=cfg.gpus_per_node, model=cfg.gpu_model,
-            ecc_rate=cfg.sim_ecc_rate, xid_rate=cfg.sim_xid_rate,
+            node_id=node_id,
+            seed=cfg.seed,
+            count=cfg.gpus_per_node,
+            model=cfg.gpu_model,
+            ecc_rate=cfg.sim_ecc_rate,
+            xid_rate=cfg.sim_xid_rate,
         )
 
     def inventory(self) -> list[GpuInfo]:
@@ -64,10 +68,15 @@ class NvmlBackend:
             except n.NVMLError:
                 mig_capable = False
             name = n.nvmlDeviceGetName(h)
-            out.append(GpuInfo(
-                index=i, uuid=_text(n.nvmlDeviceGetUUID(h)), model=_text(name),
-                memory_mib=int(n.nvmlDeviceGetMemoryInfo(h).total // (1 << 20)), mig_capable=mig_capable,
-            ))
+            out.append(
+                GpuInfo(
+                    index=i,
+                    uuid=_text(n.nvmlDeviceGetUUID(h)),
+                    model=_text(name),
+                    memory_mib=int(n.nvmlDeviceGetMemoryInfo(h).total // (1 << 20)),
+                    mig_capable=mig_capable,
+                )
+            )
         return out
 
     def sample(self, dt_s: float, load: dict[int, int]) -> list[GpuSample]:
@@ -78,15 +87,23 @@ class NvmlBackend:
             mem = n.nvmlDeviceGetMemoryInfo(h)
             try:
                 ecc_v = int(n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC))
-                ecc_a = int(n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC))
+                ecc_a = int(
+                    n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC)
+                )
             except n.NVMLError:
                 ecc_v = ecc_a = 0
-            out.append(GpuSample(
-                index=i, uuid=_text(n.nvmlDeviceGetUUID(h)), utilization_pct=float(util.gpu),
-                memory_used_mib=int(mem.used // (1 << 20)),
-                temperature_c=float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
-                power_w=n.nvmlDeviceGetPowerUsage(h) / 1000.0, ecc_volatile=ecc_v, ecc_aggregate=ecc_a,
-            ))
+            out.append(
+                GpuSample(
+                    index=i,
+                    uuid=_text(n.nvmlDeviceGetUUID(h)),
+                    utilization_pct=float(util.gpu),
+                    memory_used_mib=int(mem.used // (1 << 20)),
+                    temperature_c=float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
+                    power_w=n.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                    ecc_volatile=ecc_v,
+                    ecc_aggregate=ecc_a,
+                )
+            )
         return out
 
 

@@ -57,7 +57,11 @@ class NodeAgent:
             case AllocationGranted():
                 running = {w.allocation_id for w in await state.running(ctx.tx.conn, [event.node_id])}
                 decision = core.admit_grant(
-                    event, hosted_nodes=self.gpu_counts, running=running, now=now, source=self.kit.source,
+                    event,
+                    hosted_nodes=self.gpu_counts,
+                    running=running,
+                    now=now,
+                    source=self.kit.source,
                     default_runtime_s=self.cfg.default_runtime_s,
                 )
                 match decision:
@@ -86,19 +90,30 @@ class NodeAgent:
             for b in self.backends.values():
                 gpus = b.inventory()
                 await state.upsert_node(tx.conn, b.node_id, b.hostname, b.name, gpus, now)
-                await tx.outbox(NodeRegistered(
-                    source=self.kit.source, key=b.node_id, occurred_at=now, node_id=b.node_id,
-                    hostname=b.hostname, cpu_milli=self.cfg.cpu_milli, memory_mib=self.cfg.memory_mib, gpus=gpus,
-                    backend=b.name, labels={"ibpool.io/gpu-model": gpus[0].model if gpus else ""},
-                ))
+                await tx.outbox(
+                    NodeRegistered(
+                        source=self.kit.source,
+                        key=b.node_id,
+                        occurred_at=now,
+                        node_id=b.node_id,
+                        hostname=b.hostname,
+                        cpu_milli=self.cfg.cpu_milli,
+                        memory_mib=self.cfg.memory_mib,
+                        gpus=gpus,
+                        backend=b.name,
+                        labels={"ibpool.io/gpu-model": gpus[0].model if gpus else ""},
+                    )
+                )
 
     async def deregister(self) -> None:
         now = self.clock.now()
         async with self.kit.store.transaction() as tx:
-            await tx.outbox(*[
-                NodeDeregistered(source=self.kit.source, key=n, occurred_at=now, node_id=n, reason="agent stopped")
-                for n in self.node_ids
-            ])
+            await tx.outbox(
+                *[
+                    NodeDeregistered(source=self.kit.source, key=n, occurred_at=now, node_id=n, reason="agent stopped")
+                    for n in self.node_ids
+                ]
+            )
 
     async def heartbeat_loop(self, stop: asyncio.Event) -> None:
         seq = 0
@@ -107,10 +122,17 @@ class NodeAgent:
             seq += 1
             now = self.clock.now()
             for n in self.node_ids:
-                self.kit.bus.publish_nowait(NodeHeartbeat(
-                    source=self.kit.source, key=n, occurred_at=now, node_id=n, seq=seq, interval_s=interval,
-                    running_allocations=self.running.get(n, []),
-                ))
+                await self.kit.bus.publish_unacked(
+                    NodeHeartbeat(
+                        source=self.kit.source,
+                        key=n,
+                        occurred_at=now,
+                        node_id=n,
+                        seq=seq,
+                        interval_s=interval,
+                        running_allocations=self.running.get(n, []),
+                    )
+                )
             self.heartbeats_sent += len(self.node_ids)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
@@ -127,9 +149,15 @@ class NodeAgent:
                 except Exception as e:  # one bad read must not stop telemetry of the other nodes
                     log.warning("telemetry read failed", node_id=n, error=str(e))
                     continue
-                self.kit.bus.publish_nowait(TelemetryReported(
-                    source=self.kit.source, key=n, occurred_at=now, node_id=n, gpus=gpus,
-                ))
+                await self.kit.bus.publish_unacked(
+                    TelemetryReported(
+                        source=self.kit.source,
+                        key=n,
+                        occurred_at=now,
+                        node_id=n,
+                        gpus=gpus,
+                    )
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.cfg.telemetry_interval_s)
 

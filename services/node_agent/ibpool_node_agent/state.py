@@ -7,7 +7,6 @@ from pathlib import Path
 
 import asyncpg
 import msgspec
-
 from ibpool_core.workload import Workload
 from ibpool_proto.job import JobExited
 from ibpool_proto.node import GpuInfo
@@ -32,15 +31,24 @@ async def upsert_node(
     await conn.execute(
         "INSERT INTO nodes (node_id, hostname, backend, inventory, registered_at) VALUES ($1, $2, $3, $4, $5)"
         " ON CONFLICT (node_id) DO UPDATE SET hostname = $2, backend = $3, inventory = $4, registered_at = $5",
-        node_id, hostname, backend, msgspec.json.encode(gpus).decode(), now,
+        node_id,
+        hostname,
+        backend,
+        msgspec.json.encode(gpus).decode(),
+        now,
     )
 
 
 async def nodes(conn: asyncpg.Connection | asyncpg.Pool) -> list[NodeRow]:
     rows = await conn.fetch("SELECT * FROM nodes ORDER BY node_id")
     return [
-        NodeRow(node_id=r["node_id"], hostname=r["hostname"], backend=r["backend"],
-                gpus=_gpus.decode(r["inventory"]), registered_at=r["registered_at"])
+        NodeRow(
+            node_id=r["node_id"],
+            hostname=r["hostname"],
+            backend=r["backend"],
+            gpus=_gpus.decode(r["inventory"]),
+            registered_at=r["registered_at"],
+        )
         for r in rows
     ]
 
@@ -49,7 +57,12 @@ async def insert_workload(conn: asyncpg.Connection, w: Workload) -> None:
     await conn.execute(
         "INSERT INTO workloads (allocation_id, job_id, node_id, body, started_at, ends_at)"
         " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (allocation_id) DO NOTHING",
-        w.allocation_id, w.job_id, w.node_id, msgspec.json.encode(w).decode(), w.started_at, w.ends_at,
+        w.allocation_id,
+        w.job_id,
+        w.node_id,
+        msgspec.json.encode(w).decode(),
+        w.started_at,
+        w.ends_at,
     )
 
 
@@ -76,7 +89,10 @@ async def mark_exited(conn: asyncpg.Connection, exited: JobExited) -> bool:
     status = await conn.execute(
         "UPDATE workloads SET exited_at = $2, exit_code = $3, exit_reason = $4"
         " WHERE allocation_id = $1 AND exited_at IS NULL",
-        exited.allocation_id, exited.occurred_at, exited.exit_code, exited.reason,
+        exited.allocation_id,
+        exited.occurred_at,
+        exited.exit_code,
+        exited.reason,
     )
     return bool(status.endswith(" 1"))
 

@@ -1,0 +1,78 @@
+import datetime as dt
+
+from ibpool_core import workload as core
+from ibpool_proto.pool import AllocationGranted, AllocationRevoked, Enforcement, GpuAssignment, WorkloadSpec
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+NODES = {"n1": 8}
+
+
+def grant(
+    gpus: list[int], runtime: float | None = 10.0, mem: int | None = None, limit: int | None = None, node: str = "n1"
+) -> AllocationGranted:
+    return AllocationGranted(
+        source="t",
+        key=node,
+        allocation_id="a1",
+        job_id="j1",
+        node_id=node,
+        kind="whole",
+        assignments=[GpuAssignment(node_id=node, gpu_index=g) for g in gpus],
+        enforcement=Enforcement(env={"CUDA_VISIBLE_DEVICES": "0"}, memory_limit_mib=limit),
+        lease_expires_at=T0,
+        ledger_version=1,
+        workload=WorkloadSpec(simulated_runtime_s=runtime, simulated_memory_mib=mem),
+    )
+
+
+def admit(g: AllocationGranted, running: set[str] | None = None) -> core.GrantDecision:
+    return core.admit_grant(
+        g, hosted_nodes=NODES, running=running or set(), now=T0, source="agent", default_runtime_s=60
+    )
+
+
+def test_grant_starts_work_that_ends_after_its_runtime() -> None:
+    d = admit(grant([0, 1], runtime=10))
+    assert isinstance(d, core.GrantAdmitted)
+    assert d.workload.gpu_indices == [0, 1] and d.workload.env == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert d.started.job_id == "j1" and d.started.occurred_at == T0
+    assert core.finish_due([d.workload], now=T0 + dt.timedelta(seconds=9), source="agent") == []
+    [(_, exited)] = core.finish_due([d.workload], now=T0 + dt.timedelta(seconds=10), source="agent")
+    assert (exited.reason, exited.exit_code, exited.runtime_s) == ("completed", 0, 10.0)
+
+
+def test_repeated_grant_is_ignored() -> None:
+    assert isinstance(admit(grant([0]), running={"a1"}), core.GrantIgnored)
+
+
+def test_grant_for_another_node_is_ignored() -> None:
+    assert isinstance(admit(grant([0], node="elsewhere")), core.GrantIgnored)
+
+
+def test_grant_of_missing_gpu_is_refused_with_the_reason() -> None:
+    d = admit(grant([8]))
+    assert isinstance(d, core.GrantRefused)
+    assert d.exited.reason == "failed" and "[8]" in d.exited.detail
+
+
+def test_work_over_its_memory_limit_is_killed_as_oom() -> None:
+    d = admit(grant([0], runtime=100, mem=30_000, limit=20_000))
+    assert isinstance(d, core.GrantAdmitted) and d.workload.planned_exit == "oom"
+    [(_, exited)] = core.finish_due([d.workload], now=T0 + dt.timedelta(seconds=1), source="agent")
+    assert exited.reason == "oom" and exited.exit_code == core.OOM_EXIT_CODE
+
+
+def test_default_runtime_when_grant_does_not_say() -> None:
+    d = admit(grant([0], runtime=None))
+    assert isinstance(d, core.GrantAdmitted)
+    assert d.workload.ends_at == T0 + dt.timedelta(seconds=60)
+
+
+def test_revoked_work_exits_with_the_revocation_reason() -> None:
+    d = admit(grant([0]))
+    assert isinstance(d, core.GrantAdmitted)
+    rev = AllocationRevoked(
+        source="alloc", key="n1", allocation_id="a1", job_id="j1", node_id="n1", ledger_version=2, reason="node failed"
+    )
+    exited = core.stop_revoked(d.workload, rev, now=T0 + dt.timedelta(seconds=3), source="agent")
+    assert (exited.reason, exited.detail, exited.runtime_s) == ("revoked", "node failed", 3.0)

@@ -1,0 +1,164 @@
+"""At-least-once delivery, exactly-once effect: duplicates, naks and poison messages."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import uuid
+
+import msgspec
+import pytest
+from ibpool_proto import new_id
+from ibpool_proto.job import CancelJob
+from ibpool_runtime.bus import Bus, envelope_headers
+from ibpool_runtime.consumer import Consumer, ConsumerSettings, HandlerContext, Subscription
+from ibpool_runtime.metrics import ServiceMetrics
+from ibpool_runtime.store import Store
+from ibpool_runtime.streams import DLQ_STREAM
+
+from tests.integration.helpers import eventually, stream_messages
+
+
+def cancel(job_id: str) -> CancelJob:
+    return CancelJob(source="test", key=job_id, job_id=job_id, reason="test")
+
+
+async def effects_table(store: Store) -> None:
+    await store.pool.execute("CREATE TABLE IF NOT EXISTS effects (event_id text, job_id text)")
+
+
+async def count_effects(store: Store, job_id: str) -> int:
+    return int(await store.pool.fetchval("SELECT count(*) FROM effects WHERE job_id = $1", job_id))
+
+
+class Recorder:
+    """A handler that writes one row per event it sees; `fail_first` fails its very first call."""
+
+    def __init__(self, fail_first: bool = False, always_fail_for: str | None = None) -> None:
+        self.fail_first = fail_first
+        self.always_fail_for = always_fail_for
+        self.calls = 0
+
+    async def __call__(self, event: CancelJob, ctx: HandlerContext) -> None:
+        self.calls += 1
+        assert ctx.tx is not None
+        await ctx.tx.conn.execute("INSERT INTO effects VALUES ($1, $2)", event.id, event.job_id)
+        if self.always_fail_for == event.job_id:
+            raise RuntimeError("this handler always fails for " + event.job_id)
+        if self.fail_first and self.calls == 1:
+            raise RuntimeError("transient failure on the first call")
+
+
+async def start_consumer(
+    bus: Bus, store: Store, handler, job_ids: list[str], **settings
+) -> tuple[Consumer, asyncio.Event, asyncio.Task]:
+    durable = f"test-{uuid.uuid4().hex[:8]}"
+    sub = Subscription(durable=durable, filter_subjects=tuple(CancelJob.subject(j) for j in job_ids), handler=handler)
+    consumer = Consumer(bus, store, sub, ConsumerSettings(**settings), ServiceMetrics("test"), "test")
+    await consumer.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    return consumer, stop, task
+
+
+async def test_same_event_three_times_and_a_nak_changes_state_once(bus: Bus, store: Store) -> None:
+    await effects_table(store)
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    event = cancel(job)
+    recorder = Recorder(fail_first=True)
+    consumer, stop, task = await start_consumer(bus, store, recorder, [job], batch=8)
+    body = msgspec.json.encode(event)
+    # Three copies of one event, two with their own Nats-Msg-Id so JetStream stores all three
+    # (as after a producer crash outside the dedup window): only the inbox can stop them.
+    await bus.publish(event)
+    for i in range(2):
+        headers = envelope_headers(event)
+        headers["Nats-Msg-Id"] = f"{event.id}-copy-{i}"
+        await bus.js.publish(event.subject_of(), body, headers=headers)
+    # And the same Nats-Msg-Id again: dropped by JetStream's duplicate window.
+    ack = await bus.publish(event)
+    assert ack.duplicate is True
+
+    async def settled() -> bool:
+        info = await bus.js.consumer_info(consumer.sub.stream_name(), consumer.sub.durable)
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
+    await eventually(settled, what="all copies acked")
+    stop.set()
+    await task
+    assert await count_effects(store, job) == 1
+    # the first call failed (nak'd, redelivered later); of the other copies and the
+    # redelivery, one took effect and the inbox recognised the remaining two
+    assert consumer.metrics.failed.labels(consumer.sub.durable, event.ce_type())._value.get() == 1
+    assert consumer.metrics.duplicates.labels(consumer.sub.durable)._value.get() == 2
+    assert consumer.metrics.handled.labels(consumer.sub.durable, event.ce_type())._value.get() == 1
+
+
+async def test_poison_message_and_failing_handler_go_to_dlq_and_consumer_goes_on(bus: Bus, store: Store) -> None:
+    await effects_table(store)
+    bad_job, good_job = f"bad-{uuid.uuid4().hex[:8]}", f"good-{uuid.uuid4().hex[:8]}"
+    recorder = Recorder(always_fail_for=bad_job)
+    consumer, stop, task = await start_consumer(bus, store, recorder, [bad_job, good_job], max_deliver=3, batch=4)
+    # 1. bytes that are not a message at all
+    await bus.js.publish(CancelJob.subject(bad_job), b"\x00not json{", headers={"Nats-Msg-Id": new_id()})
+    # 2. valid JSON of an unknown type
+    await bus.js.publish(CancelJob.subject(bad_job), b'{"type":"io.ibpool.nope.v1"}', headers={"Nats-Msg-Id": new_id()})
+    # 3. a message whose handler always raises
+    poisoned = cancel(bad_job)
+    await bus.publish(poisoned)
+    # then good messages that must still be handled
+    goods = [cancel(good_job) for _ in range(5)]
+    for g in goods:
+        await bus.publish(g)
+
+    dlq_subject = f"ibpool.dlq.{consumer.sub.durable}"
+
+    async def all_dead() -> bool:
+        return len(await stream_messages(bus.js, DLQ_STREAM, dlq_subject)) >= 3
+
+    await eventually(lambda: _count_is(store, good_job, 5), what="good messages handled")
+    await eventually(all_dead, timeout_s=30, what="three messages dead-lettered")
+    stop.set()
+    await task
+    dead = await stream_messages(bus.js, DLQ_STREAM, dlq_subject)
+    reasons = sorted(m.headers["ibpool-dlq-reason"] for m in dead)
+    assert sum(r.startswith("decode:") for r in reasons) == 2, reasons
+    handler_dead = [m for m in dead if m.headers["ibpool-dlq-reason"].startswith("handler failed")]
+    assert len(handler_dead) == 1
+    h = handler_dead[0].headers
+    assert "always fails" in h["ibpool-dlq-reason"]
+    assert h["ibpool-dlq-subject"] == CancelJob.subject(bad_job)
+    assert h["ibpool-dlq-deliveries"] == "3"
+    assert h["ce-id"] == poisoned.id
+    assert handler_dead[0].data == msgspec.json.encode(poisoned)
+    # the failing handler's writes were rolled back every time
+    assert await count_effects(store, bad_job) == 0
+    assert await count_effects(store, good_job) == 5
+
+
+async def _count_is(store: Store, job: str, n: int) -> bool:
+    return await count_effects(store, job) == n
+
+
+async def test_handler_failure_rolls_back_only_its_own_event_in_a_batch(bus: Bus, store: Store) -> None:
+    await effects_table(store)
+    bad_job, good_job = f"bad-{uuid.uuid4().hex[:8]}", f"good-{uuid.uuid4().hex[:8]}"
+    # Publish first, so one fetch brings both jobs' events in a single batch transaction.
+    events = [cancel(good_job), cancel(bad_job), cancel(good_job)]
+    for e in events:
+        await bus.publish(e)
+    recorder = Recorder(always_fail_for=bad_job)
+    consumer, stop, task = await start_consumer(bus, store, recorder, [bad_job, good_job], max_deliver=2, batch=16)
+    await eventually(lambda: _count_is(store, good_job, 2), what="both good events handled")
+    stop.set()
+    await task
+    assert await count_effects(store, bad_job) == 0
+    inbox = await store.pool.fetch("SELECT event_id FROM inbox WHERE consumer = $1", consumer.sub.durable)
+    assert {r["event_id"] for r in inbox} == {events[0].id, events[2].id}
+
+
+def test_occurred_at_is_utc() -> None:
+    assert cancel("j").occurred_at.tzinfo == dt.UTC
+
+
+pytestmark = pytest.mark.integration
