@@ -1,0 +1,137 @@
+"""Loaders for public cluster traces: Microsoft Philly and Alibaba PAI's openb (GPU sharing).
+
+A bad row is reported with its file and line number, never silently skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+
+
+class TraceError(Exception):
+    """A trace file does not have the expected shape; the message names file and line."""
+
+
+class PhillyJob(msgspec.Struct, frozen=True, kw_only=True):
+    submitted_at: dt.datetime
+    duration_s: float
+    num_gpus: int
+    gpu_time_s: float
+    virtual_cluster: str
+
+
+class OpenbNode(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    gpu_model: str
+
+
+class OpenbPod(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int
+    gpu_spec: str
+    qos: str
+    phase: str
+    created_s: int
+    deleted_s: int | None
+    scheduled_s: int | None
+
+
+def _rows(path: Path, expected: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames != expected:
+            raise TraceError(f"{path}: header is {reader.fieldnames}, expected {expected}")
+        for row in reader:
+            yield reader.line_num, row
+
+
+def _fail(path: Path, line: int, e: Exception) -> TraceError:
+    return TraceError(f"{path}:{line}: {type(e).__name__}: {e}")
+
+
+def load_philly(path: Path) -> list[PhillyJob]:
+    jobs = []
+    for line, r in _rows(path, ["timestamp", "duration", "num_gpus", "gpu_time", "cluster"]):
+        try:
+            jobs.append(
+                PhillyJob(
+                    submitted_at=dt.datetime.strptime(r["timestamp"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC),
+                    duration_s=float(r["duration"]),
+                    num_gpus=int(r["num_gpus"]),
+                    gpu_time_s=float(r["gpu_time"]),
+                    virtual_cluster=r["cluster"],
+                )
+            )
+        except (ValueError, TypeError) as e:
+            raise _fail(path, line, e) from None
+    return jobs
+
+
+def load_openb_nodes(path: Path) -> list[OpenbNode]:
+    nodes = []
+    for line, r in _rows(path, ["sn", "cpu_milli", "memory_mib", "gpu", "model"]):
+        try:
+            nodes.append(
+                OpenbNode(
+                    name=r["sn"],
+                    cpu_milli=int(r["cpu_milli"]),
+                    memory_mib=int(r["memory_mib"]),
+                    gpus=int(r["gpu"]),
+                    gpu_model=r["model"],
+                )
+            )
+        except (ValueError, TypeError) as e:
+            raise _fail(path, line, e) from None
+    return nodes
+
+
+def _opt_int(v: str) -> int | None:
+    return int(v) if v.strip() else None
+
+
+def load_openb_pods(path: Path) -> list[OpenbPod]:
+    header = [
+        "name",
+        "cpu_milli",
+        "memory_mib",
+        "num_gpu",
+        "gpu_milli",
+        "gpu_spec",
+        "qos",
+        "pod_phase",
+        "creation_time",
+        "deletion_time",
+        "scheduled_time",
+    ]
+    pods = []
+    for line, r in _rows(path, header):
+        try:
+            pods.append(
+                OpenbPod(
+                    name=r["name"],
+                    cpu_milli=int(r["cpu_milli"]),
+                    memory_mib=int(r["memory_mib"]),
+                    num_gpu=int(r["num_gpu"]),
+                    gpu_milli=int(r["gpu_milli"]),
+                    gpu_spec=r["gpu_spec"],
+                    qos=r["qos"],
+                    phase=r["pod_phase"],
+                    created_s=int(r["creation_time"]),
+                    deleted_s=_opt_int(r["deletion_time"]),
+                    scheduled_s=_opt_int(r["scheduled_time"]),
+                )
+            )
+        except (ValueError, TypeError) as e:
+            raise _fail(path, line, e) from None
+    return pods
