@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,9 +18,15 @@ from ibpool_runtime.store import Store
 telemetry.setup_tracing("ibpool-tests")
 
 
+def stack_dir() -> Path:
+    """A state dir outside pytest's tmp root, whose permissions pytest resets to 0700 (which
+    would lock out the unprivileged user PostgreSQL runs as when the tests run as root)."""
+    return Path(tempfile.mkdtemp(prefix="ibpool-test-stack-"))
+
+
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devstack.StackInfo]:
-    state = tmp_path_factory.mktemp("stack")
+def stack() -> Iterator[devstack.StackInfo]:
+    state = stack_dir()
     # Tests keep JetStream's production fsync setting; Postgres skips fsync to keep the suite fast.
     info = devstack.up(state, sync_always=True, pg_fsync=False)
     os.environ["IBPOOL_NATS_URL"] = info.nats_url
@@ -27,6 +35,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devstack.StackIn
         yield info
     finally:
         devstack.down(state)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture

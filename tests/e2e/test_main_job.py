@@ -1,0 +1,49 @@
+"""The main job and the dev stack commands, run as an operator runs them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+from tests.integration.conftest import stack_dir
+
+CLI = [sys.executable, "-m", "ibpool_cli"]
+
+
+def test_dev_up_status_down() -> None:
+    root = stack_dir()
+    state = root / "dev"
+    up = subprocess.run([*CLI, "dev", "up", "--state-dir", str(state)], capture_output=True, text=True, timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "nats://127.0.0.1:" in up.stdout and "postgresql://postgres@127.0.0.1:" in up.stdout
+        env = (state / "stack.env").read_text()
+        assert env.startswith("IBPOOL_NATS_URL=nats://127.0.0.1:") and "IBPOOL_POSTGRES_DSN=" in env
+        status = subprocess.run([*CLI, "dev", "status", "--state-dir", str(state)], capture_output=True, text=True)
+        assert status.returncode == 0 and status.stdout.count(", up)") == 2, status.stdout
+        assert "jetstream_sync" in status.stdout and "always" in status.stdout
+    finally:
+        down = subprocess.run([*CLI, "dev", "down", "--state-dir", str(state)], capture_output=True, text=True)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    after = subprocess.run([*CLI, "dev", "status", "--state-dir", str(state)], capture_output=True, text=True)
+    shutil.rmtree(root, ignore_errors=True)
+    assert "not running" in after.stdout
+
+
+def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
+    root = stack_dir()
+    r = subprocess.run(
+        [*CLI, "run", "--nodes", "16", "--duration", "20", "--state-dir", str(root / "run")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    shutil.rmtree(root, ignore_errors=True)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "nodes registered" in out and "16/16" in out
+    assert "all nodes heartbeating within 10 s" in out
+    assert "NO" not in out.split("ibpool run: summary", 1)[1]
+    assert "stack stopped" in out
