@@ -83,3 +83,10 @@ async def test_event_handled_in_a_causes_event_in_b_under_one_trace(bus: Bus, st
     assert a_span.kind == trace.SpanKind.CONSUMER and b_span.kind == trace.SpanKind.CONSUMER
     assert a_span.parent is not None and a_span.parent.span_id == root.get_span_context().span_id
     assert b_span.parent is not None and b_span.parent.span_id == a_span.context.span_id
+
+    # the handled events are also OTel metrics, for an OTLP collector
+    reader = telemetry.memory_metrics()
+    assert reader is not None
+    data = reader.get_metrics_data()
+    names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert {"ibpool.events.handled", "ibpool.handler.duration"} <= names

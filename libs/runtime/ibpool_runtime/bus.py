@@ -18,7 +18,7 @@ from ibpool_proto import Message, encode
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import PubAck, StreamConfig
+from nats.js.api import PubAck, RetentionPolicy, StorageType, StreamConfig
 
 from . import telemetry
 from .logs import get_logger
@@ -117,6 +117,8 @@ class Bus:
                 num_replicas=replicas,
                 max_bytes=spec.max_bytes,
                 description=spec.description,
+                retention=RetentionPolicy(spec.retention),
+                storage=StorageType.FILE,
             )
             try:
                 await self.js.add_stream(config)

@@ -32,6 +32,14 @@ from .streams import stream_for_subject
 
 log = get_logger(__name__)
 
+# The same counts Prometheus scrapes, also as OTel metrics for an OTLP collector.
+_handled = telemetry.meter("ibpool.consumer").create_counter(
+    "ibpool.events.handled", description="events handled and acked"
+)
+_handler_duration = telemetry.meter("ibpool.consumer").create_histogram(
+    "ibpool.handler.duration", unit="s", description="time in a handler"
+)
+
 
 class NoTransaction(Exception):
     """A handler tried to emit events from a consumer that has no store."""
@@ -209,7 +217,9 @@ class Consumer:
                     span.set_status(trace.Status(trace.StatusCode.ERROR, o.error))
         finally:
             otel_context.detach(token)
-            self.metrics.handler_seconds.labels(self.sub.durable).observe(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self.metrics.handler_seconds.labels(self.sub.durable).observe(elapsed)
+            _handler_duration.record(elapsed, {"consumer": self.sub.durable})
 
     async def _settle(self, o: _Outcome) -> None:
         assert o.event is not None
@@ -220,6 +230,7 @@ class Consumer:
                 self.metrics.duplicates.labels(self.sub.durable).inc()
             else:
                 self.metrics.handled.labels(self.sub.durable, kind).inc()
+                _handled.add(1, {"consumer": self.sub.durable, "type": kind})
             return
         self.metrics.failed.labels(self.sub.durable, kind).inc()
         deliveries = _deliveries(o.msg)

@@ -18,6 +18,8 @@ class StreamSpec(NamedTuple):
     duplicate_window_s: float = 120.0
     max_bytes: int = -1
     description: str = ""
+    # limits: messages stay until max_age/max_bytes, whoever consumed them (many independent subscribers).
+    retention: str = "limits"
 
 
 STREAMS: tuple[StreamSpec, ...] = (

@@ -9,33 +9,52 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, MutableMapping
 
-from opentelemetry import propagate, trace
+from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 _memory: InMemorySpanExporter | None = None
+_memory_metrics: InMemoryMetricReader | None = None
 _provider: TracerProvider | None = None
+_meter_provider: MeterProvider | None = None
 
 
 def setup_tracing(service: str) -> TracerProvider:
-    """Install the process-wide tracer provider once; later calls return the same one."""
-    global _provider, _memory
+    """Install the process-wide tracer and meter providers once; later calls return the same one."""
+    global _provider, _memory, _meter_provider, _memory_metrics
     if _provider is not None:
         return _provider
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    resource = Resource.create({"service.name": service})
+    provider = TracerProvider(resource=resource)
+    reader: MetricReader
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter())
     else:
         _memory = InMemorySpanExporter()
         provider.add_span_processor(SimpleSpanProcessor(_memory))
+        reader = _memory_metrics = InMemoryMetricReader()
     trace.set_tracer_provider(provider)
+    _meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    metrics.set_meter_provider(_meter_provider)
     _provider = provider
     return provider
+
+
+def meter(name: str) -> metrics.Meter:
+    return metrics.get_meter(name)
+
+
+def memory_metrics() -> InMemoryMetricReader | None:
+    return _memory_metrics
 
 
 def memory_exporter() -> InMemorySpanExporter | None:
@@ -58,3 +77,5 @@ def extract(headers: Mapping[str, str] | None) -> Context:
 def shutdown_tracing() -> None:
     if _provider is not None:
         _provider.force_flush()
+    if _meter_provider is not None:
+        _meter_provider.shutdown()
