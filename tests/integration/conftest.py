@@ -11,6 +11,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+
 from ibpool_runtime import devstack, telemetry
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.store import Store

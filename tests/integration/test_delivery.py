@@ -8,6 +8,7 @@ import uuid
 
 import msgspec
 import pytest
+
 from ibpool_proto import new_id
 from ibpool_proto.job import CancelJob
 from ibpool_runtime.bus import Bus, envelope_headers
@@ -15,7 +16,6 @@ from ibpool_runtime.consumer import Consumer, ConsumerSettings, HandlerContext, 
 from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.store import Store
 from ibpool_runtime.streams import DLQ_STREAM
-
 from tests.integration.helpers import eventually, stream_messages
 
 

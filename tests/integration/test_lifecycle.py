@@ -7,13 +7,13 @@ import signal
 import subprocess
 
 import asyncpg
+from nats.js.errors import NotFoundError
+
 from ibpool_proto import decode
 from ibpool_proto.job import JobStarted
 from ibpool_proto.node import NodeDeregistered, NodeRegistered
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.devstack import StackInfo
-from nats.js.errors import NotFoundError
-
 from tests.integration.agent_support import agent_process, grant, unique_prefix
 from tests.integration.helpers import eventually, stream_messages
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import aiohttp
 import msgspec
+
 from ibpool_proto import decode
 from ibpool_proto.job import JobExited, JobStarted
 from ibpool_proto.node import NodeHeartbeat, NodeRegistered, TelemetryReported
 from ibpool_proto.pool import AllocationRevoked
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.store import Store
-
 from tests.integration.agent_support import grant, running_agent
 from tests.integration.helpers import eventually, stream_messages
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+from opentelemetry import trace
+
 from ibpool_proto.job import CancelJob, JobExited
 from ibpool_runtime import telemetry
 from ibpool_runtime.bus import Bus
@@ -12,8 +14,6 @@ from ibpool_runtime.consumer import Consumer, ConsumerSettings, HandlerContext, 
 from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.outbox import OutboxRelay
 from ibpool_runtime.store import Store
-from opentelemetry import trace
-
 from tests.integration.helpers import eventually
 
 

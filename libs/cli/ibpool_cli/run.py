@@ -21,6 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
+from nats.aio.msg import Msg
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
 from ibpool_proto import decode, new_id
 from ibpool_proto.job import JobExited, JobStarted
 from ibpool_proto.message import every_subject
@@ -28,10 +33,6 @@ from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered
 from ibpool_proto.pool import AllocationGranted, AllocationRevoked, Enforcement, GpuAssignment, WorkloadSpec
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus
-from nats.aio.msg import Msg
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
 
 HEARTBEAT_DEADLINE_S = 10.0
 SOURCE = "ibpool-run"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 
 import msgspec
+
 from ibpool_proto.job import ExitReason, JobExited, JobStarted
 from ibpool_proto.pool import AllocationGranted, AllocationRevoked
 

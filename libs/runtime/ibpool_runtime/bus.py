@@ -14,11 +14,12 @@ from typing import NamedTuple
 import nats
 import nats.errors
 import nats.js.errors
-from ibpool_proto import Message, encode
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, RetentionPolicy, StorageType, StreamConfig
+
+from ibpool_proto import Message, encode
 
 from . import telemetry
 from .logs import get_logger

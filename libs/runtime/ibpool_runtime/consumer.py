@@ -17,11 +17,12 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
-from ibpool_proto import DecodeError, Message, decode
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+
+from ibpool_proto import DecodeError, Message, decode
 
 from . import faults, telemetry
 from .bus import Bus

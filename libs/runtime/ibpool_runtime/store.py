@@ -16,6 +16,7 @@ from typing import Any
 
 import asyncpg
 import msgspec
+
 from ibpool_proto import Message
 
 from .bus import outgoing

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+
 from ibpool_runtime.config import BaseConfig, ConfigError, load_config
 
 

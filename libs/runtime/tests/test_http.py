@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+
 from ibpool_proto.pool import ProposePlacement
 from ibpool_runtime.http import create_app, json_response, read_body
 from ibpool_runtime.metrics import ServiceMetrics

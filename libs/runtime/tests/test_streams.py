@@ -1,4 +1,5 @@
 import pytest
+
 from ibpool_proto import ALL_MESSAGES
 from ibpool_runtime.streams import DLQ_STREAM, STREAMS, stream_for_subject
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 from aiohttp import web
+
 from ibpool_core.workload import Workload
 from ibpool_proto.node import GpuInfo
 from ibpool_runtime.http import json_response

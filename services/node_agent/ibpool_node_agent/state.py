@@ -7,6 +7,7 @@ from pathlib import Path
 
 import asyncpg
 import msgspec
+
 from ibpool_core.workload import Workload
 from ibpool_proto.job import JobExited
 from ibpool_proto.node import GpuInfo
