@@ -122,42 +122,28 @@ def finish_due(workloads: list[Workload], *, now: dt.datetime, source: str) -> l
     for w in workloads:
         if w.ends_at is None or w.ends_at > now:
             continue
-        oom = w.planned_exit == "oom"
-        detail = (
-            f"simulated memory {w.memory_demand_mib} MiB exceeded the grant's limit {w.memory_limit_mib} MiB"
-            if oom
-            else ""
-        )
-        done.append(
-            (
-                w,
-                JobExited(
-                    source=source,
-                    key=w.job_id,
-                    occurred_at=now,
-                    job_id=w.job_id,
-                    allocation_id=w.allocation_id,
-                    node_id=w.node_id,
-                    exit_code=OOM_EXIT_CODE if oom else 0,
-                    reason=w.planned_exit,
-                    detail=detail,
-                    runtime_s=(now - w.started_at).total_seconds(),
-                ),
-            )
-        )
+        if w.planned_exit == "oom":
+            detail = f"simulated memory {w.memory_demand_mib} MiB exceeded the grant's limit {w.memory_limit_mib} MiB"
+            done.append((w, _exited(w, now, source, OOM_EXIT_CODE, "oom", detail)))
+        else:
+            done.append((w, _exited(w, now, source, 0, w.planned_exit, "")))
     return done
 
 
 def stop_revoked(workload: Workload, revoked: AllocationRevoked, *, now: dt.datetime, source: str) -> JobExited:
+    return _exited(workload, now, source, REVOKED_EXIT_CODE, "revoked", revoked.reason)
+
+
+def _exited(w: Workload, now: dt.datetime, source: str, code: int, reason: ExitReason, detail: str) -> JobExited:
     return JobExited(
         source=source,
-        key=workload.job_id,
+        key=w.job_id,
         occurred_at=now,
-        job_id=workload.job_id,
-        allocation_id=workload.allocation_id,
-        node_id=workload.node_id,
-        exit_code=REVOKED_EXIT_CODE,
-        reason="revoked",
-        detail=revoked.reason,
-        runtime_s=(now - workload.started_at).total_seconds(),
+        job_id=w.job_id,
+        allocation_id=w.allocation_id,
+        node_id=w.node_id,
+        exit_code=code,
+        reason=reason,
+        detail=detail,
+        runtime_s=(now - w.started_at).total_seconds(),
     )

@@ -153,6 +153,12 @@ class Service(Generic[C]):
             await self.stop()
 
 
+async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep `seconds`, or less if `stop` is set meanwhile: the pause of every service loop."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
 async def _wait_bounded(tasks: list[asyncio.Task[None]], timeout_s: float, what: str) -> None:
     if not tasks:
         return

@@ -7,7 +7,6 @@ are published directly (a lost sample is replaced by the next one).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 from ibpool_core import workload as core
@@ -16,7 +15,7 @@ from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered, T
 from ibpool_proto.pool import AllocationGranted, AllocationRevoked
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.logs import get_logger
-from ibpool_runtime.service import Kit
+from ibpool_runtime.service import Kit, sleep_unless_stopped
 
 from . import state
 from .backends import GpuBackend
@@ -134,8 +133,7 @@ class NodeAgent:
                     )
                 )
             self.heartbeats_sent += len(self.node_ids)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+            await sleep_unless_stopped(stop, interval)
 
     async def telemetry_loop(self, stop: asyncio.Event) -> None:
         last = time.monotonic()
@@ -149,17 +147,9 @@ class NodeAgent:
                 except Exception as e:  # one bad read must not stop telemetry of the other nodes
                     log.warning("telemetry read failed", node_id=n, error=str(e))
                     continue
-                await self.kit.bus.publish_unacked(
-                    TelemetryReported(
-                        source=self.kit.source,
-                        key=n,
-                        occurred_at=now,
-                        node_id=n,
-                        gpus=gpus,
-                    )
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.cfg.telemetry_interval_s)
+                sample = TelemetryReported(source=self.kit.source, key=n, occurred_at=now, node_id=n, gpus=gpus)
+                await self.kit.bus.publish_unacked(sample)
+            await sleep_unless_stopped(stop, self.cfg.telemetry_interval_s)
 
     async def workload_loop(self, stop: asyncio.Event) -> None:
         """Finish simulated work whose time has come and keep the in-memory view current."""
@@ -168,8 +158,7 @@ class NodeAgent:
                 await self.finish_due_work()
             except Exception as e:
                 log.warning("workload tick failed", error=str(e) or type(e).__name__)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=WORKLOAD_TICK_S)
+            await sleep_unless_stopped(stop, WORKLOAD_TICK_S)
 
     async def finish_due_work(self) -> int:
         now = self.clock.now()
