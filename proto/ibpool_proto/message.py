@@ -8,13 +8,21 @@ never writes a subject literal: `AllocationGranted.subject(node_id)`.
 from __future__ import annotations
 
 import datetime as dt
-from typing import ClassVar, NamedTuple
+import re
+from typing import Annotated, ClassVar, NamedTuple
 
 import msgspec
 import uuid_utils
 
 CE_PREFIX = "io.ibpool."
 SUBJECT_PREFIX = "ibpool."
+
+# A point in time with its timezone; a naive datetime is rejected on decode.
+Timestamp = Annotated[dt.datetime, msgspec.Meta(tz=True)]
+
+# A subject token: printable ASCII without the separator and the wildcards.
+_KEY = re.compile(r"^[!-~]+$")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 def new_id() -> str:
@@ -38,7 +46,12 @@ def parse_ce_type(ce_type: str) -> TypeName:
     if not ce_type.startswith(CE_PREFIX):
         raise ValueError(f"ce-type {ce_type!r} does not start with {CE_PREFIX!r}")
     parts = ce_type[len(CE_PREFIX) :].split(".")
-    if len(parts) != 4 or not parts[3].startswith("v") or not parts[3][1:].isdigit():
+    if (
+        len(parts) != 4
+        or not all(_NAME.match(p) for p in parts[:3])
+        or not parts[3].startswith("v")
+        or not parts[3][1:].isdigit()
+    ):
         raise ValueError(f"ce-type {ce_type!r} is not io.ibpool.<domain>.<entity>.<verb>.v<N>")
     return TypeName(parts[0], parts[1], parts[2], int(parts[3][1:]))
 
@@ -58,7 +71,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbi
     summary: ClassVar[str] = ""
 
     id: str = msgspec.field(default_factory=new_id)
-    occurred_at: dt.datetime = msgspec.field(default_factory=utc_now)
+    occurred_at: Timestamp = msgspec.field(default_factory=utc_now)
     source: str
     key: str
     schema_version: int = 1
@@ -76,8 +89,10 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbi
     @classmethod
     def subject(cls, key: str) -> str:
         """The subject for this message with the given key: `ibpool.<domain>.<entity>.<verb>.<key>`."""
-        if not key or any(c in key for c in ". *>\t\r\n"):
-            raise ValueError(f"subject key {key!r} must be a non-empty token without '.', '*', '>' or spaces")
+        if not _KEY.match(key) or any(c in key for c in ".*>"):
+            raise ValueError(
+                f"subject key {key!r} must be a non-empty token of printable ASCII without '.', '*', '>' or spaces"
+            )
         return f"{cls.subject_root()}.{key}"
 
     @classmethod

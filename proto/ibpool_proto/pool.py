@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import ClassVar, Literal
 
 import msgspec
 
-from .message import Command, Event
+from .message import Command, Event, Timestamp
 
 AllocationKind = Literal["whole", "fraction", "mig", "gang", "remote"]
 RejectReason = Literal["stale", "conflict", "over_quota", "node_not_ready", "would_exceed_capacity", "invalid"]
@@ -102,7 +101,7 @@ class AllocationGranted(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.al
     kind: AllocationKind
     assignments: list[GpuAssignment]
     enforcement: Enforcement
-    lease_expires_at: dt.datetime
+    lease_expires_at: Timestamp
     ledger_version: int
     tenant: str = ""
     workload: WorkloadSpec | None = None

@@ -22,6 +22,7 @@ MESSAGE_TYPES = sorted(ALL_MESSAGES, key=lambda m: m.ce_type())
 # Naive, UTC and whole-minute offsets: what RFC 3339 carries (zoneinfo's second-level LMT offsets are not).
 _offsets = st.integers(-23 * 60 - 59, 23 * 60 + 59).map(lambda m: dt.timezone(dt.timedelta(minutes=m)))
 _datetimes = st.datetimes(timezones=st.none() | st.just(dt.UTC) | _offsets)
+_aware_datetimes = st.datetimes(timezones=st.just(dt.UTC) | _offsets)
 
 
 def for_type(t: mi.Type) -> st.SearchStrategy[Any]:
@@ -39,7 +40,7 @@ def for_type(t: mi.Type) -> st.SearchStrategy[Any]:
     if isinstance(t, mi.LiteralType):
         return st.sampled_from(t.values)
     if isinstance(t, mi.DateTimeType):
-        return _datetimes
+        return _aware_datetimes if t.tz else _datetimes
     if isinstance(t, mi.UnionType):
         return st.one_of([for_type(x) for x in t.types])
     if isinstance(t, mi.ListType):

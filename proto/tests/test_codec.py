@@ -27,7 +27,12 @@ from ibpool_proto.message import TypeName
 from proto.tests.message_strategies import MESSAGE_TYPES, any_message, messages
 
 CE_TYPE_RE = re.compile(r"^io\.ibpool\.[a-z]+\.[a-z]+\.[a-z]+\.v[1-9][0-9]*$")
-FORBIDDEN_IN_KEY = ". *>\t\r\n"
+FORBIDDEN_IN_KEY = ". *>\t\r\n\x0b\x0c\x00\xa0\u2028"
+
+
+def is_valid_key(key: str) -> bool:
+    """A subject token: printable ASCII, none of '.', '*', '>'."""
+    return bool(key) and all("!" <= c <= "~" for c in key) and not any(c in key for c in ".*>")
 
 ALL_FIELD_NAMES = sorted({f.name for m in ALL_MESSAGES for f in msgspec.structs.fields(m)})
 
@@ -126,7 +131,7 @@ def test_subject_rejects_empty_key() -> None:
 
 @given(any_message)
 def test_subject_of_uses_the_key(message: Message) -> None:
-    if not message.key or any(c in message.key for c in FORBIDDEN_IN_KEY):
+    if not is_valid_key(message.key):
         with pytest.raises(ValueError):
             message.subject_of()
     else:
@@ -176,5 +181,21 @@ def test_parse_ce_type_inverts_formatting(domain: str, entity: str, verb: str, v
     ],
 )
 def test_parse_ce_type_rejects_malformed(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_ce_type(bad)
+
+
+def test_naive_timestamps_are_rejected_on_decode() -> None:
+    from ibpool_proto.job import CancelJob
+
+    wire = encode(CancelJob(source="s", key="j", job_id="j"))
+    naive = wire.replace(b'Z"', b'"', 1)
+    assert naive != wire
+    with pytest.raises(DecodeError, match="timezone"):
+        decode(naive)
+
+
+@pytest.mark.parametrize("bad", ["io.ibpool..job.cancel.v1", "io.ibpool.job..cancel.v1", "io.ibpool.Job.job.x.v1"])
+def test_ce_type_parts_must_be_lower_case_names(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_ce_type(bad)

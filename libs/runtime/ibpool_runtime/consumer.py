@@ -42,6 +42,10 @@ _handler_duration = telemetry.meter("ibpool.consumer").create_histogram(
 )
 
 
+class ConsumerConflict(Exception):
+    """A durable consumer exists with settings the server will not change in place."""
+
+
 class NoTransaction(Exception):
     """A handler tried to emit events from a consumer that has no store."""
 
@@ -121,10 +125,14 @@ class Consumer:
             filter_subjects=list(self.sub.filter_subjects),
         )
         try:
+            # Creates the durable, or updates it in place (filters, ack wait, limits) keeping its position.
             await self.bus.js.add_consumer(stream, config)
-        except nats.js.errors.BadRequestError:
-            await self.bus.js.delete_consumer(stream, self.sub.durable)
-            await self.bus.js.add_consumer(stream, config)
+        except nats.js.errors.BadRequestError as e:
+            # Never delete and recreate silently: that would replay the whole stream.
+            raise ConsumerConflict(
+                f"durable consumer {self.sub.durable!r} on {stream} exists with settings that cannot be "
+                f"changed in place ({e.description}); remove it deliberately to start over"
+            ) from None
         self._psub = await self.bus.js.pull_subscribe_bind(self.sub.durable, stream=stream)
 
     async def pending(self) -> int:
