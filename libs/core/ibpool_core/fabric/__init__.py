@@ -1,0 +1,1 @@
+"""The InfiniBand fabric: the immutable topology model, what is derived from it, and its formats."""
