@@ -1,0 +1,151 @@
+"""Link health from port samples: down/up, flapping, error rates, degraded width or speed, congestion.
+
+Pure: `observe(health, sample, rules)` takes the link's previous health and one new sample and
+returns the new health and the verdicts to publish. Rates come from counter deltas between two
+samples; a counter that went backwards wrapped (when it was near its maximum) or was reset (to
+zero). Hysteresis: a problem is raised once when it appears and cleared once it has stayed away
+for `clear_after_s`, so a noisy link does not produce an event storm.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+import msgspec
+
+Problem = Literal["down", "flapping", "errors", "degraded_width", "degraded_speed", "congested"]
+Verdict = Literal["raised", "cleared"]
+
+# Counters of the IB PortCounters attribute that count errors (per second after differencing).
+ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "port_rcv_errors", "local_link_integrity_errors")
+CONGESTION_COUNTER = "port_xmit_wait"
+TICKS_PER_SECOND_AT_FULL_WAIT = 1.0e8  # PortXmitWait counts in ticks; ~1e8/s means always waiting
+
+
+class PortSample(msgspec.Struct, frozen=True, kw_only=True):
+    """What one read of a port shows. `up` is the logical state (ACTIVE), `width`/`gbps` the active rate."""
+
+    link_id: str
+    at: dt.datetime
+    up: bool
+    width: int | None = None
+    lane_gbps: float | None = None
+    counters: dict[str, int] = {}
+    counter_bits: int = 64
+
+
+class Expected(msgspec.Struct, frozen=True, kw_only=True):
+    """What the topology says the link should run at."""
+
+    width: int
+    lane_gbps: float
+
+
+class Rules(msgspec.Struct, frozen=True, kw_only=True):
+    flap_changes: int = 3
+    flap_window_s: float = 60.0
+    errors_per_s: float = 1.0
+    congestion_ratio: float = 0.5
+    clear_after_s: float = 30.0
+
+
+class Finding(msgspec.Struct, frozen=True, kw_only=True):
+    problem: Problem
+    verdict: Verdict
+    evidence: dict[str, float]
+    reason: str
+
+
+class LinkHealth(msgspec.Struct, frozen=True, kw_only=True):
+    link_id: str
+    last: PortSample | None = None
+    # times of up/down transitions inside the flap window
+    transitions: list[dt.datetime] = []
+    # problem -> when it was last seen (raised problems only)
+    active: dict[Problem, dt.datetime] = {}
+
+    @property
+    def state(self) -> str:
+        """up, down, flapping or degraded: the worst active problem."""
+        if "down" in self.active:
+            return "down"
+        if "flapping" in self.active:
+            return "flapping"
+        return "degraded" if self.active else "up"
+
+
+def counter_delta(old: int, new: int, bits: int) -> int:
+    """new - old, for a counter that may have wrapped at 2**bits or been reset to zero."""
+    if new >= old:
+        return new - old
+    top = (1 << bits) - 1
+    if old > top * 0.9:  # it wrapped past its maximum
+        return top - old + new + 1
+    return new  # it was reset (port reset or a counter clear): count from zero
+
+
+def observe(
+    health: LinkHealth, sample: PortSample, expected: Expected | None, rules: Rules
+) -> tuple[LinkHealth, list[Finding]]:
+    now = sample.at
+    seen: dict[Problem, tuple[dict[str, float], str]] = {}
+    prev = health.last
+    transitions = [t for t in health.transitions if (now - t).total_seconds() <= rules.flap_window_s]
+    if prev is not None and prev.up != sample.up:
+        transitions.append(now)
+    if not sample.up:
+        seen["down"] = ({}, "port is not active")
+    if len(transitions) >= rules.flap_changes:
+        seen["flapping"] = (
+            {"changes": float(len(transitions)), "window_s": rules.flap_window_s},
+            f"{len(transitions)} state changes within {rules.flap_window_s:.0f} s",
+        )
+    if sample.up and expected is not None:
+        if sample.width is not None and sample.width < expected.width:
+            seen["degraded_width"] = (
+                {"width": float(sample.width), "expected_width": float(expected.width)},
+                f"running {sample.width}x, expected {expected.width}x",
+            )
+        if sample.lane_gbps is not None and sample.lane_gbps < expected.lane_gbps:
+            seen["degraded_speed"] = (
+                {"lane_gbps": sample.lane_gbps, "expected_lane_gbps": expected.lane_gbps},
+                f"running {sample.lane_gbps:g} Gb/s per lane, expected {expected.lane_gbps:g}",
+            )
+    if prev is not None and sample.up and prev.up:
+        seconds = (now - prev.at).total_seconds()
+        if seconds > 0:
+            errors = sum(
+                counter_delta(prev.counters.get(c, 0), sample.counters.get(c, 0), sample.counter_bits)
+                for c in ERROR_COUNTERS
+                if c in sample.counters
+            )
+            if errors / seconds > rules.errors_per_s:
+                seen["errors"] = (
+                    {"errors_per_s": errors / seconds},
+                    f"{errors / seconds:.1f} errors/s (threshold {rules.errors_per_s:g})",
+                )
+            if CONGESTION_COUNTER in sample.counters:
+                wait = counter_delta(
+                    prev.counters.get(CONGESTION_COUNTER, 0), sample.counters[CONGESTION_COUNTER], sample.counter_bits
+                )
+                ratio = wait / seconds / TICKS_PER_SECOND_AT_FULL_WAIT
+                if ratio > rules.congestion_ratio:
+                    seen["congested"] = ({"xmit_wait_ratio": ratio}, f"waiting to send {ratio:.0%} of the time")
+    findings: list[Finding] = []
+    active = dict(health.active)
+    for problem, (evidence, reason) in seen.items():
+        if problem not in active:
+            findings.append(Finding(problem=problem, verdict="raised", evidence=evidence, reason=reason))
+        active[problem] = now
+    for gone, last_seen in list(active.items()):
+        if gone in seen:
+            continue
+        quiet = (now - last_seen).total_seconds()
+        # A port that is active again is no longer down; other problems must stay away a while.
+        if quiet >= rules.clear_after_s or gone == "down":
+            del active[gone]
+            findings.append(
+                Finding(problem=gone, verdict="cleared", evidence={"quiet_s": quiet}, reason=f"{gone} cleared")
+            )
+    return LinkHealth(link_id=health.link_id, last=sample, transitions=transitions, active=active), findings
