@@ -6,7 +6,7 @@ from typing import TypeVar
 
 import msgspec
 
-from .fabric import LinkDegraded, LinkStateChanged, TopologyPublished
+from .fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged, TopologyPublished
 from .health import (
     Cordoned,
     DrainRequested,
@@ -41,6 +41,8 @@ AnyMessage = (
     | TopologyPublished
     | LinkStateChanged
     | LinkDegraded
+    | LinkFlapping
+    | LinkRecovered
     | ProposePlacement
     | RequestAllocation
     | ReleaseAllocation

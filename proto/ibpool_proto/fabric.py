@@ -4,9 +4,27 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+import msgspec
+
 from .message import Event
 
 LinkState = Literal["up", "down", "degraded", "flapping"]
+LinkProblem = Literal["down", "flapping", "errors", "degraded_width", "degraded_speed", "congested"]
+
+
+class DiffSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """How a topology version differs from the one before it (counts; the full diff is on HTTP)."""
+
+    from_version: int
+    hosts_added: int = 0
+    hosts_removed: int = 0
+    hosts_changed: int = 0
+    switches_added: int = 0
+    switches_removed: int = 0
+    switches_changed: int = 0
+    links_added: int = 0
+    links_removed: int = 0
+    links_changed: int = 0
 
 
 class TopologyPublished(Event, frozen=True, kw_only=True, tag="io.ibpool.fabric.topology.published.v1"):
@@ -18,6 +36,9 @@ class TopologyPublished(Event, frozen=True, kw_only=True, tag="io.ibpool.fabric.
     hosts: int
     switches: int
     links: int
+    # Where to fetch the full topology (the fabric monitor's GET /topology?version=N).
+    url: str | None = None
+    diff: DiffSummary | None = None
 
 
 class LinkStateChanged(Event, frozen=True, kw_only=True, tag="io.ibpool.fabric.link.changed.v1"):
@@ -29,6 +50,7 @@ class LinkStateChanged(Event, frozen=True, kw_only=True, tag="io.ibpool.fabric.l
     previous_state: LinkState
     topology_version: int
     reason: str = ""
+    evidence: dict[str, float] = {}
 
 
 class LinkDegraded(Event, frozen=True, kw_only=True, tag="io.ibpool.fabric.link.degraded.v1"):
@@ -41,3 +63,25 @@ class LinkDegraded(Event, frozen=True, kw_only=True, tag="io.ibpool.fabric.link.
     active_rate_gbps: float | None = None
     expected_rate_gbps: float | None = None
     reason: str = ""
+    problem: LinkProblem | None = None
+    evidence: dict[str, float] = {}
+
+
+class LinkFlapping(Event, frozen=True, kw_only=True, tag="io.ibpool.fabric.link.flapping.v1"):
+    key_name: ClassVar[str] = "link_id"
+    summary: ClassVar[str] = "A link changed state too often within the flap window."
+
+    link_id: str
+    topology_version: int
+    changes: int
+    window_s: float
+
+
+class LinkRecovered(Event, frozen=True, kw_only=True, tag="io.ibpool.fabric.link.recovered.v1"):
+    key_name: ClassVar[str] = "link_id"
+    summary: ClassVar[str] = "A link problem cleared and stayed away for the clear window."
+
+    link_id: str
+    topology_version: int
+    problem: LinkProblem
+    quiet_s: float = 0.0
