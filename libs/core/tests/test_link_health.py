@@ -6,6 +6,7 @@ from ibpool_core.fabric.link_health import (
     PortSample,
     Rules,
     counter_delta,
+    link_events,
     observe,
 )
 
@@ -74,3 +75,36 @@ def test_counter_wrap_and_reset() -> None:
 def test_reset_counter_does_not_look_like_an_error_burst() -> None:
     _, found = run([sample(0, symbol_error=5000), sample(10, symbol_error=3)])
     assert found == []
+
+
+def test_findings_become_events_with_state_changes_and_recoveries() -> None:
+    from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged
+
+    kinds: list[tuple[str, str]] = []
+    health = LinkHealth(link_id="L")
+    samples = [sample(0), sample(5, width=1), sample(10, up=False), sample(15, width=1)] + [
+        sample(t) for t in range(20, 80, 5)
+    ]
+    for s in samples:
+        after, findings = observe(health, s, NDR4, RULES)
+        for e in link_events(health, after, findings, topology_version=3, source="fm"):
+            assert e.key == "L" and e.topology_version == 3  # type: ignore[attr-defined]
+            match e:
+                case LinkStateChanged():
+                    kinds.append(("state", f"{e.previous_state}->{e.state}"))
+                case LinkDegraded():
+                    kinds.append(("degraded", str(e.problem)))
+                case LinkRecovered():
+                    kinds.append(("recovered", e.problem))
+                case LinkFlapping():
+                    kinds.append(("flapping", str(e.changes)))
+        health = after
+    assert kinds == [
+        ("state", "up->degraded"),
+        ("degraded", "degraded_width"),
+        ("state", "degraded->down"),
+        ("state", "down->degraded"),
+        ("recovered", "down"),
+        ("state", "degraded->up"),
+        ("recovered", "degraded_width"),
+    ]

@@ -10,12 +10,16 @@ for `clear_after_s`, so a noisy link does not produce an event storm.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from typing import Literal, TypedDict
 
 import msgspec
 
+from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged
+from ibpool_proto.message import Event
+
 Problem = Literal["down", "flapping", "errors", "degraded_width", "degraded_speed", "congested"]
 Verdict = Literal["raised", "cleared"]
+LinkState = Literal["up", "down", "degraded", "flapping"]
 
 # Counters of the IB PortCounters attribute that count errors (per second after differencing).
 ERROR_COUNTERS = ("symbol_error", "link_error_recovery", "port_rcv_errors", "local_link_integrity_errors")
@@ -66,7 +70,7 @@ class LinkHealth(msgspec.Struct, frozen=True, kw_only=True):
     active: dict[Problem, dt.datetime] = {}
 
     @property
-    def state(self) -> str:
+    def state(self) -> LinkState:
         """up, down, flapping or degraded: the worst active problem."""
         if "down" in self.active:
             return "down"
@@ -149,3 +153,43 @@ def observe(
                 Finding(problem=gone, verdict="cleared", evidence={"quiet_s": quiet}, reason=f"{gone} cleared")
             )
     return LinkHealth(link_id=health.link_id, last=sample, transitions=transitions, active=active), findings
+
+
+class _Common(TypedDict):
+    source: str
+    key: str
+    occurred_at: dt.datetime
+    link_id: str
+    topology_version: int
+
+
+def link_events(
+    before: LinkHealth,
+    after: LinkHealth,
+    findings: list[Finding],
+    *,
+    topology_version: int,
+    source: str,
+) -> list[Event]:
+    """The events that tell the cluster what `observe` found: a state change, then one event per finding."""
+    assert after.last is not None
+    now = after.last.at
+    link = after.link_id
+    common = _Common(source=source, key=link, occurred_at=now, link_id=link, topology_version=topology_version)
+    events: list[Event] = []
+    if before.state != after.state:
+        reasons = "; ".join(f.reason for f in findings) or "no active problem"
+        evidence = {k: v for f in findings for k, v in f.evidence.items()}
+        events.append(
+            LinkStateChanged(
+                **common, state=after.state, previous_state=before.state, reason=reasons, evidence=evidence
+            )
+        )
+    for f in findings:
+        if f.verdict == "cleared":
+            events.append(LinkRecovered(**common, problem=f.problem, quiet_s=f.evidence.get("quiet_s", 0.0)))
+        elif f.problem == "flapping":
+            events.append(LinkFlapping(**common, changes=int(f.evidence["changes"]), window_s=f.evidence["window_s"]))
+        elif f.problem != "down":
+            events.append(LinkDegraded(**common, problem=f.problem, evidence=f.evidence, reason=f.reason))
+    return events
