@@ -47,6 +47,8 @@ class Kit(Generic[C]):
     store: Store
     metrics: ServiceMetrics
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set once HTTP listens, before on_start runs: where this instance serves its API.
+    http_url: str | None = None
 
     @property
     def source(self) -> str:
@@ -105,7 +107,7 @@ class Service(Generic[C]):
         site = web.TCPSite(self._runner, kit.config.http_host, kit.config.http_port)
         await site.start()
         port = self._runner.addresses[0][1]
-        self.http_url = f"http://{kit.config.http_host}:{port}"
+        self.http_url = kit.http_url = f"http://{kit.config.http_host}:{port}"
         if self.spec.on_start is not None:
             await self.spec.on_start()
         for t in self.spec.tasks:

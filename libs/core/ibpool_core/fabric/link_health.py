@@ -72,10 +72,11 @@ class LinkHealth(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def state(self) -> LinkState:
         """up, down, flapping or degraded: the worst active problem."""
-        if "down" in self.active:
-            return "down"
+        # A flapping link is also down half the time; "flapping" is the more useful verdict.
         if "flapping" in self.active:
             return "flapping"
+        if "down" in self.active:
+            return "down"
         return "degraded" if self.active else "up"
 
 

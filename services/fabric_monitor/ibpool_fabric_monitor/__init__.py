@@ -1,0 +1,1 @@
+"""The ibpool fabric monitor."""

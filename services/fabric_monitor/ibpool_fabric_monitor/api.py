@@ -1,0 +1,109 @@
+"""The fabric monitor's HTTP API: topology versions and diffs, link health, distances, simulated faults."""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+from ibpool_core.fabric.link_health import LinkHealth
+from ibpool_core.fabric.model import diff
+from ibpool_runtime.http import BadBody, json_response, read_body
+from ibpool_sim.fabric_faults import Fault, UnknownLink
+
+from . import state
+from .service import FabricMonitor
+from .sources import SimulatedSource
+
+LINK_STATES = ("up", "down", "degraded", "flapping")
+
+
+class LinkView(msgspec.Struct, frozen=True, kw_only=True):
+    link_id: str
+    state: str
+    problems: list[str]
+
+
+def _int_param(request: web.Request, name: str, default: int | None = None) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        if default is None:
+            raise BadBody(f"query parameter `{name}` is required", f"?{name}")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadBody(f"query parameter `{name}` must be an integer, got {raw!r}", f"?{name}") from None
+
+
+def _not_found(detail: str) -> web.Response:
+    return json_response({"error": "not found", "detail": detail}, status=404)
+
+
+def routes(monitor: FabricMonitor) -> web.RouteTableDef:
+    r = web.RouteTableDef()
+    pool = monitor.kit.store.pool
+
+    @r.get("/v1/topology")
+    async def get_topology(request: web.Request) -> web.Response:
+        version = _int_param(request, "version", monitor.version)
+        t = await state.topology(pool, version)
+        if t is None:
+            return _not_found(f"no topology version {version}")
+        return web.Response(
+            body=msgspec.json.encode(t), content_type="application/json", headers={"X-Topology-Version": str(version)}
+        )
+
+    @r.get("/v1/topology/versions")
+    async def list_versions(_: web.Request) -> web.Response:
+        return json_response(await state.versions(pool))
+
+    @r.get("/v1/topology/diff")
+    async def get_diff(request: web.Request) -> web.Response:
+        old_v, new_v = _int_param(request, "from"), _int_param(request, "to", monitor.version)
+        old, new = await state.topology(pool, old_v), await state.topology(pool, new_v)
+        if old is None or new is None:
+            return _not_found(f"no topology version {old_v if old is None else new_v}")
+        return json_response(diff(old, new))
+
+    @r.get("/v1/links")
+    async def list_links(request: web.Request) -> web.Response:
+        wanted = request.query.get("state")
+        if wanted is not None and wanted not in LINK_STATES:
+            raise BadBody(f"state must be one of {', '.join(LINK_STATES)}, got {wanted!r}", "?state")
+        healths: dict[str, LinkHealth] = monitor.healths
+        return json_response(
+            [
+                LinkView(link_id=h.link_id, state=h.state, problems=sorted(h.active))
+                for h in sorted(healths.values(), key=lambda h: h.link_id)
+                if wanted is None or h.state == wanted
+            ]
+        )
+
+    @r.post("/v1/sim/faults")
+    async def inject_fault(request: web.Request) -> web.Response:
+        source = monitor.source
+        if not isinstance(source, SimulatedSource):
+            return json_response(
+                {"error": "conflict", "detail": "faults can only be injected into the simulated fabric"}, status=409
+            )
+        fault = await read_body(request, Fault)
+        try:
+            source.fabric.inject(fault, monitor.clock.now())
+        except UnknownLink as e:
+            return _not_found(str(e.args[0]))
+        except ValueError as e:
+            raise BadBody(str(e), "$.value") from None
+        return json_response(fault, status=202)
+
+    @r.delete("/v1/sim/faults/{link_id}")
+    async def clear_fault(request: web.Request) -> web.Response:
+        source = monitor.source
+        if not isinstance(source, SimulatedSource):
+            return json_response({"error": "conflict", "detail": "no simulated fabric here"}, status=409)
+        try:
+            source.fabric.clear(request.match_info["link_id"])
+        except UnknownLink as e:
+            return _not_found(str(e.args[0]))
+        return json_response({"cleared": request.match_info["link_id"]})
+
+    return r

@@ -1,0 +1,30 @@
+"""Fabric monitor configuration (env `IBPOOL_FABRIC_MONITOR_<FIELD>` or TOML `[fabric_monitor]`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ibpool_runtime.config import BaseConfig
+
+
+class FabricMonitorConfig(BaseConfig, frozen=True, kw_only=True):
+    # Where the topology comes from: a file (native JSON/YAML, ibnetdiscover, Slurm) or a generator spec.
+    topology_file: str = ""
+    topology_format: Literal["auto", "native", "ibnetdiscover", "slurm"] = "auto"
+    names_file: str = ""
+    generate: str = "rail_optimised:nodes=16"
+    # Re-import the topology file every N seconds (0: never); a new version only when the hash changes.
+    rediscover_interval_s: float = 0.0
+    counter_source: Literal["simulated", "sysfs", "none"] = "simulated"
+    sysfs_root: str = "/"
+    poll_interval_s: float = 5.0
+    seed: int = 0
+    flap_changes: int = 3
+    flap_window_s: float = 60.0
+    errors_per_s: float = 1.0
+    congestion_ratio: float = 0.5
+    clear_after_s: float = 30.0
+    # Counter samples kept per link (older ones are deleted).
+    history_per_link: int = 120
+    # Base URL others use to fetch topologies (goes into TopologyPublished); empty: this service's own.
+    public_url: str = ""

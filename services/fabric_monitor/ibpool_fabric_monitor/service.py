@@ -1,0 +1,142 @@
+"""The fabric monitor: topology versions in, port samples -> ibpool_core link health -> link events out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ibpool_core.clock import Clock
+from ibpool_core.fabric.link_health import Expected, LinkHealth, Rules, link_events, observe
+from ibpool_core.fabric.model import LANE_GBPS, Topology, content_hash, diff
+from ibpool_proto.fabric import DiffSummary, TopologyPublished
+from ibpool_runtime.logs import get_logger
+from ibpool_runtime.service import Kit, sleep_unless_stopped
+
+from . import state
+from .config import FabricMonitorConfig
+from .sources import CounterSource
+
+log = get_logger(__name__)
+
+TopologyLoader = Callable[[], Topology]
+SourceFactory = Callable[[Topology], CounterSource]
+
+
+class FabricMonitor:
+    def __init__(
+        self,
+        kit: Kit[FabricMonitorConfig],
+        load_topology: TopologyLoader,
+        make_source: SourceFactory,
+        clock: Clock,
+    ) -> None:
+        self.kit = kit
+        self.cfg = kit.config
+        self.load_topology = load_topology
+        self.make_source = make_source
+        self.clock = clock
+        self.rules = Rules(
+            flap_changes=self.cfg.flap_changes,
+            flap_window_s=self.cfg.flap_window_s,
+            errors_per_s=self.cfg.errors_per_s,
+            congestion_ratio=self.cfg.congestion_ratio,
+            clear_after_s=self.cfg.clear_after_s,
+        )
+        self.version = 0
+        self.topology = Topology()
+        self.expected: dict[str, Expected] = {}
+        self.source: CounterSource | None = None
+        self.healths: dict[str, LinkHealth] = {}
+        self.polls = 0
+
+    async def start(self) -> None:
+        topology = await asyncio.to_thread(self.load_topology)
+        for w in topology.warnings:
+            log.warning("topology warning", warning=w)
+        await self.publish_topology(topology)
+        self.source = self.make_source(topology)
+        self.healths = await state.link_healths(self.kit.store.pool)
+
+    async def publish_topology(self, topology: Topology) -> int:
+        """Store `topology` as a new version and announce it, unless its content is the current one."""
+        digest = content_hash(topology)
+        now = self.clock.now()
+        async with self.kit.store.transaction() as tx:
+            latest = await state.latest_version(tx.conn)
+            if latest is not None and latest.content_hash == digest:
+                version = latest.version
+            else:
+                version = 1 if latest is None else latest.version + 1
+                summary = None
+                if latest is not None:
+                    previous = await state.topology(tx.conn, latest.version)
+                    if previous is not None:
+                        d = diff(previous, topology)
+                        summary = DiffSummary(
+                            from_version=latest.version,
+                            **{name: len(getattr(d, name)) for name in DiffSummary.__struct_fields__[1:]},
+                        )
+                await state.insert_version(tx.conn, version, digest, topology, now)
+                base = self.cfg.public_url or self.kit.http_url or ""
+                await tx.outbox(
+                    TopologyPublished(
+                        source=self.kit.source,
+                        key=topology.name,
+                        occurred_at=now,
+                        version=version,
+                        content_hash=digest,
+                        hosts=len(topology.hosts),
+                        switches=len(topology.switches),
+                        links=len(topology.links),
+                        url=f"{base}/v1/topology?version={version}" if base else None,
+                        diff=summary,
+                    )
+                )
+                log.info("topology published", version=version, hash=digest[:12])
+        self.version, self.topology = version, topology
+        self.expected = {ln.link_id: Expected(width=ln.width, lane_gbps=LANE_GBPS[ln.speed]) for ln in topology.links}
+        return version
+
+    async def poll_once(self) -> int:
+        """Read every port once, judge each link, store health and samples, publish what changed."""
+        assert self.source is not None
+        now = self.clock.now()
+        samples = await asyncio.to_thread(self.source.read, now)
+        updated: dict[str, LinkHealth] = {}
+        events = []
+        for s in samples:
+            before = self.healths.get(s.link_id) or LinkHealth(link_id=s.link_id)
+            after, findings = observe(before, s, self.expected.get(s.link_id), self.rules)
+            updated[s.link_id] = after
+            events += link_events(before, after, findings, topology_version=self.version, source=self.kit.source)
+        async with self.kit.store.transaction() as tx:
+            await state.save_health(tx.conn, list(updated.values()), now)
+            await state.record_samples(tx.conn, samples, self.cfg.history_per_link)
+            await tx.outbox(*events)
+        self.healths.update(updated)
+        self.polls += 1
+        return len(events)
+
+    async def poll_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.poll_once()
+            except Exception as e:  # a bad read or a store hiccup must not end monitoring
+                log.warning("poll failed", error=str(e) or type(e).__name__)
+            await sleep_unless_stopped(stop, self.cfg.poll_interval_s)
+
+    async def rediscover_loop(self, stop: asyncio.Event) -> None:
+        interval = self.cfg.rediscover_interval_s
+        if interval <= 0:
+            return
+        while not stop.is_set():
+            await sleep_unless_stopped(stop, interval)
+            if stop.is_set():
+                return
+            try:
+                topology = await asyncio.to_thread(self.load_topology)
+            except Exception as e:  # a broken file keeps the last good version
+                log.warning("rediscovery failed; keeping the current topology", error=str(e))
+                continue
+            if content_hash(topology) != content_hash(self.topology):
+                await self.publish_topology(topology)

@@ -1,0 +1,160 @@
+"""The fabric monitor against real NATS and Postgres: versions, and every injected fault detected."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+import msgspec
+
+from ibpool_core.fabric.model import Ca, Host, Link, PortRef, Switch, Topology, build_topology
+from ibpool_fabric_monitor.bootstrap import bootstrap
+from ibpool_fabric_monitor.config import FabricMonitorConfig
+from ibpool_proto import decode
+from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged, TopologyPublished
+from ibpool_runtime.bus import Bus
+from ibpool_runtime.metrics import ServiceMetrics
+from ibpool_runtime.service import Kit, Service
+from ibpool_runtime.store import Store
+from tests.integration.helpers import eventually, stream_messages
+
+
+def small_fabric(name: str, leaf2_uplink_width: int = 4) -> Topology:
+    spine, leaf1, leaf2 = "0x00000000000000a1", "0x00000000000000b1", "0x00000000000000b2"
+    switches = [Switch(guid=g, name=n, radix=16) for g, n in ((spine, "spine"), (leaf1, "leaf1"), (leaf2, "leaf2"))]
+    hosts = [Host(name=f"h{i}") for i in range(4)]
+    cas = [Ca(guid=f"0x00000000000001{i:02x}", host=f"h{i}", name="mlx5_0", rail=0) for i in range(4)]
+    links = [
+        Link(a=PortRef(leaf1, 1), b=PortRef(spine, 1)),
+        Link(a=PortRef(leaf2, 1), b=PortRef(spine, 2), width=leaf2_uplink_width),
+    ] + [Link(a=PortRef(cas[i].guid, 1), b=PortRef(leaf1 if i < 2 else leaf2, 2 + i % 2)) for i in range(4)]
+    return build_topology(name=name, hosts=hosts, cas=cas, switches=switches, links=links)
+
+
+@asynccontextmanager
+async def running_monitor(bus: Bus, store: Store, topologies: list[Topology]) -> AsyncIterator[Service]:
+    cfg = FabricMonitorConfig(
+        poll_interval_s=0.1,
+        flap_changes=3,
+        flap_window_s=5,
+        clear_after_s=0.5,
+        errors_per_s=5,
+        rediscover_interval_s=0.3,
+        instance="test",
+    )
+    kit = Kit(name="fabric_monitor", config=cfg, bus=bus, store=store, metrics=ServiceMetrics("fabric_monitor"))
+
+    def load() -> Topology:
+        return topologies[0]
+
+    service = Service(kit, await bootstrap(kit, load_topology=load))
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.stop()
+
+
+async def link_events(bus: Bus, link_id: str) -> list:
+    subjects = [LinkStateChanged, LinkDegraded, LinkFlapping, LinkRecovered]
+    out = []
+    for cls in subjects:
+        out += [decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_FABRIC", cls.subject(link_id))]
+    return sorted(out, key=lambda e: e.occurred_at)
+
+
+async def test_each_injected_fault_is_detected_and_recovers(bus: Bus, store: Store) -> None:
+    name = f"fab{uuid.uuid4().hex[:6]}"
+    fabric = small_fabric(name)
+    links = [ln.link_id for ln in fabric.links]
+    faults = {
+        links[0]: {"kind": "down"},
+        links[1]: {"kind": "flapping", "value": 0.25},
+        links[2]: {"kind": "errors", "value": 1000},
+        links[3]: {"kind": "width", "value": 1},
+        links[4]: {"kind": "speed", "value": 50.0},
+        links[5]: {"kind": "congestion", "value": 0.9},
+    }
+    expected = {
+        links[0]: (LinkStateChanged, "down"),
+        links[1]: (LinkFlapping, None),
+        links[2]: (LinkDegraded, "errors"),
+        links[3]: (LinkDegraded, "degraded_width"),
+        links[4]: (LinkDegraded, "degraded_speed"),
+        links[5]: (LinkDegraded, "congested"),
+    }
+    async with running_monitor(bus, store, [fabric]) as svc, aiohttp.ClientSession() as http:
+        url = svc.http_url
+        for link_id, body in faults.items():
+            async with http.post(f"{url}/v1/sim/faults", json={"link_id": link_id, **body}) as r:
+                assert r.status == 202, await r.text()
+
+        for link_id, (cls, problem) in expected.items():
+
+            async def detected(link_id: str = link_id, cls: type = cls, problem: str | None = problem) -> bool:
+                return any(
+                    isinstance(e, cls)
+                    and (
+                        problem is None
+                        or getattr(e, "problem", None) == problem
+                        or getattr(e, "state", None) == problem
+                    )
+                    for e in await link_events(bus, link_id)
+                )
+
+            await eventually(detected, timeout_s=15, what=f"{cls.__name__} {problem} on {link_id}")
+
+        async with http.get(f"{url}/v1/links?state=down") as r:
+            assert [v["link_id"] for v in await r.json()] == [links[0]]
+        async with http.get(f"{url}/v1/links?state=sideways") as r:
+            assert r.status == 400 and (await r.json())["path"] == "?state"
+
+        for link_id in faults:
+            async with http.delete(f"{url}/v1/sim/faults/{link_id}") as r:
+                assert r.status == 200
+
+        async def all_up() -> bool:
+            async with http.get(f"{url}/v1/links") as r:
+                return all(v["state"] == "up" for v in await r.json())
+
+        await eventually(all_up, timeout_s=15, what="every link healthy again")
+        for link_id in faults:
+            recovered = [e for e in await link_events(bus, link_id) if isinstance(e, LinkRecovered)]
+            assert recovered, f"no recovery event for {link_id}"
+        # one raise per problem, not a storm
+        errors = [e for e in await link_events(bus, links[2]) if isinstance(e, LinkDegraded)]
+        assert len(errors) == 1, errors
+
+
+async def test_topology_versions_only_on_change_with_diff(bus: Bus, store: Store) -> None:
+    name = f"fab{uuid.uuid4().hex[:6]}"
+    topologies = [small_fabric(name)]
+    async with running_monitor(bus, store, topologies) as svc, aiohttp.ClientSession() as http:
+
+        async def published() -> list[TopologyPublished]:
+            msgs = await stream_messages(bus.js, "IBPOOL_FABRIC", TopologyPublished.subject(name))
+            return [decode(m.data) for m in msgs]
+
+        await eventually(lambda: _count(published(), 1), what="first version published")
+        topologies[0] = small_fabric(name, leaf2_uplink_width=2)  # the rediscovery loop picks this up
+        await eventually(lambda: _count(published(), 2), what="second version published")
+        first, second = await published()
+        assert (first.version, second.version) == (1, 2)
+        assert second.diff is not None and second.diff.links_changed == 1 and second.diff.from_version == 1
+        assert second.url == f"{svc.http_url}/v1/topology?version=2"
+        async with http.get(second.url) as r:
+            body = msgspec.json.decode(await r.read(), type=Topology)
+            assert body == topologies[0]
+        async with http.get(f"{svc.http_url}/v1/topology/diff?from=1&to=2") as r:
+            assert len((await r.json())["links_changed"]) == 1
+        async with http.get(f"{svc.http_url}/v1/topology?version=x") as r:
+            assert r.status == 400 and "integer" in (await r.json())["detail"]
+        async with http.get(f"{svc.http_url}/v1/topology?version=99") as r:
+            assert r.status == 404
+        await eventually(lambda: _count(published(), 2), what="no third version without a change")
+
+
+async def _count(coro, n: int) -> bool:  # type: ignore[no-untyped-def]
+    return len(await coro) == n
