@@ -1,0 +1,60 @@
+"""The sysfs counter source on a fake /sys tree (the root is configurable for exactly this)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from ibpool_core.fabric.model import Ca, Host, Link, PortRef, Switch, build_topology
+from ibpool_fabric_monitor.sources import SysfsSource
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+CA, LEAF = "0x0002c903000e0b72", "0x0000000000000b01"
+
+
+def fake_port(root: Path, dev: str, guid_text: str, port: int, state: str, rate: str, **counters: int) -> None:
+    d = root / "sys/class/infiniband" / dev
+    (d / "ports" / str(port) / "counters").mkdir(parents=True, exist_ok=True)
+    (d / "node_guid").write_text(guid_text + "\n")
+    p = d / "ports" / str(port)
+    (p / "state").write_text(state + "\n")
+    (p / "rate").write_text(rate + "\n")
+    for name, value in counters.items():
+        (p / "counters" / name).write_text(f"{value}\n")
+
+
+def test_reads_state_rate_and_counters_and_maps_ports_to_links(tmp_path: Path) -> None:
+    topo = build_topology(
+        hosts=[Host(name="gpu001")],
+        cas=[Ca(guid=CA, host="gpu001", name="mlx5_0", rail=0)],
+        switches=[Switch(guid=LEAF, name="leaf", radix=8)],
+        links=[Link(a=PortRef(CA, 1), b=PortRef(LEAF, 3))],
+    )
+    fake_port(
+        tmp_path,
+        "mlx5_0",
+        "0002:c903:000e:0b72",
+        1,
+        "4: ACTIVE",
+        "100 Gb/sec (1X NDR)",
+        symbol_error=7,
+        port_xmit_wait=12,
+    )
+    fake_port(tmp_path, "mlx5_1", "0002:c903:000e:0b73", 1, "1: DOWN", "10 Gb/sec (4X SDR)")  # not in topology
+    fake_port(tmp_path, "mlx5_2", "zz:not-a-guid", 1, "4: ACTIVE", "100 Gb/sec (1X NDR)")  # broken
+    [s] = SysfsSource(tmp_path, topo).read(NOW)
+    assert s.link_id == topo.links[0].link_id and s.up and (s.width, s.lane_gbps) == (1, 100.0)
+    assert s.counters == {"symbol_error": 7, "port_xmit_wait": 12}
+
+
+def test_a_bad_rate_file_skips_that_port_only(tmp_path: Path) -> None:
+    topo = build_topology(
+        hosts=[Host(name="gpu001")],
+        cas=[Ca(guid=CA, host="gpu001", name="mlx5_0", ports=2)],
+        switches=[Switch(guid=LEAF, name="leaf", radix=8)],
+        links=[Link(a=PortRef(CA, 1), b=PortRef(LEAF, 3)), Link(a=PortRef(CA, 2), b=PortRef(LEAF, 4))],
+    )
+    fake_port(tmp_path, "mlx5_0", "0002:c903:000e:0b72", 1, "4: ACTIVE", "fast")
+    fake_port(tmp_path, "mlx5_0", "0002:c903:000e:0b72", 2, "4: ACTIVE", "400 Gb/sec (4X NDR)")
+    [s] = SysfsSource(tmp_path, topo).read(NOW)
+    assert s.link_id.endswith(":4") and s.width == 4
