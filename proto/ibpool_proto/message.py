@@ -8,6 +8,7 @@ never writes a subject literal: `AllocationGranted.subject(node_id)`.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 from typing import Annotated, ClassVar, NamedTuple
 
@@ -56,6 +57,17 @@ def parse_ce_type(ce_type: str) -> TypeName:
     return TypeName(parts[0], parts[1], parts[2], int(parts[3][1:]))
 
 
+@functools.cache
+def _type_name(ce_type: str) -> TypeName:
+    return parse_ce_type(ce_type)
+
+
+@functools.cache
+def _subject_root(ce_type: str) -> str:
+    t = _type_name(ce_type)
+    return f"{SUBJECT_PREFIX}{t.domain}.{t.entity}.{t.verb}"
+
+
 class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=False):
     """Base of every event and command on the bus.
 
@@ -84,7 +96,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbi
 
     @classmethod
     def type_name(cls) -> TypeName:
-        return parse_ce_type(cls.ce_type())
+        return _type_name(cls.ce_type())
 
     @classmethod
     def subject(cls, key: str) -> str:
@@ -97,8 +109,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbi
 
     @classmethod
     def subject_root(cls) -> str:
-        t = cls.type_name()
-        return f"{SUBJECT_PREFIX}{t.domain}.{t.entity}.{t.verb}"
+        return _subject_root(cls.ce_type())
 
     @classmethod
     def subject_pattern(cls) -> str:

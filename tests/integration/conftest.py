@@ -16,7 +16,7 @@ from ibpool_runtime import devstack, telemetry
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.store import Store
 
-telemetry.setup_tracing("ibpool-tests")
+telemetry.setup_tracing("ibpool-tests", in_memory=True)
 
 
 def stack_dir() -> Path:

@@ -32,7 +32,7 @@ async def count_effects(store: Store, job_id: str) -> int:
 
 
 class Recorder:
-    """A handler that writes one row per event it sees; `fail_first` fails its very first call."""
+    """A handler that writes one row per event it sees; `fail_first` fails every first delivery."""
 
     def __init__(self, fail_first: bool = False, always_fail_for: str | None = None) -> None:
         self.fail_first = fail_first
@@ -45,8 +45,8 @@ class Recorder:
         await ctx.tx.conn.execute("INSERT INTO effects VALUES ($1, $2)", event.id, event.job_id)
         if self.always_fail_for == event.job_id:
             raise RuntimeError("this handler always fails for " + event.job_id)
-        if self.fail_first and self.calls == 1:
-            raise RuntimeError("transient failure on the first call")
+        if self.fail_first and ctx.deliveries == 1:
+            raise RuntimeError("transient failure on the first delivery")
 
 
 async def start_consumer(
@@ -87,9 +87,9 @@ async def test_same_event_three_times_and_a_nak_changes_state_once(bus: Bus, sto
     stop.set()
     await task
     assert await count_effects(store, job) == 1
-    # the first call failed (nak'd, redelivered later); of the other copies and the
-    # redelivery, one took effect and the inbox recognised the remaining two
-    assert consumer.metrics.failed.labels(consumer.sub.durable, event.ce_type())._value.get() == 1
+    # every copy failed on its first delivery (nak'd, redelivered); on redelivery one took
+    # effect and the inbox recognised the other two
+    assert consumer.metrics.failed.labels(consumer.sub.durable, event.ce_type())._value.get() == 3
     assert consumer.metrics.duplicates.labels(consumer.sub.durable)._value.get() == 2
     assert consumer.metrics.handled.labels(consumer.sub.durable, event.ce_type())._value.get() == 1
 

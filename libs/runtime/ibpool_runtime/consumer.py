@@ -2,7 +2,12 @@
 
 A batch of fetched messages is handled in one Postgres transaction, each handler inside its own
 savepoint with its inbox row, so one commit and one round of acks serve the whole batch, and a
-failing handler rolls back only its own work. A message that does not decode goes to the DLQ at
+failing handler rolls back only its own work.
+
+Fast path: one inbox insert for the whole batch and the handlers straight in the batch
+transaction. If a handler raises, that transaction is rolled back and the batch runs again with
+one savepoint per event, so a handler may run twice in one delivery and must keep every effect
+inside its transaction (as it must for redeliveries anyway). A message that does not decode goes to the DLQ at
 once; a handler that keeps failing goes there after `max_deliver` attempts.
 """
 
@@ -33,6 +38,8 @@ from .streams import stream_for_subject
 
 log = get_logger(__name__)
 
+_tracer = telemetry.tracer("ibpool.consumer")
+
 # The same counts Prometheus scrapes, also as OTel metrics for an OTLP collector.
 _handled = telemetry.meter("ibpool.consumer").create_counter(
     "ibpool.events.handled", description="events handled and acked"
@@ -40,6 +47,10 @@ _handled = telemetry.meter("ibpool.consumer").create_counter(
 _handler_duration = telemetry.meter("ibpool.consumer").create_histogram(
     "ibpool.handler.duration", unit="s", description="time in a handler"
 )
+
+
+class _HandlerFailed(Exception):
+    """A handler raised on the fast path; the batch is rolled back and re-run isolated."""
 
 
 class ConsumerConflict(Exception):
@@ -175,28 +186,61 @@ class Consumer:
             return
         if self.sub.transactional and self.store is not None:
             try:
-                async with self.store.transaction() as tx:
-                    for o in outcomes:
-                        await self._handle_one(o, tx)
-            except Exception as e:  # the commit itself failed: nothing of the batch happened
-                log.warning("batch commit failed", consumer=self.sub.durable, error=str(e))
+                await self._handle_batch(outcomes, self.store)
+            except _HandlerFailed:
+                # Nothing of the batch was committed. Run it again one event at a time, each in its
+                # own savepoint, so only the failing events are nak'd.
                 for o in outcomes:
-                    o.error = o.error or f"commit: {e}"
+                    o.error, o.duplicate = None, False
+                await self._handle_batch_isolated(outcomes, self.store)
+            except Exception as e:  # the commit itself failed: nothing of the batch happened
+                self._commit_failed(outcomes, e)
         else:
             for o in outcomes:
-                await self._handle_one(o, None)
+                await self._handle_one(o, None, isolated=False)
         for o in outcomes:
             await self._settle(o)
 
-    async def _handle_one(self, o: _Outcome, tx: Transaction | None) -> None:
+    async def _handle_batch(self, outcomes: list[_Outcome], store: Store) -> None:
+        """The fast path: one inbox insert for the batch, handlers in the batch transaction, one commit."""
+        async with store.transaction() as tx:
+            fresh = set(await tx.mark_handled_many(self.sub.durable, [o.event.id for o in outcomes if o.event]))
+            for o in outcomes:
+                assert o.event is not None
+                if o.event.id not in fresh:
+                    o.duplicate = True
+                    continue
+                fresh.discard(o.event.id)  # a second copy in the same batch is a duplicate too
+                await self._handle_one(o, tx, isolated=False)
+                if o.error is not None:
+                    raise _HandlerFailed(o.error)
+
+    async def _handle_batch_isolated(self, outcomes: list[_Outcome], store: Store) -> None:
+        try:
+            async with store.transaction() as tx:
+                for o in outcomes:
+                    await self._handle_one(o, tx, isolated=True)
+        except Exception as e:
+            self._commit_failed(outcomes, e)
+
+    def _commit_failed(self, outcomes: list[_Outcome], e: Exception) -> None:
+        log.warning("batch commit failed", consumer=self.sub.durable, error=str(e))
+        for o in outcomes:
+            o.error = o.error or f"commit: {e}"
+            o.duplicate = False
+
+    async def _handle_one(self, o: _Outcome, tx: Transaction | None, *, isolated: bool) -> None:
+        """Run the handler in a CONSUMER span whose parent is the producer's context.
+
+        `isolated`: inside a savepoint that also writes the inbox row, so a failure undoes only this event.
+        """
         assert o.event is not None
         headers = dict(o.msg.headers or {})
         deliveries = _deliveries(o.msg)
-        parent = telemetry.extract(headers)
-        token = otel_context.attach(parent)
+        token = otel_context.attach(telemetry.extract(headers))
         started = time.perf_counter()
         try:
-            with telemetry.tracer("ibpool.consumer").start_as_current_span(
+            with _tracer.start_as_current_span(
                 f"handle {o.event.ce_type()}",
                 kind=trace.SpanKind.CONSUMER,
                 attributes={
@@ -209,7 +253,7 @@ class Consumer:
             ) as span:
                 ctx = HandlerContext(tx, o.msg.subject, deliveries, headers, self.source)
                 try:
-                    if tx is not None:
+                    if tx is not None and isolated:
                         async with tx.savepoint():
                             if not await tx.mark_handled(self.sub.durable, o.event.id):
                                 o.duplicate = True

@@ -54,6 +54,16 @@ class Transaction:
         )
         return row is not None
 
+    async def mark_handled_many(self, consumer: str, event_ids: list[str]) -> list[str]:
+        """Record a batch of handled ids in one statement; returns the ids not seen before."""
+        rows = await self.conn.fetch(
+            "INSERT INTO inbox (consumer, event_id) SELECT $1, unnest($2::text[])"
+            " ON CONFLICT DO NOTHING RETURNING event_id",
+            consumer,
+            event_ids,
+        )
+        return [r["event_id"] for r in rows]
+
     async def outbox(self, *messages: Message) -> None:
         """Queue messages for publishing; they leave only if this transaction commits."""
         if not messages:
@@ -96,7 +106,14 @@ class Store:
                 finally:
                     await conn.close()
                 pool = await asyncpg.create_pool(
-                    dsn, min_size=1, max_size=max_size, server_settings={"search_path": schema}, timeout=5
+                    dsn,
+                    min_size=1,
+                    max_size=max_size,
+                    server_settings={"search_path": schema},
+                    timeout=5,
+                    # Skip asyncpg's reset round trip on release: we keep no session state, and an
+                    # open transaction is still rolled back.
+                    reset=_no_reset,
                 )
                 return cls(pool, schema)
             except (OSError, asyncpg.PostgresError, TimeoutError) as e:
@@ -166,6 +183,10 @@ class Store:
             await asyncio.wait_for(self.pool.close(), timeout=5)
         except TimeoutError:
             self.pool.terminate()
+
+
+async def _no_reset(_: asyncpg.Connection) -> None:
+    return None
 
 
 def _migration_files(directory: Path) -> Iterable[tuple[int, Path]]:

@@ -1,7 +1,9 @@
 """OpenTelemetry: tracer and meter providers, and trace context in message headers.
 
-With `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans go to that collector over OTLP/HTTP; otherwise
-they are kept in memory (`memory_exporter()`), where tests read them.
+With `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans and metrics go to that collector over OTLP/HTTP.
+Otherwise spans still carry trace ids across services (the context rides in message headers) but
+are not kept, unless `in_memory=True` (tests), which keeps them in `memory_exporter()` — unbounded,
+so never in a long-running service.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ _provider: TracerProvider | None = None
 _meter_provider: MeterProvider | None = None
 
 
-def setup_tracing(service: str) -> TracerProvider:
+def setup_tracing(service: str, *, in_memory: bool = False) -> TracerProvider:
     """Install the process-wide tracer and meter providers once; later calls return the same one."""
     global _provider, _memory, _meter_provider, _memory_metrics
     if _provider is not None:
@@ -39,8 +41,10 @@ def setup_tracing(service: str) -> TracerProvider:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         reader = PeriodicExportingMetricReader(OTLPMetricExporter())
     else:
-        _memory = InMemorySpanExporter()
-        provider.add_span_processor(SimpleSpanProcessor(_memory))
+        if in_memory:
+            _memory = InMemorySpanExporter()
+            provider.add_span_processor(SimpleSpanProcessor(_memory))
+        # Metrics aggregate in place (bounded by label sets), so keeping them costs little.
         reader = _memory_metrics = InMemoryMetricReader()
     trace.set_tracer_provider(provider)
     _meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
