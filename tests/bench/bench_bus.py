@@ -1318,7 +1318,7 @@ def run_async(coro: Awaitable[Any]) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging("bench", "warning")
-    telemetry.setup_tracing("bench")  # what every service does at start (in-memory spans without OTLP)
+    telemetry.setup_tracing("bench")  # what every service does at start (spans not kept without OTLP)
     signal.signal(signal.SIGTERM, _on_sigterm)
     started = dt.datetime.now(dt.UTC)
     with tempfile.TemporaryDirectory(prefix="ibpool-bench-") as tmp:
@@ -1361,7 +1361,7 @@ def main(argv: list[str] | None = None) -> int:
             "stream": STREAM,
             "consumer": vars(ConsumerSettings()),
             "postgres": "devstack.start_postgres(fsync=True): fsync on, synchronous_commit on",
-            "tracing": "telemetry.setup_tracing: SDK provider, in-memory exporter (services without OTLP)",
+            "tracing": "telemetry.setup_tracing: SDK provider, spans not kept (services without OTLP)",
         },
         "floors": FLOORS,
         "summary": summary,
