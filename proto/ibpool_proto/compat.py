@@ -182,9 +182,7 @@ def _is_object(schema: Any) -> bool:
 
 def _fields_of(schema: Mapping[str, Any]) -> dict[str, FieldSpec]:
     required = set(schema.get("required", ()))
-    return {
-        name: {"schema": prop, "required": name in required} for name, prop in schema["properties"].items()
-    }
+    return {name: {"schema": prop, "required": name in required} for name, prop in schema["properties"].items()}
 
 
 def _sub_path(path: str, keyword: str) -> str:

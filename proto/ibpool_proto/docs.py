@@ -105,8 +105,7 @@ def headers_schema(cls: type[Message]) -> Json:
             "content-type": {"const": CONTENT_TYPE},
             "Nats-Msg-Id": {
                 "type": "string",
-                "description": "Equal to ce-id; JetStream drops a second publish inside the stream's "
-                "duplicate window.",
+                "description": "Equal to ce-id; JetStream drops a second publish inside the stream's duplicate window.",
             },
             "traceparent": {
                 "type": "string",
@@ -115,7 +114,13 @@ def headers_schema(cls: type[Message]) -> Json:
             },
         },
         "required": [
-            "ce-specversion", "ce-id", "ce-source", "ce-type", "ce-time", "ce-subject", "content-type",
+            "ce-specversion",
+            "ce-id",
+            "ce-source",
+            "ce-type",
+            "ce-time",
+            "ce-subject",
+            "content-type",
             "Nats-Msg-Id",
         ],
     }
