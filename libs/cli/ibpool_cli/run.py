@@ -324,6 +324,7 @@ def _summary(
         ("undecodable messages", str(obs.undecodable), obs.undecodable == 0),
         ("node agent exit code", str(agent_code), agent_code == 0),
     ]
+    console.print()
     ok_all = True
     for name, seen, ok in checks:
         t.add_row(name, seen, "[green]yes[/]" if ok else "[red]NO[/]")
