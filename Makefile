@@ -43,6 +43,7 @@ test: lint
 
 bench: env
 	$(PY) tests/bench/bench_bus.py --runs 5
+	$(PY) tests/bench/bench_fabric.py --runs 5
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .ibpool
