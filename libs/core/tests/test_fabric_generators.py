@@ -275,3 +275,24 @@ def test_the_same_parameters_give_the_same_guids_and_names() -> None:
     assert a.hosts[0].name == "dgx001" and {s.name for s in a.switches} >= {"leaf-su1-r0", "leaf-su2-r7", "spine01"}
     guids = [s.guid for s in a.switches] + [c.guid for c in a.cas]
     assert len(set(guids)) == len(guids)
+
+
+def test_spec_strings_pick_a_generator_and_its_parameters() -> None:
+    from ibpool_core.fabric.generators import generate, parse_spec
+
+    assert parse_spec("rail_optimised:hosts=16, rails=8") == ("rail_optimised", {"hosts": 16, "rails": 8})
+    assert len(generate("single_switch:hosts=4").hosts) == 4
+    for bad, message in (("warp_drive", "unknown generator"), ("single_switch:hosts", "key=value"),
+                         ("single_switch:legs=3", "single_switch")):
+        with pytest.raises(ValueError, match=message):
+            generate(bad)
+
+
+def test_hosts_can_be_renamed_to_the_node_agents_names() -> None:
+    from ibpool_core.fabric.generators import generate
+    from ibpool_core.fabric.model import rename_hosts
+
+    t = generate("rail_optimised:hosts=4")
+    renamed = rename_hosts(t, {h.name: f"node-{i:03d}" for i, h in enumerate(t.hosts, 1)})
+    assert [h.name for h in renamed.hosts] == ["node-001", "node-002", "node-003", "node-004"]
+    assert {c.host for c in renamed.cas} == {h.name for h in renamed.hosts}

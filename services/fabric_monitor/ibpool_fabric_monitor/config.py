@@ -12,7 +12,9 @@ class FabricMonitorConfig(BaseConfig, frozen=True, kw_only=True):
     topology_file: str = ""
     topology_format: Literal["auto", "native", "ibnetdiscover", "slurm"] = "auto"
     names_file: str = ""
-    generate: str = "rail_optimised:nodes=16"
+    generate: str = "rail_optimised:hosts=16"
+    # Rename generated hosts host 1..N with this format, e.g. "node-{:03d}" to match the node agents.
+    host_name_format: str = ""
     # Re-import the topology file every N seconds (0: never); a new version only when the hash changes.
     rediscover_interval_s: float = 0.0
     counter_source: Literal["simulated", "sysfs", "none"] = "simulated"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 
-from ibpool_core.fabric.model import Topology
+from ibpool_core.fabric.generators import generate
+from ibpool_core.fabric.model import Topology, rename_hosts
 
 from .config import FabricMonitorConfig
 
@@ -22,10 +24,21 @@ def load_native(path: Path) -> Topology:
         raise TopologySourceError(f"{path}: {e}") from None
 
 
-def topology_loader(cfg: FabricMonitorConfig):  # type: ignore[no-untyped-def]
+def generated(spec: str, host_name_format: str) -> Topology:
+    try:
+        topology = generate(spec)
+    except ValueError as e:
+        raise TopologySourceError(f"generate={spec!r}: {e}") from None
+    if host_name_format:
+        names = {h.name: host_name_format.format(i) for i, h in enumerate(topology.hosts, 1)}
+        topology = rename_hosts(topology, names)
+    return topology
+
+
+def topology_loader(cfg: FabricMonitorConfig) -> Callable[[], Topology]:
     def load() -> Topology:
         if cfg.topology_file:
             return load_native(Path(cfg.topology_file))
-        raise TopologySourceError(f"no topology: set topology_file (generate={cfg.generate!r} is not wired yet)")
+        return generated(cfg.generate, cfg.host_name_format)
 
     return load

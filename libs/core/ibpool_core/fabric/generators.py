@@ -17,6 +17,7 @@ Parameter errors raise `ValueError` with the reason; the result always passes `b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from ..gpu_model import DEFAULT_GPU_MODEL, GPU_MODELS
 from .model import LANE_GBPS, WIDTHS, Ca, Gpu, Host, Link, Media, PortRef, Switch, Topology, build_topology
@@ -458,3 +459,43 @@ def dragonfly(
                 used[gj][fj] += 1
                 added = True
     return b.build(name or f"dragonfly-{g}x{a}x{p}")
+
+
+GENERATORS: dict[str, Callable[..., Topology]] = {
+    "single_switch": single_switch,
+    "fat_tree_2tier": fat_tree_2tier,
+    "fat_tree_3tier": fat_tree_3tier,
+    "rail_optimised": rail_optimised,
+    "torus_3d": torus_3d,
+    "dragonfly": dragonfly,
+}
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, int | float | str]]:
+    """`rail_optimised:hosts=16,rails=8` -> ("rail_optimised", {"hosts": 16, "rails": 8})."""
+    kind, _, params = spec.strip().partition(":")
+    if kind not in GENERATORS:
+        raise ValueError(f"unknown generator {kind!r}; known: {', '.join(GENERATORS)}")
+    kwargs: dict[str, int | float | str] = {}
+    for item in filter(None, (p.strip() for p in params.split(","))):
+        key, eq, raw = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"generator parameter {item!r} is not key=value")
+        value: int | float | str = raw
+        for convert in (int, float):
+            try:
+                value = convert(raw)
+                break
+            except ValueError:
+                continue
+        kwargs[key.strip()] = value
+    return kind, kwargs
+
+
+def generate(spec: str) -> Topology:
+    """A topology from a spec string (see `parse_spec`); ValueError names a bad kind or parameter."""
+    kind, kwargs = parse_spec(spec)
+    try:
+        return GENERATORS[kind](**kwargs)
+    except TypeError as e:
+        raise ValueError(f"{kind}: {e}") from None

@@ -230,3 +230,19 @@ def diff(old: Topology, new: Topology) -> TopologyDiff:
         links_removed=lr,
         links_changed=lc,
     )
+
+
+def rename_hosts(topology: Topology, names: dict[str, str]) -> Topology:
+    """The same fabric with hosts renamed (old -> new; hosts not in `names` keep theirs)."""
+    new_names = [names.get(h.name, h.name) for h in topology.hosts]
+    if len(set(new_names)) != len(new_names):
+        raise FabricError("renaming would give two hosts the same name")
+    return build_topology(
+        name=topology.name,
+        hosts=[msgspec.structs.replace(h, name=names.get(h.name, h.name)) for h in topology.hosts],
+        cas=[msgspec.structs.replace(c, host=names.get(c.host, c.host)) for c in topology.cas],
+        switches=topology.switches,
+        routers=topology.routers,
+        links=topology.links,
+        warnings=topology.warnings,
+    )

@@ -1,0 +1,124 @@
+"""Importers and exporters of the fabric topology (docs/fabric-formats.md). Pure: text in, values out.
+
+Every importer takes the file's text (and the file name, for messages) and returns a `Topology`
+whose `warnings` say what was odd; bad input raises `FormatError` ("FILE:LINE: reason"). Every
+exporter takes a Topology (and optionally the hosts to keep) and returns `Exported(text, warnings)`.
+`import_topology` / `export_topology` pick one by the names the CLI uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from ..model import Topology
+from .diagnostics import Exported, FormatError
+from .hierarchy import Hierarchy, build_hierarchy, leaf_groups
+from .ibnetdiscover import export_ibnetdiscover, import_ibnetdiscover, parse_name_map
+from .k8s import export_k8s_labels, import_k8s_labels
+from .native import export_native, import_native, native_schema, native_schema_text
+from .slurm import (
+    export_slurm_block,
+    export_slurm_tree,
+    export_slurm_yaml,
+    import_slurm,
+    import_slurm_block,
+    import_slurm_tree,
+    import_slurm_yaml,
+)
+from .volcano import export_volcano, import_volcano
+
+__all__ = [
+    "EXPORT_FORMATS",
+    "IMPORT_FORMATS",
+    "Exported",
+    "FormatError",
+    "Hierarchy",
+    "build_hierarchy",
+    "export_ibnetdiscover",
+    "export_k8s_labels",
+    "export_native",
+    "export_slurm_block",
+    "export_slurm_tree",
+    "export_slurm_yaml",
+    "export_topology",
+    "export_volcano",
+    "import_ibnetdiscover",
+    "import_k8s_labels",
+    "import_native",
+    "import_slurm",
+    "import_slurm_block",
+    "import_slurm_tree",
+    "import_slurm_yaml",
+    "import_topology",
+    "import_volcano",
+    "leaf_groups",
+    "native_schema",
+    "native_schema_text",
+    "parse_name_map",
+]
+
+IMPORT_FORMATS = ("ibnetdiscover", "slurm", "slurm-block", "native", "k8s-labels", "volcano")
+EXPORT_FORMATS = (
+    "slurm",
+    "slurm-block",
+    "slurm-yaml",
+    "k8s-labels",
+    "k8s-labels-json",
+    "volcano",
+    "native",
+    "native-yaml",
+    "ibnetdiscover",
+)
+
+
+def import_topology(
+    kind: str,
+    text: str,
+    *,
+    file: str,
+    names: Mapping[str, str] | None = None,
+    name: str = "fabric",
+) -> Topology:
+    """Read `text` as `kind` (one of IMPORT_FORMATS). `slurm` takes a tree or block topology.conf or a
+    topology.yaml; `slurm-block` insists on blocks. `names` (GUID -> name) is for ibnetdiscover only."""
+    if names and kind != "ibnetdiscover":
+        raise ValueError("a name map applies to ibnetdiscover input only")
+    if kind == "ibnetdiscover":
+        return import_ibnetdiscover(text, file=file, names=names, name=name)
+    if kind == "slurm":
+        return import_slurm(text, file=file, name=name)
+    if kind == "slurm-block":
+        first = next((ln.split("#", 1)[0].strip() for ln in text.splitlines() if ln.split("#", 1)[0].strip()), "")
+        if first.startswith(("-", "topology:", "---")):
+            return import_slurm_yaml(text, file=file, name=name, kind="block")
+        return import_slurm_block(text, file=file, name=name)
+    if kind == "native":
+        return import_native(text, file=file)
+    if kind == "k8s-labels":
+        return import_k8s_labels(text, file=file, name=name)
+    if kind == "volcano":
+        return import_volcano(text, file=file, name=name)
+    raise ValueError(f"unknown input format {kind!r}; known: {', '.join(IMPORT_FORMATS)}")
+
+
+def export_topology(kind: str, topology: Topology, *, nodes: Collection[str] | None = None) -> Exported:
+    """Write `topology` as `kind` (one of EXPORT_FORMATS), only the hosts in `nodes` when given."""
+    if kind == "slurm":
+        return export_slurm_tree(topology, nodes=nodes)
+    if kind == "slurm-block":
+        return export_slurm_block(topology, nodes=nodes)
+    if kind == "slurm-yaml":
+        return export_slurm_yaml(topology, nodes=nodes)
+    if kind == "k8s-labels":
+        return export_k8s_labels(topology, nodes=nodes)
+    if kind == "k8s-labels-json":
+        return export_k8s_labels(topology, nodes=nodes, fmt="json")
+    if kind == "volcano":
+        return export_volcano(topology, nodes=nodes)
+    if kind == "native":
+        return export_native(topology, nodes=nodes)
+    if kind == "native-yaml":
+        return export_native(topology, nodes=nodes, fmt="yaml")
+    if kind == "ibnetdiscover":
+        return export_ibnetdiscover(topology, nodes=nodes)
+    raise ValueError(f"unknown output format {kind!r}; known: {', '.join(EXPORT_FORMATS)}")

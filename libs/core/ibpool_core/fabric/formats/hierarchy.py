@@ -1,0 +1,488 @@
+"""The one tree every tree-shaped export is cut from (Slurm tree and block, Kubernetes labels, Volcano).
+
+A fabric is rarely a tree: a fat tree gives every leaf several spines. The exports need one, so:
+
+1. Leaf groups: hosts cabled to the same set of leaf switches form a group. A single-rail host's
+   group is its leaf switch; a rail-optimised host (one HCA per rail, each on another leaf) lands in
+   the group of the leaves it shares with its scalable unit. Each host is in exactly one group.
+2. Upwards, tier by tier (tiers from `Graph.tiers()`): groups joined through switches of the next
+   tier merge into one unit (connected components of "unit - upper switch" links). A unit whose
+   upper switches reach no other unit just rises (no one-child chains). Units that reach no higher
+   switch are finished.
+3. What is left at the top hangs under one root: the unit itself, or a made-up `root`.
+
+When the switch graph is itself a tree (a Slurm topology.conf read back, a tree-shaped fabric) and
+each link between switches points from child (`a`) to parent (`b`) consistently, that tree is taken
+as it is, so Slurm tree -> model -> Slurm tree gives the same file (up to ordering).
+
+Unit names are the switch names where a unit stands for one switch, otherwise made up from a hash
+of the member switch GUIDs (`leafgroup-1a2b3c4d`, `tier2group-...`), stable across runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, replace
+
+from ..graph import Graph
+from ..model import Ca, FabricError, Host, Link, PortRef, Switch, Topology, build_topology
+from .diagnostics import FormatError, synthetic_guid, where
+
+__all__ = [
+    "Hierarchy",
+    "TreeEntry",
+    "Unit",
+    "build_hierarchy",
+    "check_tree",
+    "leaf_groups",
+    "subset_topology",
+    "topology_from_tree",
+    "unique_names",
+]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One switch of the exported tree: a real switch or a group of them."""
+
+    name: str
+    tier: int  # 1 for leaf groups; a parent is one above its highest child
+    children: tuple[str, ...] = ()  # child unit names
+    hosts: tuple[str, ...] = ()  # host names (leaf groups only)
+    leaves: tuple[str, ...] = ()  # the leaf switch GUIDs of a leaf group
+    switches: tuple[str, ...] = ()  # GUIDs of the real switches the unit stands for
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    root: str | None  # None when no host is cabled to any leaf
+    units: dict[str, Unit]
+    warnings: tuple[str, ...] = ()
+
+    def walk(self) -> list[str]:
+        """Unit names in depth-first pre-order from the root, children by name."""
+        out: list[str] = []
+        stack = [self.root] if self.root else []
+        while stack:
+            name = stack.pop()
+            out.append(name)
+            stack.extend(sorted(self.units[name].children, reverse=True))
+        return out
+
+    def leaf_units(self) -> list[Unit]:
+        """The leaf groups in tree order (siblings next to each other)."""
+        return [self.units[n] for n in self.walk() if self.units[n].hosts]
+
+    def parents(self) -> dict[str, str]:
+        return {c: u.name for u in self.units.values() for c in u.children}
+
+    def depths(self) -> dict[str, int]:
+        """Unit name -> distance from the root (root = 0)."""
+        parents = self.parents()
+        depth: dict[str, int] = {}
+        for name in self.walk():  # parents come before their children
+            depth[name] = depth[parents[name]] + 1 if name in parents else 0
+        return depth
+
+
+def leaf_groups(hierarchy: Hierarchy) -> set[frozenset[str]]:
+    """The host sets of the leaf groups: what every round trip must keep."""
+    return {frozenset(u.hosts) for u in hierarchy.units.values() if u.hosts}
+
+
+def unique_names(names: Iterable[str], sanitize: Callable[[str], str] | None = None) -> dict[str, str]:
+    """Map each name to a distinct cleaned one (`sanitize(name)`; a suffix -2, -3... on clashes)."""
+    out: dict[str, str] = {}
+    used: set[str] = set()
+    for name in names:
+        base = sanitize(name) if sanitize else name
+        candidate, n = base, 2
+        while candidate in used:
+            candidate = f"{base}-{n}"
+            n += 1
+        used.add(candidate)
+        out[name] = candidate
+    return out
+
+
+def _digest(guids: Iterable[str]) -> str:
+    return hashlib.sha256(",".join(sorted(guids)).encode()).hexdigest()
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, x: str) -> str:
+        self.parent.setdefault(x, x)
+        root = x
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[x] != root:
+            self.parent[x], x = root, self.parent[x]
+        return root
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def _switch_tree(topology: Topology, graph: Graph, selected_leaves: set[str]) -> dict[str, str | None] | None:
+    """switch GUID -> parent GUID when the cabling is a tree oriented child (a) -> parent (b); else None.
+
+    Only the switches on the way up from `selected_leaves` are kept.
+    """
+    parent: dict[str, str] = {}
+    for link in topology.links:
+        a, b = link.a.guid, link.b.guid
+        if a == b or a not in graph.switches or b not in graph.switches:
+            continue
+        if parent.get(a, b) != b:
+            return None  # two parents
+        parent[a] = b
+    host_leaves = set(graph.leaves())
+
+    def chain(leaf: str) -> list[str] | None:
+        out: list[str] = []
+        node: str | None = leaf
+        while node is not None:
+            if node in out:
+                return None  # a cycle
+            out.append(node)
+            node = parent.get(node)
+        return out
+
+    above: set[str] = set()
+    for leaf in host_leaves:
+        path = chain(leaf)
+        if path is None:
+            return None
+        if any(p in host_leaves for p in path[1:]):
+            return None  # a switch with both hosts and child switches: Slurm has no such thing
+        above.update(path)
+    for link in topology.links:  # no cross links between the switches of the tree
+        a, b = link.a.guid, link.b.guid
+        if a in above and b in above and a != b and parent.get(a) != b:
+            return None
+    kept: set[str] = set()
+    for leaf in selected_leaves:
+        kept.update(chain(leaf) or ())
+    return {g: parent.get(g) for g in kept}
+
+
+def build_hierarchy(topology: Topology, *, nodes: Collection[str] | None = None) -> Hierarchy:
+    """The tree of leaf groups and upper units for `topology` (only `nodes`, when given)."""
+    graph = Graph(topology)
+    warnings: list[str] = []
+    switch_names = _switch_names(topology, warnings)
+    host_leaves = graph.host_leaves()
+    if nodes is not None:
+        wanted = set(nodes)
+        unknown = sorted(wanted - host_leaves.keys())
+        if unknown:
+            warnings.append(f"{len(unknown)} selected node(s) are not in the topology: {', '.join(unknown[:10])}")
+        host_leaves = {h: ls for h, ls in host_leaves.items() if h in wanted}
+    unplaced = sorted(h for h, ls in host_leaves.items() if not ls)
+    if unplaced:
+        warnings.append(f"{len(unplaced)} host(s) are cabled to no switch and left out: {', '.join(unplaced[:10])}")
+    groups: dict[frozenset[str], list[str]] = {}
+    for host, leaves in host_leaves.items():
+        if leaves:
+            groups.setdefault(frozenset(leaves), []).append(host)
+    if not groups:
+        return Hierarchy(root=None, units={}, warnings=tuple(warnings))
+    used_names = set(switch_names.values())
+
+    def made_up(prefix: str, guids: Iterable[str]) -> str:
+        digest = _digest(guids)
+        for length in range(8, len(digest) + 1):
+            candidate = f"{prefix}-{digest[:length]}"
+            if candidate not in used_names:
+                used_names.add(candidate)
+                return candidate
+        raise FabricError(f"cannot name a {prefix}")  # pragma: no cover - 2^256 names
+
+    units: dict[str, Unit] = {}
+    single = all(len(k) == 1 for k in groups)
+    tree = _switch_tree(topology, graph, {next(iter(k)) for k in groups}) if single else None
+    if tree is not None:
+        hosts_of = {next(iter(k)): tuple(sorted(hs)) for k, hs in groups.items()}
+        kids: dict[str, list[str]] = {g: [] for g in tree}
+        for guid, parent in tree.items():
+            if parent is not None:
+                kids[parent].append(guid)
+        height: dict[str, int] = {}
+
+        def unit_of(guid: str) -> int:
+            h = 1 + max((unit_of(c) for c in kids[guid]), default=0)
+            height[guid] = h
+            units[switch_names[guid]] = Unit(
+                name=switch_names[guid],
+                tier=h,
+                children=tuple(sorted(switch_names[c] for c in kids[guid])),
+                hosts=hosts_of.get(guid, ()),
+                leaves=(guid,) if guid in hosts_of else (),
+                switches=(guid,),
+            )
+            return h
+
+        tops = sorted((g for g, p in tree.items() if p is None), key=lambda g: switch_names[g])
+        for top in tops:
+            unit_of(top)
+        return _rooted(units, [switch_names[t] for t in tops], used_names, warnings)
+
+    tiers = graph.tiers()
+    top_of: dict[str, set[str]] = {}
+    for leaf_set, members in sorted(groups.items(), key=lambda kv: sorted(kv[1])):
+        name = switch_names[next(iter(leaf_set))] if len(leaf_set) == 1 else made_up("leafgroup", leaf_set)
+        ordered = tuple(sorted(leaf_set))
+        units[name] = Unit(name=name, tier=1, hosts=tuple(sorted(members)), leaves=ordered, switches=ordered)
+        top_of[name] = set(leaf_set)
+    active = sorted(units)
+    finished: list[str] = []
+    for k in range(2, max(tiers.values(), default=1) + 1):
+        if not active:
+            break
+        uf = _UnionFind()
+        for name in active:
+            ups = {n for s in top_of[name] for n in graph.switch_links[s] if tiers[n] == k}
+            if not ups:
+                finished.append(name)
+                continue
+            uf.find("u:" + name)
+            for n in ups:
+                uf.union("u:" + name, "s:" + n)
+        components: dict[str, tuple[list[str], set[str]]] = {}
+        for key in list(uf.parent):
+            component = components.setdefault(uf.find(key), ([], set()))
+            if key.startswith("u:"):
+                component[0].append(key[2:])
+            else:
+                component[1].add(key[2:])
+        active = []
+        for children, switches in components.values():
+            if len(children) == 1:
+                only = children[0]
+                top_of[only] = switches
+                units[only] = replace(units[only], switches=tuple(sorted({*units[only].switches, *switches})))
+                active.append(only)
+                continue
+            name = switch_names[next(iter(switches))] if len(switches) == 1 else made_up(f"tier{k}group", switches)
+            units[name] = Unit(
+                name=name,
+                tier=1 + max(units[c].tier for c in children),
+                children=tuple(sorted(children)),
+                switches=tuple(sorted(switches)),
+            )
+            top_of[name] = switches
+            active.append(name)
+        active.sort()
+    return _rooted(units, sorted(finished + active), used_names, warnings)
+
+
+def _rooted(units: dict[str, Unit], tops: list[str], used: set[str], warnings: list[str]) -> Hierarchy:
+    if len(tops) == 1:
+        return Hierarchy(root=tops[0], units=units, warnings=tuple(warnings))
+    name, n = "root", 2
+    while name in used or name in units:
+        name, n = f"root-{n}", n + 1
+    units[name] = Unit(name=name, tier=1 + max(units[t].tier for t in tops), children=tuple(sorted(tops)))
+    return Hierarchy(root=name, units=units, warnings=tuple(warnings))
+
+
+def _switch_names(topology: Topology, warnings: list[str]) -> dict[str, str]:
+    count: dict[str, int] = {}
+    for s in topology.switches:
+        count[s.name] = count.get(s.name, 0) + 1
+    out: dict[str, str] = {}
+    for s in topology.switches:
+        if count[s.name] > 1 or not s.name.strip():
+            out[s.guid] = f"S-{s.guid.removeprefix('0x')}"
+            warnings.append(f"switch name {s.name!r} is not unique; switch {s.guid} is called {out[s.guid]}")
+        else:
+            out[s.guid] = s.name
+    return out
+
+
+def topology_from_tree(
+    *,
+    name: str,
+    switches: list[str],
+    children: dict[str, list[str]],
+    nodes: dict[str, list[str]],
+    warnings: list[str],
+    width: int = 4,
+    speed: str = "NDR",
+) -> Topology:
+    """A Topology for a tree known only by names (Slurm, Kubernetes labels, Volcano HyperNodes).
+
+    GUIDs are made up from the names (stable); each switch's ports are its hosts first, then its
+    child switches, then its uplinks; links between switches run child (`a`) -> parent (`b`).
+    A host under several switches gets one CA per switch (rails 0, 1, ... in switch order).
+    """
+    guid = {s: synthetic_guid("switch", s) for s in switches}
+    next_port = dict.fromkeys(switches, 1)
+
+    def take(switch: str) -> int:
+        port = next_port[switch]
+        next_port[switch] = port + 1
+        return port
+
+    host_switches: dict[str, list[str]] = {}
+    for switch in switches:
+        for host in nodes.get(switch, []):
+            host_switches.setdefault(host, []).append(switch)
+    cas: list[Ca] = []
+    links: list[Link] = []
+    for host, leaves in host_switches.items():
+        for rail, leaf in enumerate(leaves):
+            ca_guid = synthetic_guid("ca", host if len(leaves) == 1 else f"{host}@{leaf}")
+            cas.append(Ca(guid=ca_guid, host=host, rail=rail if len(leaves) > 1 else None))
+            links.append(Link(a=PortRef(ca_guid, 1), b=PortRef(guid[leaf], take(leaf)), width=width, speed=speed))
+    down: list[tuple[str, str, int]] = []
+    for parent in switches:
+        for child in children.get(parent, []):
+            down.append((child, parent, take(parent)))
+    for child, parent, port in down:
+        links.append(Link(a=PortRef(guid[child], take(child)), b=PortRef(guid[parent], port), width=width, speed=speed))
+    return build_topology(
+        name=name,
+        hosts=[Host(name=h) for h in host_switches],
+        cas=cas,
+        switches=[Switch(guid=guid[s], name=s, radix=max(1, next_port[s] - 1)) for s in switches],
+        links=links,
+        warnings=warnings,
+    )
+
+
+@dataclass
+class TreeEntry:
+    """One switch of a tree file: where it is defined, its name, child switches and nodes."""
+
+    line: int | None
+    name: str
+    switches: list[str] | None
+    nodes: list[str] | None
+
+
+def check_tree(
+    entries: list[TreeEntry], file: str, strict: bool, warnings: list[str]
+) -> tuple[list[str], dict[str, list[str]], dict[str, list[str]]]:
+    """Checks the switches of a tree file; returns (switch order, children, nodes).
+
+    Errors (a warning and the part left out when not `strict`): a switch defined twice, a child
+    switch never defined, a cycle. Warnings: several parents, several roots, a node under two
+    switches, a switch with both nodes and child switches or with neither.
+    """
+
+    def fail(line: int | None, reason: str) -> None:
+        if strict:
+            raise FormatError(file, line, reason)
+        warnings.append(where(file, line, reason + "; left out"))
+
+    defined: dict[str, TreeEntry] = {}
+    for entry in entries:
+        if entry.name in defined:
+            first = defined[entry.name].line
+            fail(entry.line, f"switch {entry.name} is defined twice (first at line {first})")
+            continue
+        defined[entry.name] = entry
+        if len(entry.name) > 64:
+            warnings.append(where(file, entry.line, f"switch name {entry.name[:20]}... is longer than 64 characters"))
+    children: dict[str, list[str]] = {}
+    for entry in defined.values():
+        kept: list[str] = []
+        for child in entry.switches or []:
+            if child not in defined:
+                fail(entry.line, f"switch {child}, a child of {entry.name}, is not defined")
+            elif child == entry.name:
+                fail(entry.line, f"switch {entry.name} lists itself: not a tree")
+            elif child not in kept:
+                kept.append(child)
+        children[entry.name] = kept
+        if entry.switches is not None and entry.nodes is not None:
+            warnings.append(where(file, entry.line, f"switch {entry.name} has both Nodes= and Switches="))
+        if not entry.switches and not entry.nodes:
+            warnings.append(where(file, entry.line, f"switch {entry.name} has no nodes and no child switches"))
+    # cycles: depth-first, in file order; a back edge is a cycle
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    for start in defined:
+        if state.get(start):
+            continue
+        stack: list[tuple[str, int]] = [(start, 0)]
+        path: list[str] = [start]
+        state[start] = 1
+        while stack:
+            node, index = stack[-1]
+            if index < len(children[node]):
+                stack[-1] = (node, index + 1)
+                child = children[node][index]
+                if state.get(child) == 1:
+                    cycle = [*path[path.index(child) :], child]
+                    fail(
+                        defined[node].line,
+                        f"switches list each other in a cycle ({' -> '.join(cycle)}): not a tree",
+                    )
+                    children[node] = [c for c in children[node] if c != child]
+                    stack[-1] = (node, index)
+                elif not state.get(child):
+                    state[child] = 1
+                    stack.append((child, 0))
+                    path.append(child)
+            else:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+    parents: dict[str, list[str]] = {}
+    for parent, kids in children.items():
+        for child in kids:
+            parents.setdefault(child, []).append(parent)
+    for child, ps in parents.items():
+        if len(ps) > 1:
+            warnings.append(
+                where(file, defined[child].line, f"switch {child} has several parents ({', '.join(ps)}): not a tree")
+            )
+    roots = [s for s in defined if s not in parents]
+    if len(roots) > 1:
+        warnings.append(
+            where(
+                file,
+                None,
+                f"{len(roots)} top-level switches ({', '.join(roots[:6])}): no single switch reaches every node",
+            )
+        )
+    nodes: dict[str, list[str]] = {}
+    home: dict[str, str] = {}
+    for entry in defined.values():
+        nodes[entry.name] = list(dict.fromkeys(entry.nodes or []))
+        for node in nodes[entry.name]:
+            if node in home:
+                warnings.append(where(file, entry.line, f"node {node} is under both {home[node]} and {entry.name}"))
+            else:
+                home[node] = entry.name
+    return list(defined), children, nodes
+
+
+def subset_topology(topology: Topology, nodes: Collection[str]) -> tuple[Topology, list[str]]:
+    """Only the hosts in `nodes` (with their CAs and links); every switch, router and other link stays."""
+    wanted = set(nodes)
+    known = {h.name for h in topology.hosts}
+    warnings: list[str] = []
+    missing = sorted(wanted - known)
+    if missing:
+        warnings.append(f"{len(missing)} selected node(s) are not in the topology: {', '.join(missing[:10])}")
+    dropped = {c.guid for c in topology.cas if c.host not in wanted}
+    return (
+        build_topology(
+            name=topology.name,
+            hosts=[h for h in topology.hosts if h.name in wanted],
+            cas=[c for c in topology.cas if c.host in wanted],
+            switches=topology.switches,
+            routers=topology.routers,
+            links=[ln for ln in topology.links if ln.a.guid not in dropped and ln.b.guid not in dropped],
+            warnings=topology.warnings,
+        ),
+        warnings,
+    )
