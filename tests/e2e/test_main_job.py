@@ -46,4 +46,6 @@ def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
     assert "nodes registered" in out and "16/16" in out
     assert "all nodes heartbeating within 10 s" in out
     assert "NO" not in out.split("ibpool run: summary", 1)[1]
+    assert "fabric topology published" in out and "v1, 16 hosts" in out
+    assert "faulty links recovered after clearing" in out and "2/2" in out
     assert "stack stopped" in out

@@ -1,8 +1,10 @@
 """`ibpool run`: the main job.
 
-Starts the embedded stack and the services that exist, a simulated cluster of node agents,
-watches every event on the bus, and shows it live. The finite scenario (default) ends on its
-own with a summary and exit code 0 when everything held; `--serve` keeps it up until Ctrl-C.
+Starts the embedded stack and every service that exists (each as its own process, as an
+operator would), a simulated cluster of node agents on a generated rail-optimised fabric,
+watches every event on the bus, and shows it live. The finite scenario (default) injects link
+faults into the simulated fabric, clears them, and ends with a summary and exit code 0 when
+everything held; `--serve` keeps the system up until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
+import aiohttp
 import nats
 from nats.aio.msg import Msg
 from rich.console import Console, Group
@@ -27,6 +31,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ibpool_proto import decode, new_id
+from ibpool_proto.fabric import LinkDegraded, LinkRecovered, LinkStateChanged, TopologyPublished
 from ibpool_proto.job import JobExited, JobStarted
 from ibpool_proto.message import every_subject
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered
@@ -36,6 +41,55 @@ from ibpool_runtime.bus import Bus
 
 HEARTBEAT_DEADLINE_S = 10.0
 SOURCE = "ibpool-run"
+
+
+@dataclass
+class ServiceProcess:
+    """One service of the system, run as its own process with its own log file."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", *self.argv],
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def terminate(self) -> None:
+        if self.running():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout_s: float = 30.0) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+        finally:
+            if self._log is not None:
+                self._log.close()
+        return self.proc.returncode
 
 
 @dataclass
@@ -51,6 +105,11 @@ class Observed:
     all_heartbeating_after: float | None = None
     jobs_started: int = 0
     exits: collections.Counter[str] = field(default_factory=collections.Counter)
+    topology: TopologyPublished | None = None
+    link_state: dict[str, str] = field(default_factory=dict)
+    degraded: collections.Counter[str] = field(default_factory=collections.Counter)
+    recovered: set[str] = field(default_factory=set)
+    link_downs: int = 0
     total: int = 0
     undecodable: int = 0
 
@@ -61,12 +120,14 @@ class Observed:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    def links_not_up(self) -> dict[str, str]:
+        return {k: v for k, v in self.link_state.items() if v != "up"}
 
-def _observe(obs: Observed, expected_nodes: int) -> object:
+
+def _observer(obs: Observed, expected_nodes: int):  # type: ignore[no-untyped-def]
     async def on_msg(msg: Msg) -> None:
         obs.total += 1
-        ce_type = (msg.headers or {}).get("ce-type", "?")
-        obs.by_type[ce_type] += 1
+        obs.by_type[(msg.headers or {}).get("ce-type", "?")] += 1
         try:
             ev = decode(msg.data)
         except Exception:
@@ -87,6 +148,15 @@ def _observe(obs: Observed, expected_nodes: int) -> object:
                 obs.jobs_started += 1
             case JobExited():
                 obs.exits[ev.reason] += 1
+            case TopologyPublished():
+                obs.topology = ev
+            case LinkStateChanged():
+                obs.link_state[ev.link_id] = ev.state
+                obs.link_downs += ev.state == "down"
+            case LinkDegraded():
+                obs.degraded[str(ev.problem)] += 1
+            case LinkRecovered():
+                obs.recovered.add(ev.link_id)
             case _:
                 pass
 
@@ -106,6 +176,13 @@ def _view(obs: Observed, nodes: int, phase: str) -> Group:
         "jobs started / exited",
         f"{obs.jobs_started} / {sum(obs.exits.values())}",
     )
+    topo = obs.topology
+    head.add_row(
+        "fabric",
+        "-" if topo is None else f"v{topo.version}: {topo.hosts} hosts, {topo.switches} switches, {topo.links} links",
+        "links not up",
+        ", ".join(f"{s} {n}" for s, n in sorted(collections.Counter(obs.links_not_up().values()).items())) or "none",
+    )
     types = Table(title="events by type", show_edge=False)
     types.add_column("ce-type")
     types.add_column("count", justify="right")
@@ -123,7 +200,6 @@ def _probe_grants(node_ids: list[str], seed: int) -> list[AllocationGranted]:
         node = rng.choice(node_ids)
         gpus = sorted(rng.sample(range(8), rng.choice([1, 2, 4])))
         oom = i == 5
-        limit = 20_000 if oom else None
         grants.append(
             AllocationGranted(
                 source=SOURCE,
@@ -133,7 +209,9 @@ def _probe_grants(node_ids: list[str], seed: int) -> list[AllocationGranted]:
                 node_id=node,
                 kind="whole",
                 assignments=[GpuAssignment(node_id=node, gpu_index=g) for g in gpus],
-                enforcement=Enforcement(env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}, memory_limit_mib=limit),
+                enforcement=Enforcement(
+                    env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}, memory_limit_mib=20_000 if oom else None
+                ),
                 lease_expires_at=now + dt.timedelta(minutes=10),
                 ledger_version=0,
                 workload=WorkloadSpec(
@@ -142,6 +220,41 @@ def _probe_grants(node_ids: list[str], seed: int) -> list[AllocationGranted]:
             )
         )
     return grants
+
+
+def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -> list[ServiceProcess]:
+    base = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn)
+    agent_port, fabric_port = devstack.free_port(), devstack.free_port()
+    return [
+        ServiceProcess(
+            name="fabric_monitor",
+            argv=["ibpool_fabric_monitor"],
+            env=dict(
+                base,
+                IBPOOL_FABRIC_MONITOR_HTTP_PORT=str(fabric_port),
+                IBPOOL_FABRIC_MONITOR_INSTANCE="run",
+                IBPOOL_FABRIC_MONITOR_GENERATE=f"rail_optimised:hosts={args.nodes}",
+                IBPOOL_FABRIC_MONITOR_HOST_NAME_FORMAT="node-{:03d}",
+                IBPOOL_FABRIC_MONITOR_COUNTER_SOURCE="simulated",
+                IBPOOL_FABRIC_MONITOR_POLL_INTERVAL_S="1",
+                IBPOOL_FABRIC_MONITOR_CLEAR_AFTER_S="3",
+            ),
+            port=fabric_port,
+            log_path=state / "fabric_monitor.log",
+        ),
+        ServiceProcess(
+            name="node_agent",
+            argv=["ibpool_node_agent", "--nodes", str(args.nodes), "--seed", str(args.seed), "--prefix", "node"],
+            env=dict(
+                base,
+                IBPOOL_NODE_AGENT_HTTP_PORT=str(agent_port),
+                IBPOOL_NODE_AGENT_BACKEND="simulated",
+                IBPOOL_NODE_AGENT_INSTANCE="run",
+            ),
+            port=agent_port,
+            log_path=state / "node_agent.log",
+        ),
+    ]
 
 
 def run_main(args: argparse.Namespace) -> int:
@@ -155,77 +268,74 @@ def run_main(args: argparse.Namespace) -> int:
         console.print(f"[red]embedded stack failed:[/] {e}")
         return 1
     console.print(f"stack up in {time.monotonic() - t0:.1f} s: nats {info.nats_url}, postgres {info.postgres_dsn}")
-    agent_port = devstack.free_port()
-    env = dict(
-        os.environ,
-        IBPOOL_NATS_URL=info.nats_url,
-        IBPOOL_POSTGRES_DSN=info.postgres_dsn,
-        IBPOOL_NODE_AGENT_HTTP_PORT=str(agent_port),
-        IBPOOL_NODE_AGENT_BACKEND="simulated",
-        IBPOOL_NODE_AGENT_INSTANCE="run",
-    )
-    agent_log = (state / "node_agent.log").open("ab")
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ibpool_node_agent",
-            "--nodes",
-            str(args.nodes),
-            "--seed",
-            str(args.seed),
-            "--prefix",
-            "node",
-        ],
-        env=env,
-        stdout=agent_log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
+    services = _services(args, info, state)
     code = 1
     try:
-        code = asyncio.run(_scenario(args, info, agent, agent_port, console))
+        for s in services:
+            s.start()
+        code = asyncio.run(_scenario(args, info, services, console))
     except KeyboardInterrupt:
         code = 0
     finally:
-        if agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                console.print("[red]node agent did not stop within 30 s; killed[/]")
+        for s in services:
+            s.terminate()
+        for s in services:
+            rc = s.wait()
+            if rc != 0:
+                console.print(f"[red]{s.name} exited with {rc}; see {s.log_path}[/]")
                 code = 1
-        agent_log.close()
-        if agent.returncode not in (0, None):
-            console.print(f"[red]node agent exited with {agent.returncode}; see {state / 'node_agent.log'}[/]")
-            code = 1
         devstack.down(state)
         console.print("stack stopped")
     return code
 
 
+@dataclass
+class FaultPlan:
+    """Two faults injected into the simulated fabric during the finite scenario, then cleared."""
+
+    inject_at: float
+    clear_at: float
+    faults: list[dict[str, object]] = field(default_factory=list)
+    injected: bool = False
+    cleared: bool = False
+
+
+async def _pick_faults(http: aiohttp.ClientSession, fabric_url: str) -> list[dict[str, object]]:
+    async with http.get(f"{fabric_url}/v1/topology") as r:
+        topo = await r.json()
+    host_ca = {c["guid"] for c in topo["cas"] if c["host"] == "node-003" and c.get("rail") == 0}
+    host_link = next(ln for ln in topo["links"] if ln["a"][0] in host_ca or ln["b"][0] in host_ca)
+    cas = {c["guid"] for c in topo["cas"]}
+    trunk = next(ln for ln in topo["links"] if ln["a"][0] not in cas and ln["b"][0] not in cas)
+
+    def link_id(ln: dict[str, list[object]]) -> str:
+        a, b = sorted([tuple(ln["a"]), tuple(ln["b"])])
+        return f"{a[0]}:{a[1]}-{b[0]}:{b[1]}"
+
+    return [
+        {"link_id": link_id(host_link), "kind": "down"},
+        {"link_id": link_id(trunk), "kind": "errors", "value": 500.0},
+    ]
+
+
 async def _scenario(
-    args: argparse.Namespace,
-    info: devstack.StackInfo,
-    agent: subprocess.Popen[bytes],
-    agent_port: int,
-    console: Console,
+    args: argparse.Namespace, info: devstack.StackInfo, services: list[ServiceProcess], console: Console
 ) -> int:
     obs = Observed()
     nc = await nats.connect(info.nats_url, name="ibpool-run")
-    await nc.subscribe(every_subject(), cb=_observe(obs, args.nodes))  # type: ignore[arg-type]
+    await nc.subscribe(every_subject(), cb=_observer(obs, args.nodes))
     bus = await Bus.connect(info.nats_url, name="ibpool-run")
     await bus.ensure_streams()
+    http = aiohttp.ClientSession()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    by_name = {s.name: s for s in services}
     node_ids = [f"node-{i:03d}" for i in range(1, args.nodes + 1)]
     probes = _probe_grants(node_ids, args.seed)
-    probes_sent = False
-    revoked_sent = False
-    served_printed = False
+    probes_sent = revoked_sent = served_printed = False
+    plan = None if args.serve else FaultPlan(inject_at=0.25 * args.duration, clear_at=0.5 * args.duration)
     interactive = console.is_terminal
     last_line = 0.0
     deadline = None if args.serve else time.monotonic() + args.duration
@@ -237,12 +347,12 @@ async def _scenario(
         auto_refresh=interactive,
     ) as live:
         while not stop.is_set():
-            if agent.poll() is not None:
-                console.print(f"[red]node agent exited early with {agent.returncode}[/]")
+            dead = [s.name for s in services if not s.running()]
+            if dead:
+                console.print(f"[red]{', '.join(dead)} exited early[/]")
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            phase = "serving (Ctrl-C to stop)" if args.serve else "scenario"
             if not probes_sent and obs.all_heartbeating_after is not None:
                 for g in probes:
                     await bus.publish(g)
@@ -261,11 +371,28 @@ async def _scenario(
                     )
                 )
                 revoked_sent = True
+            if plan is not None and obs.topology is not None:
+                fabric = by_name["fabric_monitor"].url
+                if not plan.injected and obs.elapsed() >= plan.inject_at:
+                    plan.faults = await _pick_faults(http, fabric)
+                    for f in plan.faults:
+                        async with http.post(f"{fabric}/v1/sim/faults", json=f) as r:
+                            r.raise_for_status()
+                    plan.injected = True
+                if plan.injected and not plan.cleared and obs.elapsed() >= plan.clear_at:
+                    for f in plan.faults:
+                        async with http.delete(f"{fabric}/v1/sim/faults/{f['link_id']}") as r:
+                            r.raise_for_status()
+                    plan.cleared = True
             if args.serve and not served_printed and obs.all_heartbeating_after is not None:
-                console.print(f"node agent API  http://127.0.0.1:{agent_port}/v1/nodes  (/healthz /readyz /metrics)")
-                console.print(f"nats            {info.nats_url}  monitor {info.nats_monitor_url}")
-                console.print(f"postgres        {info.postgres_dsn}")
+                for s in services:
+                    console.print(f"{s.name:<16} {s.url}  (/healthz /readyz /metrics, API under /v1)")
+                console.print(f"{'nats':<16} {info.nats_url}  monitor {info.nats_monitor_url}")
+                console.print(f"{'postgres':<16} {info.postgres_dsn}")
                 served_printed = True
+            phase = "serving (Ctrl-C to stop)" if args.serve else "scenario"
+            if plan is not None and plan.injected and not plan.cleared:
+                phase += ": link faults injected"
             if interactive:
                 live.update(_view(obs, args.nodes, phase))
             elif time.monotonic() - last_line >= 5:
@@ -273,57 +400,84 @@ async def _scenario(
                 console.print(
                     f"[{obs.elapsed():5.1f}s] registered {len(obs.registered)}/{args.nodes}, "
                     f"heartbeats/s {obs.heartbeats_per_s():.1f}, events {obs.total}, "
-                    f"jobs started {obs.jobs_started} exited {sum(obs.exits.values())}"
+                    f"jobs started {obs.jobs_started} exited {sum(obs.exits.values())}, "
+                    f"links not up {len(obs.links_not_up())}"
                 )
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.25)
             except TimeoutError:
                 pass
         live.update(_view(obs, args.nodes, "stopping"))
-    # Stop the agents while still watching, to see them deregister.
-    if agent.poll() is None:
-        agent.send_signal(signal.SIGTERM)
-        for _ in range(120):
-            if agent.poll() is not None:
-                break
-            await asyncio.sleep(0.25)
+    # Stop the services while still watching, to see the agents deregister.
+    for s in services:
+        s.terminate()
+    for _ in range(120):
+        if not any(s.running() for s in services):
+            break
+        await asyncio.sleep(0.25)
     await asyncio.sleep(0.5)
+    await http.close()
     await bus.close()
     await nc.drain()
-    return _summary(console, obs, args, probes_sent, agent.returncode)
+    return _summary(console, obs, args, probes_sent, plan, services)
 
 
 def _summary(
-    console: Console, obs: Observed, args: argparse.Namespace, probes_sent: bool, agent_code: int | None
+    console: Console,
+    obs: Observed,
+    args: argparse.Namespace,
+    probes_sent: bool,
+    plan: FaultPlan | None,
+    services: list[ServiceProcess],
 ) -> int:
     t = Table(title="ibpool run: summary")
     t.add_column("check")
     t.add_column("seen", justify="right")
     t.add_column("ok")
     first = obs.all_heartbeating_after
-    hb_ok = first is not None and first <= HEARTBEAT_DEADLINE_S
+    hb = obs.by_type.get(NodeHeartbeat.ce_type(), 0)
+    topo = obs.topology
     checks = [
         ("nodes registered", f"{len(obs.registered)}/{args.nodes}", len(obs.registered) == args.nodes),
         (
             f"all nodes heartbeating within {HEARTBEAT_DEADLINE_S:.0f} s",
             "-" if first is None else f"{first:.2f} s",
-            hb_ok,
+            first is not None and first <= HEARTBEAT_DEADLINE_S,
         ),
-        (
-            "heartbeats seen",
-            str(obs.by_type.get(NodeHeartbeat.ce_type(), 0)),
-            obs.by_type.get(NodeHeartbeat.ce_type(), 0) > 0,
-        ),
+        ("heartbeats seen", str(hb), hb > 0),
         (
             "probe jobs started (no allocator yet: grants sent by the driver)",
             str(obs.jobs_started),
             (not probes_sent) or obs.jobs_started > 0,
         ),
         ("jobs exited by reason", ", ".join(f"{k} {v}" for k, v in sorted(obs.exits.items())) or "-", True),
+        (
+            "fabric topology published",
+            "-" if topo is None else f"v{topo.version}, {topo.hosts} hosts, {topo.switches} switches",
+            topo is not None and topo.hosts == args.nodes,
+        ),
+    ]
+    if plan is not None and plan.injected:
+        faulty = {str(f["link_id"]) for f in plan.faults}
+        checks += [
+            (
+                "injected link faults detected (down, error rate)",
+                f"went down {obs.link_downs}, degraded {dict(obs.degraded) or '-'}",
+                obs.degraded.get("errors", 0) > 0 and obs.link_downs > 0,
+            ),
+            (
+                "faulty links recovered after clearing",
+                f"{len(faulty & obs.recovered)}/{len(faulty)}",
+                not plan.cleared or faulty <= obs.recovered,
+            ),
+        ]
+    checks += [
         ("nodes deregistered at stop", f"{len(obs.deregistered)}/{args.nodes}", len(obs.deregistered) == args.nodes),
         ("undecodable messages", str(obs.undecodable), obs.undecodable == 0),
-        ("node agent exit code", str(agent_code), agent_code == 0),
     ]
+    for s in services:
+        rc = s.proc.returncode if s.proc is not None else None
+        checks.append((f"{s.name} exit code", str(rc), rc == 0))
     console.print()
     ok_all = True
     for name, seen, ok in checks:
