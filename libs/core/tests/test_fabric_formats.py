@@ -233,19 +233,35 @@ def test_aggregation_node_marks_the_switch_sharp_and_is_no_host() -> None:
     assert again == topology
 
 
-PORTS_REPORT = """\
-CA    2  1 0x1070fd0300aabb00 4x HDR - SW     1  1 0xb8cef60300a1b2c0 ( 'dgx01 mlx5_0' - 'MF0;leaf1:MQM8700/U1' )
-CA    3  1 0x1070fd0300aabb10 4x HDR - SW     1  2 0xb8cef60300a1b2c0 ( 'dgx01 mlx5_1' - 'MF0;leaf1:MQM8700/U1' )
-CA    5  1 0x0002c9030004e939 4x QDR - SW     1  3 0xb8cef60300a1b2c0 ( 'MT25408 ConnectX Mellanox Technologies' - 'MF0;leaf1:MQM8700/U1' )
-CA    6  1 0x1070fd0300aabc00 4x HDR - SW     1  4 0xb8cef60300a1b2c0 ( 'dgx02 mlx5_0' - 'MF0;leaf1:MQM8700/U1' )
-CA    7  2 0x1070fd0300aabc01 4x HDR - SW     1  5 0xb8cef60300a1b2c0 ( 'dgx02 mlx5_0' - 'MF0;leaf1:MQM8700/U1' )
-SW     1  1 0xb8cef60300a1b2c0 4x HDR - CA     2  1 0x1070fd0300aabb00 ( 'MF0;leaf1:MQM8700/U1' - 'dgx01 mlx5_0' )
-SW     1  2 0xb8cef60300a1b2c0 4x HDR - CA     3  1 0x1070fd0300aabb10 ( 'MF0;leaf1:MQM8700/U1' - 'dgx01 mlx5_1' )
-SW     1  3 0xb8cef60300a1b2c0 4x QDR - CA     5  1 0x0002c9030004e939 ( 'MF0;leaf1:MQM8700/U1' - 'MT25408 ConnectX Mellanox Technologies' )
-SW     1  4 0xb8cef60300a1b2c0 4x HDR - CA     6  1 0x1070fd0300aabc00 ( 'MF0;leaf1:MQM8700/U1' - 'dgx02 mlx5_0' )
-SW     1  5 0xb8cef60300a1b2c0 4x HDR - CA     7  2 0x1070fd0300aabc01 ( 'MF0;leaf1:MQM8700/U1' - 'dgx02 mlx5_0' )
-SW     1  6 0xb8cef60300a1b2c0 4x SDR                                    'MF0;leaf1:MQM8700/U1'
-"""
+SWITCH = (0xB8CEF60300A1B2C0, "MF0;leaf1:MQM8700/U1")
+CAS = [  # (lid, port, port GUID, description, switch port)
+    (2, 1, 0x1070FD0300AABB00, "dgx01 mlx5_0", 1),
+    (3, 1, 0x1070FD0300AABB10, "dgx01 mlx5_1", 2),
+    (5, 1, 0x0002C9030004E939, "MT25408 ConnectX Mellanox Technologies", 3),
+    (6, 1, 0x1070FD0300AABC00, "dgx02 mlx5_0", 4),
+    (7, 2, 0x1070FD0300AABC01, "dgx02 mlx5_0", 5),
+]
+
+
+def ports_line(
+    kind: str, lid: int, port: int, guid: int, rate: str, remote: tuple[object, ...] | None, desc: str
+) -> str:
+    """A line of `ibnetdiscover -p`, formatted as infiniband-diags' printf does."""
+    line = f"{kind:>2} {lid:5d} {port:2d} 0x{guid:016x} {rate}"
+    if remote is None:
+        return line + " " * 36 + f"'{desc}'"
+    rkind, rlid, rport, rguid, rdesc = remote
+    return line + f" - {rkind:>2} {rlid:5d} {rport:2d} 0x{rguid:016x} ( '{desc}' - '{rdesc}' )"
+
+
+PORTS_REPORT = (
+    "\n".join(
+        [ports_line("CA", lid, p, g, "4x HDR", ("SW", 1, sp, SWITCH[0], SWITCH[1]), d) for lid, p, g, d, sp in CAS]
+        + [ports_line("SW", 1, sp, SWITCH[0], "4x HDR", ("CA", lid, p, g, d), SWITCH[1]) for lid, p, g, d, sp in CAS]
+        + [ports_line("SW", 1, 6, SWITCH[0], "4x SDR", None, SWITCH[1])]
+    )
+    + "\n"
+)
 
 
 def test_ports_report_form_imports() -> None:
@@ -261,7 +277,7 @@ def test_ports_report_form_imports() -> None:
 
 def test_name_map_forms() -> None:
     names = parse_name_map(
-        "# comment\nH-0002c90300080e84 r510gluster1\n0x0002C90300080D58 \"node 2\"\n0002c90300080d3c n3\n",
+        '# comment\nH-0002c90300080e84 r510gluster1\n0x0002C90300080D58 "node 2"\n0002c90300080d3c n3\n',
         file="x.map",
     )
     assert names == {
@@ -286,7 +302,11 @@ def test_slurm_tree_import_reads_hostlists_comments_and_continuations() -> None:
     assert {names[g]: t for g, t in graph.tiers().items()} == {"s0": 1, "s1": 1, "top": 2}
     assert topology.warnings == []
     out = export_slurm_tree(topology).text.splitlines()
-    assert out[1:] == ["SwitchName=top Switches=s0,s1", "SwitchName=s0 Nodes=gpu[001-003,040]", "SwitchName=s1 Nodes=cpu[1-2]"]
+    assert out[1:] == [
+        "SwitchName=top Switches=s0,s1",
+        "SwitchName=s0 Nodes=gpu[001-003,040]",
+        "SwitchName=s1 Nodes=cpu[1-2]",
+    ]
 
 
 def test_slurm_block_and_yaml_round_trip() -> None:
@@ -415,3 +435,17 @@ def test_export_only_selected_nodes() -> None:
 def test_every_export_of_an_empty_topology_says_so(kind: str) -> None:
     exported = export_topology(kind, Topology())
     assert isinstance(exported.text, str)
+
+
+def test_dispatch_by_cli_names() -> None:
+    topology = import_slurm_tree("SwitchName=a Nodes=n[1-2]\nSwitchName=b Nodes=n[3-4]\n", file="t.conf")
+    yaml_text = export_topology("slurm-yaml", topology).text
+    blocks = import_topology("slurm-block", yaml_text, file="topology.yaml")
+    assert sorted(s.name for s in blocks.switches) == ["a", "b"]
+    assert import_topology("slurm", yaml_text, file="topology.yaml").switches != blocks.switches  # the tree
+    with pytest.raises(ValueError, match="unknown input format 'xml'"):
+        import_topology("xml", "", file="x")
+    with pytest.raises(ValueError, match="unknown output format 'xml'"):
+        export_topology("xml", topology)
+    with pytest.raises(ValueError, match="name map applies to ibnetdiscover input only"):
+        import_topology("slurm", "SwitchName=a Nodes=n1\n", file="t.conf", names={"0x1": "x"})

@@ -82,13 +82,13 @@ def test_comments_only() -> None:
 
 
 def test_truncated_in_the_middle_of_a_line() -> None:
-    cut = DUMP[: DUMP.index("r-ufm101 HCA-1\" lid 27") + 6]
+    cut = DUMP[: DUMP.index('r-ufm101 HCA-1" lid 27') + 6]
     with raises_at("cut.topo", line_number(DUMP, '[2]\t"H-0002c9030004e938"'), "truncated dump"):
         import_ibnetdiscover(cut, file="cut.topo")
 
 
 def test_truncated_after_a_node_header() -> None:
-    cut = DUMP[: DUMP.index("Ca\t1 \"H-0002c9030004e938\"")]
+    cut = DUMP[: DUMP.index('Ca\t1 "H-0002c9030004e938"')]
     with raises_at("cut.topo", line_number(DUMP, "devid=0x673c") - 1, "truncated dump: a node header"):
         import_ibnetdiscover(cut, file="cut.topo")
 
@@ -101,7 +101,9 @@ def test_truncated_after_a_node_line() -> None:
 
 def test_truncated_at_a_section_boundary_names_the_missing_node() -> None:
     cut = DUMP[: DUMP.index("vendid=0x2c9\ndevid=0x673c")]
-    with raises_at("cut.topo", line_number(DUMP, '[2]\t"H-0002c9030004e938"'), 'link to unknown node "H-0002c9030004e938"'):
+    with raises_at(
+        "cut.topo", line_number(DUMP, '[2]\t"H-0002c9030004e938"'), 'link to unknown node "H-0002c9030004e938"'
+    ):
         import_ibnetdiscover(cut, file="cut.topo")
 
 
@@ -244,7 +246,8 @@ def test_slurm_switch_defined_twice_bad_hostlist_and_unknown_line() -> None:
 
 
 def test_slurm_tree_warnings_for_what_slurmctld_frowns_at() -> None:
-    text = "SwitchName=l1 Nodes=n[1-2]\nSwitchName=l2 Nodes=n[2-3]\nSwitchName=s1 Switches=l1\nSwitchName=s2 Switches=l1,l2\n"
+    text = "SwitchName=l1 Nodes=n[1-2]\nSwitchName=l2 Nodes=n[2-3]\n"
+    text += "SwitchName=s1 Switches=l1\nSwitchName=s2 Switches=l1,l2\n"
     topology = import_slurm_tree(text, file="w.conf")
     assert topology.warnings == [
         "w.conf:1: switch l1 has several parents (s1, s2): not a tree",
@@ -260,7 +263,9 @@ def test_slurm_block_errors() -> None:
         import_slurm_block("BlockName=b1 Nodes=n[1-2]\nBlockName=b2 Nodes=n[2-3]\n", file="b.conf")
     with raises_at("b.conf", 2, "BlockSizes=4,x is not a list of numbers"):
         import_slurm_block("BlockName=b1 Nodes=n[1-4]\nBlockSizes=4,x\n", file="b.conf")
-    topology = import_slurm_block("BlockName=b1 Nodes=n[1-4]\nBlockName=b2 Nodes=n[5-6]\nBlockSizes=4,12\n", file="b.conf")
+    topology = import_slurm_block(
+        "BlockName=b1 Nodes=n[1-4]\nBlockName=b2 Nodes=n[5-6]\nBlockSizes=4,12\n", file="b.conf"
+    )
     assert topology.warnings == ["b.conf:3: BlockSizes=[4, 12]: each size must be a power of two times the one before"]
     with raises_at("t.conf", None, "no BlockName= lines"):
         import_slurm_block("SwitchName=s Nodes=a\n", file="t.conf")
@@ -286,7 +291,9 @@ def test_slurm_yaml_errors() -> None:
 def test_native_errors() -> None:
     with raises_at("n.json", 3, "not valid JSON"):
         import_native('{\n  "format": "ibpool.topology",\n  "topology": {,\n}', file="n.json")
-    with raises_at("n.json", None, r"not an ibpool topology: Expected `int`, got `str` - at `\$.topology.switches\[0\].radix`"):
+    with raises_at(
+        "n.json", None, r"not an ibpool topology: Expected `int`, got `str` - at `\$.topology.switches\[0\].radix`"
+    ):
         import_native('{"topology": {"switches": [{"guid": "0x1", "name": "s", "radix": "x"}]}}', file="n.json")
     with raises_at("n.json", None, "version 9 is not supported"):
         import_native('{"format": "ibpool.topology", "version": 9, "topology": {}}', file="n.json")
@@ -319,7 +326,7 @@ def test_k8s_and_volcano_errors() -> None:
 
 @pytest.mark.parametrize("kind", ["ibnetdiscover", "slurm", "slurm-block", "native", "k8s-labels", "volcano"])
 def test_garbage_never_gives_a_traceback(kind: str) -> None:
-    for garbage in ("\x00\x01 nonsense [", "{[", "- - -\n  : :", "SwitchName=", "Switch 0 \"x\""):
+    for garbage in ("\x00\x01 nonsense [", "{[", "- - -\n  : :", "SwitchName=", 'Switch 0 "x"'):
         try:
             import_topology(kind, garbage, file="garbage")
         except FormatError as error:

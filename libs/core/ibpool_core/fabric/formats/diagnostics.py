@@ -91,5 +91,13 @@ def load_yaml(text: str, file: str, *, documents: bool = False) -> Any:
         raise FormatError(file, None, f"not valid YAML: {error}") from None
 
 
+def dump_yaml(documents: list[Any], *, stream: bool = False) -> str:
+    """Safe YAML (libyaml's emitter when there is one), keys in insertion order; a `---` stream if `stream`."""
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    if stream:
+        return str(yaml.dump_all(documents, Dumper=dumper, sort_keys=False, explicit_start=True))
+    return str(yaml.dump(documents, Dumper=dumper, sort_keys=False))
+
+
 def line_of(value: object) -> int | None:
     return value.line if isinstance(value, LineDict) else None

@@ -22,10 +22,8 @@ import re
 from collections.abc import Collection
 from typing import Any, Literal
 
-import yaml
-
 from ..model import LANE_GBPS, FabricError, Topology
-from .diagnostics import Exported, FormatError, line_of, load_yaml
+from .diagnostics import Exported, FormatError, dump_yaml, line_of, load_yaml
 from .hierarchy import Hierarchy, TreeEntry, build_hierarchy, check_tree, topology_from_tree, unique_names
 
 __all__ = ["LABEL_PREFIX", "export_k8s_labels", "import_k8s_labels", "k8s_name", "label_levels"]
@@ -105,7 +103,7 @@ def export_k8s_labels(
         f"# Kubernetes node labels written by ibpool from topology {topology.name!r}\n"
         f"# Topology levels, top to bottom (Kueue Topology spec.levels): {', '.join(levels)}\n"
     )
-    return Exported(header + yaml.safe_dump_all(items, sort_keys=False, explicit_start=True), warnings)
+    return Exported(header + dump_yaml(items, stream=True), warnings)
 
 
 def _level_rank(key: str, prefix: str) -> int | None:

@@ -21,10 +21,9 @@ from collections.abc import Collection
 from typing import Any, Literal
 
 import hostlist  # type: ignore[import-untyped]
-import yaml
 
 from ..model import LANE_GBPS, FabricError, Topology
-from .diagnostics import Exported, FormatError, line_of, load_yaml, where
+from .diagnostics import Exported, FormatError, dump_yaml, line_of, load_yaml, where
 from .hierarchy import TreeEntry, build_hierarchy, check_tree, topology_from_tree, unique_names
 
 __all__ = [
@@ -310,13 +309,14 @@ def _slurm_name(name: str) -> str:
 
 
 def _exportable(topology: Topology, nodes: Collection[str] | None, warnings: list[str]) -> list[str]:
-    wanted = [h.name for h in topology.hosts if nodes is None or h.name in set(nodes)]
+    selected = None if nodes is None else set(nodes)
+    wanted = [h.name for h in topology.hosts if selected is None or h.name in selected]
     bad = [h for h in wanted if not _NODE_NAME.match(h)]
     if bad:
         warnings.append(f"{len(bad)} host name(s) cannot be written in a Slurm hostlist and are left out: {bad[:5]}")
     good = [h for h in wanted if _NODE_NAME.match(h)]
-    if nodes is not None:
-        missing = sorted(set(nodes) - {h.name for h in topology.hosts})
+    if selected is not None:
+        missing = sorted(selected - {h.name for h in topology.hosts})
         if missing:
             warnings.append(f"{len(missing)} selected node(s) are not in the topology: {', '.join(missing[:10])}")
     return good
@@ -382,7 +382,7 @@ def export_slurm_yaml(topology: Topology, *, nodes: Collection[str] | None = Non
     if hierarchy.root is None:
         warnings.append("no host is cabled to a switch: the topologies are empty")
         doc: list[dict[str, Any]] = [{"topology": f"{base}-flat", "cluster_default": True, "flat": True}]
-        return Exported(yaml.safe_dump(doc, sort_keys=False), warnings)
+        return Exported(dump_yaml(doc), warnings)
     walk = hierarchy.walk()
     names = unique_names(walk, _slurm_name)
     switches: list[dict[str, Any]] = []
@@ -403,4 +403,4 @@ def export_slurm_yaml(topology: Topology, *, nodes: Collection[str] | None = Non
         },
     ]
     header = f"# Slurm topology.yaml written by ibpool from topology {topology.name!r}\n"
-    return Exported(header + yaml.safe_dump(doc, sort_keys=False), warnings)
+    return Exported(header + dump_yaml(doc), warnings)

@@ -14,10 +14,8 @@ import re
 from collections.abc import Collection, Iterable
 from typing import Any
 
-import yaml
-
 from ..model import LANE_GBPS, FabricError, Topology
-from .diagnostics import Exported, FormatError, line_of, load_yaml, where
+from .diagnostics import Exported, FormatError, dump_yaml, line_of, load_yaml, where
 from .hierarchy import TreeEntry, build_hierarchy, check_tree, topology_from_tree, unique_names
 from .k8s import k8s_name
 from .slurm import compress_hostlist
@@ -124,7 +122,7 @@ def export_volcano(topology: Topology, *, nodes: Collection[str] | None = None, 
     if not docs:
         warnings.append("no host is cabled to a switch: no HyperNodes")
     header = f"# Volcano HyperNodes written by ibpool from topology {topology.name!r}\n"
-    return Exported(header + yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True), warnings)
+    return Exported(header + dump_yaml(docs, stream=True), warnings)
 
 
 def import_volcano(
