@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import msgspec
-
+from ibpool_core.fabric.formats import import_topology, parse_name_map
 from ibpool_core.fabric.generators import generate
-from ibpool_core.fabric.model import Topology, rename_hosts
+from ibpool_core.fabric.model import FabricError, Topology, rename_hosts
 
 from .config import FabricMonitorConfig
 
@@ -17,11 +16,25 @@ class TopologySourceError(Exception):
     """The configured topology cannot be loaded; the message says which file or spec and why."""
 
 
-def load_native(path: Path) -> Topology:
+def guess_format(path: Path, text: str) -> str:
+    """native for .json/.yaml, slurm for a topology.conf, ibnetdiscover otherwise."""
+    if path.suffix in (".json", ".yaml", ".yml"):
+        return "native"
+    if "SwitchName=" in text or "BlockName=" in text:
+        return "slurm"
+    return "ibnetdiscover"
+
+
+def load_file(path: Path, fmt: str, names_file: str = "") -> Topology:
     try:
-        return msgspec.json.decode(path.read_bytes(), type=Topology)
-    except (OSError, msgspec.DecodeError) as e:
-        raise TopologySourceError(f"{path}: {e}") from None
+        text = path.read_text()
+        names = parse_name_map(Path(names_file).read_text(), file=names_file) if names_file else None
+        kind = guess_format(path, text) if fmt == "auto" else fmt
+        return import_topology(kind, text, file=str(path), names=names, name=path.stem)
+    except OSError as e:
+        raise TopologySourceError(f"{e.filename or path}: {e.strerror}") from None
+    except (FabricError, ValueError) as e:
+        raise TopologySourceError(str(e)) from None
 
 
 def generated(spec: str, host_name_format: str) -> Topology:
@@ -38,7 +51,7 @@ def generated(spec: str, host_name_format: str) -> Topology:
 def topology_loader(cfg: FabricMonitorConfig) -> Callable[[], Topology]:
     def load() -> Topology:
         if cfg.topology_file:
-            return load_native(Path(cfg.topology_file))
+            return load_file(Path(cfg.topology_file), cfg.topology_format, cfg.names_file)
         return generated(cfg.generate, cfg.host_name_format)
 
     return load
