@@ -153,6 +153,17 @@ async def test_topology_versions_only_on_change_with_diff(bus: Bus, store: Store
             assert r.status == 400 and "integer" in (await r.json())["detail"]
         async with http.get(f"{svc.http_url}/v1/topology?version=99") as r:
             assert r.status == 404
+        async with http.get(f"{svc.http_url}/v1/hosts/h0/distance/h1") as r:
+            body = await r.json()
+            assert (body["hops"], body["bottleneck_gbps"]) == (2, 400.0)
+        async with http.get(f"{svc.http_url}/v1/hosts/h0/distance/h3?rail=0") as r:
+            body = await r.json()
+            # leaf2's uplink runs 2x NDR in version 2: the bottleneck of the path
+            assert (body["hops"], body["bottleneck_gbps"], body["topology_version"]) == (4, 200.0, 2)
+        async with http.get(f"{svc.http_url}/v1/hosts/h0/distance/nobody") as r:
+            assert r.status == 404 and "nobody" in (await r.json())["detail"]
+        async with http.get(f"{svc.http_url}/v1/hosts/h0/distance/h1?rail=7") as r:
+            assert r.status == 400 and (await r.json())["path"] == "?rail"
         await eventually(lambda: _count(published(), 2), what="no third version without a change")
 
 

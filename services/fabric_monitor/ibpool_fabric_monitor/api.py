@@ -17,6 +17,15 @@ from .sources import SimulatedSource
 LINK_STATES = ("up", "down", "degraded", "flapping")
 
 
+class DistanceView(msgspec.Struct, frozen=True, kw_only=True):
+    source: str
+    target: str
+    rail: int | None
+    hops: int | None
+    bottleneck_gbps: float | None
+    topology_version: int
+
+
 class LinkView(msgspec.Struct, frozen=True, kw_only=True):
     link_id: str
     state: str
@@ -77,6 +86,29 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
                 for h in sorted(healths.values(), key=lambda h: h.link_id)
                 if wanted is None or h.state == wanted
             ]
+        )
+
+    @r.get("/v1/hosts/{name}/distance/{other}")
+    async def distance(request: web.Request) -> web.Response:
+        index = monitor.index
+        a, b = request.match_info["name"], request.match_info["other"]
+        rail = _int_param(request, "rail") if "rail" in request.query else None
+        if index is None:
+            return json_response({"error": "not ready", "detail": "no topology loaded yet"}, status=503)
+        for host in (a, b):
+            if host not in index.hosts:
+                return _not_found(f"host {host!r} is not in topology version {monitor.version}")
+        if rail is not None and (rail not in index.rails(a) or rail not in index.rails(b)):
+            raise BadBody(f"rail {rail} is not a rail of both hosts ({a}: {list(index.rails(a))})", "?rail")
+        return json_response(
+            DistanceView(
+                source=a,
+                target=b,
+                rail=rail,
+                hops=index.hops(a, b, rail),
+                bottleneck_gbps=index.bottleneck_gbps(a, b, rail),
+                topology_version=monitor.version,
+            )
         )
 
     @r.post("/v1/sim/faults")

@@ -10,7 +10,7 @@ from ibpool_runtime.service import Kit, ServiceSpec
 from . import api, state
 from .config import FabricMonitorConfig
 from .service import FabricMonitor, SourceFactory, TopologyLoader
-from .sources import CounterSource, NoSource, SimulatedSource, SysfsSource
+from .sources import CounterSource, NoSource, PerfquerySource, SimulatedSource, SysfsSource
 from .topology_source import topology_loader
 
 
@@ -21,6 +21,9 @@ def source_factory(cfg: FabricMonitorConfig) -> SourceFactory:
                 return SimulatedSource(topology, cfg.seed)
             case "sysfs":
                 return SysfsSource(cfg.sysfs_root, topology)
+            case "perfquery":
+                hosts = {h.strip() for h in cfg.perfquery_hosts.split(",") if h.strip()}
+                return PerfquerySource(cfg.perfquery_command, topology, hosts or None)
             case _:
                 return NoSource()
 

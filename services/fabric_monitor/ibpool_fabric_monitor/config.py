@@ -17,8 +17,13 @@ class FabricMonitorConfig(BaseConfig, frozen=True, kw_only=True):
     host_name_format: str = ""
     # Re-import the topology file every N seconds (0: never); a new version only when the hash changes.
     rediscover_interval_s: float = 0.0
-    counter_source: Literal["simulated", "sysfs", "none"] = "simulated"
+    # Instead of a file: a command whose output is an ibnetdiscover dump, e.g. "ibnetdiscover".
+    discover_command: str = ""
+    counter_source: Literal["simulated", "sysfs", "perfquery", "none"] = "simulated"
     sysfs_root: str = "/"
+    perfquery_command: str = "perfquery -G {guid} {port}"
+    # Hosts whose adapters' links perfquery watches (comma-separated); empty: every link.
+    perfquery_hosts: str = ""
     poll_interval_s: float = 5.0
     seed: int = 0
     flap_changes: int = 3

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 from ibpool_core.clock import Clock
+from ibpool_core.fabric.index import FabricIndex
 from ibpool_core.fabric.link_health import Expected, LinkHealth, Rules, link_events, observe
 from ibpool_core.fabric.model import LANE_GBPS, Topology, content_hash, diff
 from ibpool_proto.fabric import DiffSummary, TopologyPublished
@@ -44,6 +45,7 @@ class FabricMonitor:
         )
         self.version = 0
         self.topology = Topology()
+        self.index: FabricIndex | None = None
         self.expected: dict[str, Expected] = {}
         self.source: CounterSource | None = None
         self.healths: dict[str, LinkHealth] = {}
@@ -94,6 +96,7 @@ class FabricMonitor:
                 )
                 log.info("topology published", version=version, hash=digest[:12])
         self.version, self.topology = version, topology
+        self.index = await asyncio.to_thread(FabricIndex, topology)
         self.expected = {ln.link_id: Expected(width=ln.width, lane_gbps=LANE_GBPS[ln.speed]) for ln in topology.links}
         return version
 

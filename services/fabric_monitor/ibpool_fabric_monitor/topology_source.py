@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +39,24 @@ def load_file(path: Path, fmt: str, names_file: str = "") -> Topology:
         raise TopologySourceError(str(e)) from None
 
 
+def discovered(command: str, names_file: str = "") -> Topology:
+    """Run a discovery command (ibnetdiscover) and import what it prints."""
+    argv = shlex.split(command)
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise TopologySourceError(f"discover_command {command!r}: {e}") from None
+    if r.returncode != 0:
+        raise TopologySourceError(f"discover_command {command!r} exited {r.returncode}: {r.stderr.strip()[:500]}")
+    try:
+        names = parse_name_map(Path(names_file).read_text(), file=names_file) if names_file else None
+        return import_topology("ibnetdiscover", r.stdout, file=f"<{argv[0]} output>", names=names, name="fabric")
+    except OSError as e:
+        raise TopologySourceError(f"{e.filename}: {e.strerror}") from None
+    except (FabricError, ValueError) as e:
+        raise TopologySourceError(str(e)) from None
+
+
 def generated(spec: str, host_name_format: str) -> Topology:
     try:
         topology = generate(spec)
@@ -50,6 +70,8 @@ def generated(spec: str, host_name_format: str) -> Topology:
 
 def topology_loader(cfg: FabricMonitorConfig) -> Callable[[], Topology]:
     def load() -> Topology:
+        if cfg.discover_command:
+            return discovered(cfg.discover_command, cfg.names_file)
         if cfg.topology_file:
             return load_file(Path(cfg.topology_file), cfg.topology_format, cfg.names_file)
         return generated(cfg.generate, cfg.host_name_format)

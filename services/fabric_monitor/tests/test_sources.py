@@ -59,3 +59,27 @@ def test_a_bad_rate_file_skips_that_port_only(tmp_path: Path) -> None:
     [s] = SysfsSource(tmp_path, topo).read(NOW)
     port2 = next(ln.link_id for ln in topo.links if PortRef(CA, 2) in (ln.a, ln.b))
     assert s.link_id == port2 and s.width == 4
+
+
+def test_perfquery_source_parses_counters_and_a_failed_query_is_down(tmp_path: Path) -> None:
+    from ibpool_fabric_monitor.sources import PerfquerySource
+
+    topo = build_topology(
+        hosts=[Host(name="gpu001")],
+        cas=[Ca(guid=CA, host="gpu001", name="mlx5_0", ports=2)],
+        switches=[Switch(guid=LEAF, name="leaf", radix=8)],
+        links=[Link(a=PortRef(CA, 1), b=PortRef(LEAF, 3)), Link(a=PortRef(CA, 2), b=PortRef(LEAF, 4))],
+    )
+    fake = tmp_path / "perfquery"
+    fake.write_text(
+        "#!/bin/sh\n"
+        '[ "$2" = "2" ] && { echo "ibwarn: query failed" >&2; exit 1; }\n'
+        "printf '# Port counters: Lid 3 port %s\\nSymbolErrorCounter:..............42\\n"
+        'PortXmitWait:....................7\\n\' "$2"\n'
+    )
+    fake.chmod(0o755)
+    samples = {s.link_id: s for s in PerfquerySource(f"{fake} {{guid}} {{port}}", topo, {"gpu001"}).read(NOW)}
+    port1 = next(ln.link_id for ln in topo.links if PortRef(CA, 1) in (ln.a, ln.b))
+    port2 = next(ln.link_id for ln in topo.links if PortRef(CA, 2) in (ln.a, ln.b))
+    assert samples[port1].up and samples[port1].counters == {"symbol_error": 42, "port_xmit_wait": 7}
+    assert samples[port2].up is False

@@ -62,3 +62,11 @@ def test_broken_dump_names_file_and_line(tmp_path: Path) -> None:
     bad.write_text('Switch  24 "S-005442ba00003080"  # "ISR9024" base port 0 lid 6 lmc 0\n[99] "H-1"[1]\n')
     with pytest.raises(TopologySourceError, match=r"broken\.topo:"):
         topology_loader(FabricMonitorConfig(topology_file=str(bad)))()
+
+
+def test_discovery_command_output_is_imported() -> None:
+    dump = need("fabrics/ibtopotool/1.topo")
+    t = topology_loader(FabricMonitorConfig(discover_command=f"cat {dump}"))()
+    assert len(t.switches) == 2
+    with pytest.raises(TopologySourceError, match="exited 1"):
+        topology_loader(FabricMonitorConfig(discover_command="false"))()
