@@ -1,0 +1,1 @@
+"""The GPU pool: resources, MIG layouts, the ledger and packing policies. Pure."""
