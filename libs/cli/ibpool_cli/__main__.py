@@ -1,4 +1,4 @@
-"""The `ibpool` command: `ibpool dev up|down|status` and `ibpool run`."""
+"""The `ibpool` command: `ibpool dev up|down|status`, `ibpool run` and `ibpool topo` (topo.py)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,11 @@ def _dev(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["topo"]:  # its own parser: usage errors exit 1, input errors 2 (docs/fabric-cli.md)
+        from .topo import main as topo_main
+
+        return topo_main(argv[1:])
     p = argparse.ArgumentParser(prog="ibpool", description="ibpool: the control plane of InfiniBand GPU clusters")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -50,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--serve", action="store_true", help="keep the system up until Ctrl-C")
     run.add_argument("--seed", type=int, default=42)
     run.add_argument("--state-dir", default=None, help="default: a fresh folder under .ibpool/")
+
+    sub.add_parser("topo", help="fabric topologies: convert, show, diff, generate (ibpool topo --help)")
 
     args = p.parse_args(argv)
     if args.command == "dev":
