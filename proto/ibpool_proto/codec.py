@@ -26,10 +26,14 @@ from .pool import (
     AllocationRejected,
     AllocationReleased,
     AllocationRevoked,
+    LeaseRenewed,
+    PoolNodeUpdated,
     ProposePlacement,
+    QuotaChanged,
     ReleaseAllocation,
     RenewLease,
     RequestAllocation,
+    SetQuota,
 )
 from .scale import ScaleDecided
 
@@ -52,6 +56,10 @@ AnyMessage = (
     | AllocationReleased
     | AllocationRevoked
     | AllocationExpired
+    | LeaseRenewed
+    | PoolNodeUpdated
+    | SetQuota
+    | QuotaChanged
     | SubmitJob
     | CancelJob
     | JobStarted

@@ -9,6 +9,7 @@ import msgspec
 from .message import Command, Event, Timestamp
 
 AllocationKind = Literal["whole", "fraction", "mig", "gang", "remote"]
+QuotaScope = Literal["tenant", "queue"]
 RejectReason = Literal["stale", "conflict", "over_quota", "node_not_ready", "would_exceed_capacity", "invalid"]
 
 
@@ -60,6 +61,11 @@ class ProposePlacement(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.p
     assignments: list[GpuAssignment]
     lease_s: float = 300.0
     workload: WorkloadSpec | None = None
+    # For remote use: the host the client runs on (the grant records the fabric distance to it).
+    client_node_id: str | None = None
+    # Host CPU and memory held on each node of the assignment, beside its GPUs.
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
 
 
 class RequestAllocation(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.allocation.request.v1"):
@@ -72,6 +78,9 @@ class RequestAllocation(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.
     request: ResourceRequest
     lease_s: float = 300.0
     workload: WorkloadSpec | None = None
+    client_node_id: str | None = None
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
 
 
 class ReleaseAllocation(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.allocation.release.v1"):
@@ -105,6 +114,17 @@ class AllocationGranted(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.al
     ledger_version: int
     tenant: str = ""
     workload: WorkloadSpec | None = None
+    queue: str = ""
+    # The ProposePlacement / RequestAllocation this grant answers (also the allocation id).
+    command_id: str = ""
+    # Every node of the allocation (a gang has one grant per node).
+    nodes: list[str] = []
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
+    # Remote use: the client's host, the serving endpoint and the fabric hops between them.
+    client_node_id: str | None = None
+    endpoint: str | None = None
+    hops: int | None = None
 
 
 class AllocationRejected(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.allocation.rejected.v1"):
@@ -148,3 +168,118 @@ class AllocationExpired(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.al
     job_id: str
     node_id: str
     ledger_version: int
+
+
+class LeaseRenewed(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.lease.renewed.v1"):
+    key_name: ClassVar[str] = "allocation_id"
+    summary: ClassVar[str] = "The holder of an allocation extended its lease."
+
+    allocation_id: str
+    job_id: str
+    lease_expires_at: Timestamp
+    ledger_version: int
+    command_id: str = ""
+
+
+class PoolGpu(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    mig_capable: bool = False
+    nvlink_domain: str | None = None
+    failed: bool = False
+    cordoned: bool = False
+
+
+class PoolNodeUpdated(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.node.updated.v1"):
+    key_name: ClassVar[str] = "node_id"
+    summary: ClassVar[str] = (
+        "The allocator's record of a node changed: its inventory, or whether it is cordoned, draining or failed."
+    )
+
+    node_id: str
+    ledger_version: int
+    hostname: str = ""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpus: list[PoolGpu] = []
+    labels: dict[str, str] = {}
+    api_url: str | None = None
+    failed: bool = False
+    cordoned: bool = False
+    draining: bool = False
+    removed: bool = False
+    reason: str = ""
+
+
+class Share(msgspec.Struct, frozen=True, kw_only=True):
+    """An amount of GPU: compute in milli-GPU (1000 = one whole GPU) and memory in MiB."""
+
+    milli: int = 0
+    memory_mib: int = 0
+
+    def __add__(self, other: Share) -> Share:
+        return Share(milli=self.milli + other.milli, memory_mib=self.memory_mib + other.memory_mib)
+
+    def __sub__(self, other: Share) -> Share:
+        return Share(milli=self.milli - other.milli, memory_mib=self.memory_mib - other.memory_mib)
+
+    @property
+    def is_zero(self) -> bool:
+        return self.milli == 0 and self.memory_mib == 0
+
+
+class Quota(msgspec.Struct, frozen=True, kw_only=True):
+    """What one tenant or queue may hold of one GPU model.
+
+    borrowing_limit  how far past `nominal` it may go by borrowing from its cohort; None: as far
+                     as the cohort lends (without a cohort it never goes past `nominal`)
+    lending_limit    how much of its idle nominal share the cohort may borrow; None: all of it
+    """
+
+    scope: QuotaScope
+    name: str
+    gpu_model: str
+    nominal: Share
+    borrowing_limit: Share | None = None
+    lending_limit: Share | None = None
+    cohort: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.scope, self.name, self.gpu_model)
+
+    @property
+    def lendable(self) -> Share:
+        if self.lending_limit is None:
+            return self.nominal
+        return Share(
+            milli=min(self.lending_limit.milli, self.nominal.milli),
+            memory_mib=min(self.lending_limit.memory_mib, self.nominal.memory_mib),
+        )
+
+    @property
+    def limit(self) -> Share | None:
+        """The most it can ever hold; None when only its cohort's lending bounds it."""
+        if self.cohort is None:
+            return self.nominal
+        if self.borrowing_limit is None:
+            return None
+        return self.nominal + self.borrowing_limit
+
+
+class SetQuota(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.quota.set.v1"):
+    key_name: ClassVar[str] = "name"
+    summary: ClassVar[str] = "Set the quota of a tenant or a queue on one GPU model."
+
+    quota: Quota
+
+
+class QuotaChanged(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.quota.changed.v1"):
+    key_name: ClassVar[str] = "name"
+    summary: ClassVar[str] = "The quota of a tenant or a queue on one GPU model was set."
+
+    quota: Quota
+    ledger_version: int
+    command_id: str = ""

@@ -1,0 +1,475 @@
+"""The pool ledger: every GPU of the cluster, what is granted on it, to whom and until when. Pure.
+
+What it holds
+-------------
+- nodes: CPU (milli) and memory (MiB) with what is granted of them; GPUs with model, memory,
+  MIG capability, state, granted milli and memory, MIG layout while partitioned, and the
+  allocations holding a share; whether the node is cordoned, draining or failed;
+- allocations: id (= the id of the command that asked for it), owner (the job), tenant, queue,
+  kind (whole | fraction | mig | gang | remote), the exact share of every GPU on every node, host
+  CPU and memory per node, lease expiry, and for remote use the client, endpoint and distance;
+- quotas and the usage they are checked against (see quotas.py);
+- the answer given to every command id (grants, rejections, renewals, quota changes) and the
+  events that ended every allocation, so a repeated command gets the same answer;
+- `version`, the ledger version: one more for every decision that changes the ledger.
+
+How it changes
+--------------
+Only `apply` changes a ledger, and only from the events that `allocate.decide` returns and the
+allocator publishes, so `rebuild(published events)` gives a ledger equal to the allocator's. All
+events of one decision carry the version that decision made (the events of a gang, one per node,
+share it); a rejection carries the version it was decided on and changes no version. Applying is
+idempotent, so at-least-once delivery is harmless: an event older than the ledger changes
+nothing, one of the current version is applied only if its effect is not there yet; an event
+more than one version ahead means events were missed and raises `LedgerGap`.
+
+Versions for optimistic concurrency (see allocate.py for the commit rule): every GPU and every
+node remembers the version of its last change (`Gpu.version`: its grants or state; `Node.version`:
+anything on it), and every node the version its hardware last changed (`inventory_version`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+
+from ibpool_proto.pool import (
+    AllocationExpired,
+    AllocationKind,
+    AllocationRejected,
+    AllocationReleased,
+    AllocationRevoked,
+)
+
+from . import mig
+from .enforcement import parse_mig_instance
+from .messages import AllocationGranted, LeaseRenewed, LedgerEvent, PoolGpu, PoolNodeUpdated, QuotaChanged
+from .quotas import Quota, QuotaKey, Share, usage_keys
+
+WHOLE = 1000
+NodeState = Literal["ready", "cordoned", "draining", "failed"]
+
+
+class LedgerGap(ValueError):
+    """An event more than one version ahead of the ledger: the events between were missed."""
+
+
+class Gpu(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    mig_capable: bool = False
+    nvlink_domain: str | None = None
+    failed: bool = False
+    cordoned: bool = False
+    granted_milli: int = 0
+    granted_memory_mib: int = 0
+    mig: tuple[mig.MigInstance, ...] = ()
+    holders: tuple[str, ...] = ()
+    version: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return not self.failed and not self.cordoned
+
+    @property
+    def free_milli(self) -> int:
+        return WHOLE - self.granted_milli
+
+    @property
+    def free_memory_mib(self) -> int:
+        return self.memory_mib - self.granted_memory_mib
+
+    def same_device(self, other: Gpu | PoolGpu) -> bool:
+        """The same physical device, as far as the ledger can tell (state aside)."""
+        return (self.index, self.uuid, self.model, self.memory_mib, self.mig_capable) == (
+            other.index,
+            other.uuid,
+            other.model,
+            other.memory_mib,
+            other.mig_capable,
+        )
+
+    def fits_whole(self) -> bool:
+        return self.granted_milli == 0 and self.granted_memory_mib == 0
+
+    def fits_share(self, milli: int, memory_mib: int) -> bool:
+        """A fraction fits: not partitioned, and enough compute and memory left."""
+        return not self.mig and milli <= self.free_milli and memory_mib <= self.free_memory_mib
+
+    def mig_start(self, profile: str) -> int | None:
+        """Where one more instance of `profile` would go (lowest start), or None when it does not fit:
+        the GPU is not MIG-capable, has no such profile, holds fractions or whole grants, or is full."""
+        if not self.mig_capable or profile not in mig.MIG_PROFILES.get(self.model, {}):
+            return None
+        if not self.mig and not self.fits_whole():
+            return None
+        inst = mig.place(self.model, list(self.mig), profile)
+        return None if inst is None else inst.start
+
+
+class Node(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    hostname: str = ""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpus: tuple[Gpu, ...] = ()
+    labels: dict[str, str] = {}
+    api_url: str | None = None
+    failed: bool = False
+    cordoned: bool = False
+    draining: bool = False
+    granted_cpu_milli: int = 0
+    granted_memory_mib: int = 0
+    version: int = 0
+    inventory_version: int = 0
+
+    @property
+    def state(self) -> NodeState:
+        if self.failed:
+            return "failed"
+        if self.draining:
+            return "draining"
+        return "cordoned" if self.cordoned else "ready"
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    @property
+    def free_cpu_milli(self) -> int:
+        return self.cpu_milli - self.granted_cpu_milli
+
+    @property
+    def free_memory_mib(self) -> int:
+        return self.memory_mib - self.granted_memory_mib
+
+    def gpu(self, index: int) -> Gpu | None:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        return None
+
+    @property
+    def holders(self) -> set[str]:
+        """Ids of the allocations holding a share of one of its GPUs."""
+        return {a for g in self.gpus for a in g.holders}
+
+
+class GpuGrant(msgspec.Struct, frozen=True, kw_only=True):
+    """The share of one GPU an allocation holds: compute (milli), memory, and the MIG instance if any."""
+
+    node_id: str
+    gpu_index: int
+    model: str
+    milli: int
+    memory_mib: int
+    mig: mig.MigInstance | None = None
+
+
+class Allocation(msgspec.Struct, frozen=True, kw_only=True):
+    allocation_id: str
+    command_id: str
+    job_id: str
+    tenant: str
+    queue: str
+    kind: AllocationKind
+    nodes: tuple[str, ...]
+    grants: tuple[GpuGrant, ...]
+    lease_expires_at: dt.datetime
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
+    client_node_id: str | None = None
+    endpoint: str | None = None
+    hops: int | None = None
+    granted_version: int = 0
+
+    @property
+    def owner(self) -> str:
+        """Who may renew its lease: the job it was granted to."""
+        return self.job_id
+
+    def share_by_model(self) -> dict[str, Share]:
+        out: dict[str, Share] = {}
+        for g in self.grants:
+            out[g.model] = out.get(g.model, Share()) + Share(milli=g.milli, memory_mib=g.memory_mib)
+        return out
+
+
+@dataclass(eq=True)
+class Ledger:
+    version: int = 0
+    nodes: dict[str, Node] = field(default_factory=dict)
+    allocations: dict[str, Allocation] = field(default_factory=dict)
+    quotas: dict[QuotaKey, Quota] = field(default_factory=dict)
+    usage: dict[QuotaKey, Share] = field(default_factory=dict)
+    answers: dict[str, tuple[LedgerEvent, ...]] = field(default_factory=dict)
+    ended: dict[str, tuple[LedgerEvent, ...]] = field(default_factory=dict)
+    removed_nodes: dict[str, int] = field(default_factory=dict)
+
+    def allocations_on(self, node_id: str) -> list[Allocation]:
+        """Allocations holding a GPU of the node, in id order."""
+        node = self.nodes.get(node_id)
+        return [self.allocations[a] for a in sorted(node.holders)] if node else []
+
+
+def rebuild(events: Iterable[LedgerEvent]) -> Ledger:
+    """The ledger the event stream describes, replayed from an empty ledger."""
+    ledger = Ledger()
+    apply(ledger, events)
+    return ledger
+
+
+def apply(ledger: Ledger, events: Iterable[LedgerEvent]) -> None:
+    """Apply events in order (see the module docstring for versions and duplicates)."""
+    for event in events:
+        match event:
+            case AllocationGranted():
+                _granted(ledger, event)
+            case AllocationReleased() | AllocationRevoked() | AllocationExpired():
+                _ended(ledger, event)
+            case AllocationRejected():
+                if _current(ledger, event.ledger_version):
+                    ledger.answers[event.command_id] = (event,)
+            case LeaseRenewed():
+                _renewed(ledger, event)
+            case PoolNodeUpdated():
+                _node_updated(ledger, event)
+            case QuotaChanged():
+                if _advance(ledger, event.ledger_version):
+                    ledger.quotas[event.quota.key] = event.quota
+                    if event.command_id:
+                        ledger.answers[event.command_id] = (event,)
+
+
+def _advance(ledger: Ledger, version: int) -> bool:
+    """Whether an event of `version` may still change the ledger; moves the ledger to it."""
+    if version < ledger.version:
+        return False
+    if version > ledger.version + 1:
+        raise LedgerGap(f"event of version {version} on a ledger at {ledger.version}: events were missed")
+    ledger.version = version
+    return True
+
+
+def _current(ledger: Ledger, version: int) -> bool:
+    """For events that change no version (rejections): whether it is news."""
+    if version > ledger.version:
+        raise LedgerGap(f"rejection decided at version {version} on a ledger at {ledger.version}")
+    return version == ledger.version
+
+
+def _granted(ledger: Ledger, ev: AllocationGranted) -> None:
+    if not _advance(ledger, ev.ledger_version):
+        return
+    old = ledger.allocations.get(ev.allocation_id)
+    if old is not None and any(g.node_id == ev.node_id for g in old.grants):
+        return
+    node = ledger.nodes.get(ev.node_id)
+    if node is None:
+        raise LedgerGap(f"grant {ev.allocation_id} on node {ev.node_id}, which the ledger does not know")
+    instances = dict(parse_mig_instance(text) for text in ev.enforcement.mig_instances)
+    grants = []
+    for a in ev.assignments:
+        gpu = node.gpu(a.gpu_index)
+        if a.node_id != ev.node_id or gpu is None:
+            continue
+        memory = a.memory_mib if a.memory_mib is not None else gpu.memory_mib * a.milli // WHOLE
+        grants.append(
+            GpuGrant(
+                node_id=ev.node_id,
+                gpu_index=a.gpu_index,
+                model=gpu.model,
+                milli=a.milli,
+                memory_mib=memory,
+                mig=instances.get(a.gpu_index),
+            )
+        )
+    if old is None:
+        alloc = Allocation(
+            allocation_id=ev.allocation_id,
+            command_id=ev.command_id or ev.allocation_id,
+            job_id=ev.job_id,
+            tenant=ev.tenant,
+            queue=ev.queue,
+            kind=ev.kind,
+            nodes=tuple(sorted(ev.nodes or [ev.node_id])),
+            grants=_sorted_grants(grants),
+            lease_expires_at=ev.lease_expires_at,
+            cpu_milli=ev.cpu_milli,
+            host_memory_mib=ev.host_memory_mib,
+            client_node_id=ev.client_node_id,
+            endpoint=ev.endpoint,
+            hops=ev.hops,
+            granted_version=ev.ledger_version,
+        )
+    else:
+        alloc = msgspec.structs.replace(old, grants=_sorted_grants([*old.grants, *grants]))
+    ledger.allocations[alloc.allocation_id] = alloc
+    _hold(ledger, alloc, grants, ev.ledger_version, +1)
+    key = alloc.command_id
+    ledger.answers[key] = (*ledger.answers.get(key, ()), ev)
+
+
+def _ended(ledger: Ledger, ev: AllocationReleased | AllocationRevoked | AllocationExpired) -> None:
+    if not _advance(ledger, ev.ledger_version):
+        return
+    alloc = ledger.allocations.get(ev.allocation_id)
+    if alloc is None:
+        return
+    part = [g for g in alloc.grants if g.node_id == ev.node_id]
+    if not part:
+        return
+    rest = tuple(g for g in alloc.grants if g.node_id != ev.node_id)
+    if rest:
+        ledger.allocations[alloc.allocation_id] = msgspec.structs.replace(alloc, grants=rest)
+    else:
+        del ledger.allocations[alloc.allocation_id]
+    _hold(ledger, alloc, part, ev.ledger_version, -1)
+    ledger.ended[alloc.allocation_id] = (*ledger.ended.get(alloc.allocation_id, ()), ev)
+
+
+def _hold(ledger: Ledger, alloc: Allocation, grants: list[GpuGrant], version: int, sign: int) -> None:
+    """Add (sign +1) or remove (-1) one node's part of an allocation to its GPUs, host and usage."""
+    if not grants:
+        return
+    node = ledger.nodes[grants[0].node_id]
+    by_index = {g.gpu_index: g for g in grants}
+    gpus = []
+    for gpu in node.gpus:
+        g = by_index.get(gpu.index)
+        if g is None:
+            gpus.append(gpu)
+            continue
+        if sign > 0:
+            layout = (*gpu.mig, g.mig) if g.mig is not None else gpu.mig
+            holders = tuple(sorted({*gpu.holders, alloc.allocation_id}))
+        else:
+            layout = tuple(i for i in gpu.mig if i != g.mig)
+            holders = tuple(h for h in gpu.holders if h != alloc.allocation_id)
+        gpus.append(
+            msgspec.structs.replace(
+                gpu,
+                granted_milli=gpu.granted_milli + sign * g.milli,
+                granted_memory_mib=gpu.granted_memory_mib + sign * g.memory_mib,
+                mig=tuple(sorted(layout, key=lambda i: i.start)),
+                holders=holders,
+                version=version,
+            )
+        )
+    ledger.nodes[node.node_id] = msgspec.structs.replace(
+        node,
+        gpus=tuple(gpus),
+        granted_cpu_milli=node.granted_cpu_milli + sign * alloc.cpu_milli,
+        granted_memory_mib=node.granted_memory_mib + sign * alloc.host_memory_mib,
+        version=version,
+    )
+    for g in grants:
+        for key in usage_keys(alloc.tenant, alloc.queue, g.model):
+            share = Share(milli=g.milli, memory_mib=g.memory_mib)
+            total = ledger.usage.get(key, Share()) + (share if sign > 0 else Share() - share)
+            if total.is_zero:
+                ledger.usage.pop(key, None)
+            else:
+                ledger.usage[key] = total
+
+
+def _renewed(ledger: Ledger, ev: LeaseRenewed) -> None:
+    if not _advance(ledger, ev.ledger_version):
+        return
+    alloc = ledger.allocations.get(ev.allocation_id)
+    if alloc is not None:
+        ledger.allocations[alloc.allocation_id] = msgspec.structs.replace(alloc, lease_expires_at=ev.lease_expires_at)
+    if ev.command_id:
+        ledger.answers[ev.command_id] = (ev,)
+
+
+def _node_updated(ledger: Ledger, ev: PoolNodeUpdated) -> None:
+    if not _advance(ledger, ev.ledger_version):
+        return
+    v = ev.ledger_version
+    old = ledger.nodes.get(ev.node_id)
+    if ev.removed:
+        ledger.nodes.pop(ev.node_id, None)
+        ledger.removed_nodes[ev.node_id] = v
+        return
+    gpus = []
+    for pg in sorted(ev.gpus, key=lambda g: g.index):
+        prev = old.gpu(pg.index) if old else None
+        if prev is not None and prev.same_device(pg):
+            moved = (prev.failed, prev.cordoned, prev.nvlink_domain) != (pg.failed, pg.cordoned, pg.nvlink_domain)
+            gpus.append(
+                msgspec.structs.replace(
+                    prev,
+                    failed=pg.failed,
+                    cordoned=pg.cordoned,
+                    nvlink_domain=pg.nvlink_domain,
+                    version=v if moved else prev.version,
+                )
+            )
+        else:
+            gpus.append(
+                Gpu(
+                    index=pg.index,
+                    uuid=pg.uuid,
+                    model=pg.model,
+                    memory_mib=pg.memory_mib,
+                    mig_capable=pg.mig_capable,
+                    nvlink_domain=pg.nvlink_domain,
+                    failed=pg.failed,
+                    cordoned=pg.cordoned,
+                    version=v,
+                )
+            )
+    same_hardware = old is not None and _hardware(old) == (ev.cpu_milli, ev.memory_mib, _devices(ev.gpus))
+    ledger.nodes[ev.node_id] = Node(
+        node_id=ev.node_id,
+        hostname=ev.hostname,
+        cpu_milli=ev.cpu_milli,
+        memory_mib=ev.memory_mib,
+        gpus=tuple(gpus),
+        labels=dict(ev.labels),
+        api_url=ev.api_url,
+        failed=ev.failed,
+        cordoned=ev.cordoned,
+        draining=ev.draining,
+        granted_cpu_milli=old.granted_cpu_milli if old else 0,
+        granted_memory_mib=old.granted_memory_mib if old else 0,
+        version=v,
+        inventory_version=old.inventory_version if old is not None and same_hardware else v,
+    )
+    ledger.removed_nodes.pop(ev.node_id, None)
+
+
+def _devices(gpus: Iterable[Gpu | PoolGpu]) -> list[tuple[int, str, str, int, bool]]:
+    return sorted((g.index, g.uuid, g.model, g.memory_mib, g.mig_capable) for g in gpus)
+
+
+def _hardware(node: Node) -> tuple[int, int, list[tuple[int, str, str, int, bool]]]:
+    return (node.cpu_milli, node.memory_mib, _devices(node.gpus))
+
+
+def _sorted_grants(grants: Iterable[GpuGrant]) -> tuple[GpuGrant, ...]:
+    return tuple(sorted(grants, key=lambda g: (g.node_id, g.gpu_index)))
+
+
+def pool_gpus(node: Node) -> list[PoolGpu]:
+    """The node's GPUs as a `PoolNodeUpdated` event lists them."""
+    return [
+        PoolGpu(
+            index=g.index,
+            uuid=g.uuid,
+            model=g.model,
+            memory_mib=g.memory_mib,
+            mig_capable=g.mig_capable,
+            nvlink_domain=g.nvlink_domain,
+            failed=g.failed,
+            cordoned=g.cordoned,
+        )
+        for g in node.gpus
+    ]
