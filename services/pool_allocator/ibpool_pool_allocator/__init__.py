@@ -1,0 +1,1 @@
+"""The pool allocator: one ledger of every GPU of the cluster, changed only through events."""

@@ -1,0 +1,270 @@
+"""The pool allocator's HTTP API: the pool, allocations and quotas from the ledger; requests and releases."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import msgspec
+from aiohttp import web
+
+from ibpool_core.pool import quotas
+from ibpool_core.pool.ledger import Allocation, Ledger
+from ibpool_proto import new_id
+from ibpool_proto.pool import (
+    AllocationGranted,
+    Quota,
+    QuotaScope,
+    ReleaseAllocation,
+    RequestAllocation,
+    ResourceRequest,
+    SetQuota,
+    Share,
+    WorkloadSpec,
+)
+from ibpool_runtime.http import BadBody, json_response, read_body
+
+from .service import PoolAllocator
+
+
+class ModelView(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    gpus: int
+    capacity_milli: int
+    allocated_milli: int
+    free_milli: int
+    memory_mib: int
+    allocated_memory_mib: int
+
+
+class GpuView(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    model: str
+    state: str
+    granted_milli: int
+    free_milli: int
+    granted_memory_mib: int
+    memory_mib: int
+    holders: list[str]
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    state: str
+    capacity_milli: int
+    allocated_milli: int
+    free_milli: int
+    gpus: list[GpuView]
+
+
+class QuotaView(msgspec.Struct, frozen=True, kw_only=True):
+    quota: Quota
+    used: Share
+
+
+class PoolView(msgspec.Struct, frozen=True, kw_only=True):
+    ledger_version: int
+    models: list[ModelView]
+    nodes: list[NodeView]
+    quotas: list[QuotaView]
+
+
+class AllocationView(msgspec.Struct, frozen=True, kw_only=True):
+    allocation_id: str
+    owner: str
+    tenant: str
+    queue: str
+    kind: str
+    nodes: list[str]
+    lease_expires_at: dt.datetime
+    grants: list[dict[str, object]]
+
+
+class AllocationAsk(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """POST /v1/allocations: a RequestAllocation without its envelope. `id` makes a retry idempotent."""
+
+    job_id: str
+    tenant: str
+    queue: str
+    request: ResourceRequest
+    lease_s: float | None = None
+    workload: WorkloadSpec | None = None
+    client_node_id: str | None = None
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
+    id: str | None = None
+
+
+class QuotaBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """PUT /v1/quotas/{tenant}: a quota of that tenant (scope "tenant") or of a queue (scope "queue")."""
+
+    gpu_model: str
+    nominal: Share
+    scope: QuotaScope = "tenant"
+    borrowing_limit: Share | None = None
+    lending_limit: Share | None = None
+    cohort: str | None = None
+
+
+def pool_view(ledger: Ledger) -> PoolView:
+    models: dict[str, list[int]] = {}
+    nodes = []
+    for node in ledger.nodes.values():
+        gpus = []
+        for g in node.gpus:
+            usable = node.ready and g.ready
+            state = "failed" if g.failed else "cordoned" if g.cordoned else node.state
+            free = g.free_milli if usable else 0
+            gpus.append(
+                GpuView(
+                    index=g.index,
+                    model=g.model,
+                    state=state,
+                    granted_milli=g.granted_milli,
+                    free_milli=free,
+                    granted_memory_mib=g.granted_memory_mib,
+                    memory_mib=g.memory_mib,
+                    holders=list(g.holders),
+                )
+            )
+            m = models.setdefault(g.model, [0, 0, 0, 0, 0])
+            for i, v in enumerate((1, g.granted_milli, free, g.memory_mib, g.granted_memory_mib)):
+                m[i] += v
+        nodes.append(
+            NodeView(
+                node_id=node.node_id,
+                state=node.state,
+                capacity_milli=1000 * len(gpus),
+                allocated_milli=sum(g.granted_milli for g in gpus),
+                free_milli=sum(g.free_milli for g in gpus),
+                gpus=gpus,
+            )
+        )
+    return PoolView(
+        ledger_version=ledger.version,
+        models=[
+            ModelView(
+                model=model,
+                gpus=n,
+                capacity_milli=1000 * n,
+                allocated_milli=used,
+                free_milli=free,
+                memory_mib=mem,
+                allocated_memory_mib=used_mem,
+            )
+            for model, (n, used, free, mem, used_mem) in sorted(models.items())
+        ],
+        nodes=sorted(nodes, key=lambda n: n.node_id),
+        quotas=quota_views(ledger),
+    )
+
+
+def quota_views(ledger: Ledger) -> list[QuotaView]:
+    return [QuotaView(quota=q, used=ledger.usage.get(key, quotas.ZERO)) for key, q in sorted(ledger.quotas.items())]
+
+
+def allocation_view(a: Allocation) -> AllocationView:
+    return AllocationView(
+        allocation_id=a.allocation_id,
+        owner=a.owner,
+        tenant=a.tenant,
+        queue=a.queue,
+        kind=a.kind,
+        nodes=list(a.nodes),
+        lease_expires_at=a.lease_expires_at,
+        grants=[msgspec.to_builtins(g) for g in a.grants],
+    )
+
+
+def _not_found(detail: str) -> web.Response:
+    return json_response({"error": "not found", "detail": detail}, status=404)
+
+
+def routes(allocator: PoolAllocator) -> web.RouteTableDef:
+    r = web.RouteTableDef()
+    source = allocator.kit.source
+
+    @r.get("/v1/pool")
+    async def get_pool(_: web.Request) -> web.Response:
+        return json_response(pool_view(allocator.ledger))
+
+    @r.get("/v1/allocations")
+    async def list_allocations(request: web.Request) -> web.Response:
+        owner = request.query.get("owner")
+        allocs = sorted(allocator.ledger.allocations.values(), key=lambda a: a.allocation_id)
+        return json_response([allocation_view(a) for a in allocs if owner is None or a.owner == owner])
+
+    @r.get("/v1/allocations/{id}")
+    async def get_allocation(request: web.Request) -> web.Response:
+        a = allocator.ledger.allocations.get(request.match_info["id"])
+        if a is None:
+            return _not_found(f"no live allocation {request.match_info['id']}")
+        return json_response(allocation_view(a))
+
+    @r.post("/v1/allocations")
+    async def request_allocation(request: web.Request) -> web.Response:
+        ask = await read_body(request, AllocationAsk)
+        if ask.lease_s is not None and ask.lease_s <= 0:
+            raise BadBody("lease_s must be positive", "$.lease_s")
+        try:
+            cmd = RequestAllocation(
+                id=ask.id or new_id(),
+                source=source,
+                key=ask.job_id,
+                job_id=ask.job_id,
+                tenant=ask.tenant,
+                queue=ask.queue,
+                request=ask.request,
+                lease_s=ask.lease_s if ask.lease_s is not None else allocator.cfg.default_lease_s,
+                workload=ask.workload,
+                client_node_id=ask.client_node_id,
+                cpu_milli=ask.cpu_milli,
+                host_memory_mib=ask.host_memory_mib,
+            )
+            RequestAllocation.subject(ask.job_id)
+        except ValueError as e:
+            raise BadBody(str(e), "$.job_id") from None
+        decision = await allocator.submit(cmd)
+        rejection = decision.rejection
+        if rejection is not None:
+            return json_response(
+                {"error": rejection.reason, "detail": rejection.detail, "ledger_version": rejection.ledger_version},
+                status=409,
+            )
+        grants: list[AllocationGranted] = decision.granted
+        return json_response({"allocation_id": cmd.id, "grants": grants}, status=201 if not decision.repeat else 200)
+
+    @r.delete("/v1/allocations/{id}")
+    async def release_allocation(request: web.Request) -> web.Response:
+        allocation_id = request.match_info["id"]
+        reason = request.query.get("reason", "released through the API")
+        cmd = ReleaseAllocation(source=source, key=allocation_id, allocation_id=allocation_id, reason=reason)
+        decision = await allocator.submit(cmd)
+        if not decision.events:
+            return _not_found(decision.note or f"no allocation {allocation_id}")
+        return json_response({"released": allocation_id, "events": list(decision.events)})
+
+    @r.get("/v1/quotas")
+    async def list_quotas(_: web.Request) -> web.Response:
+        return json_response(quota_views(allocator.ledger))
+
+    @r.put("/v1/quotas/{tenant}")
+    async def put_quota(request: web.Request) -> web.Response:
+        body = await read_body(request, QuotaBody)
+        quota = Quota(
+            scope=body.scope,
+            name=request.match_info["tenant"],
+            gpu_model=body.gpu_model,
+            nominal=body.nominal,
+            borrowing_limit=body.borrowing_limit,
+            lending_limit=body.lending_limit,
+            cohort=body.cohort,
+        )
+        problems = quotas.problems(quota)
+        if problems:
+            raise BadBody("; ".join(problems), "$")
+        decision = await allocator.submit(SetQuota(source=source, key=quota.name, quota=quota))
+        if not decision.events:
+            raise BadBody(decision.note or "quota refused", "$")
+        return json_response(quota)
+
+    return r

@@ -1,0 +1,176 @@
+"""The pool allocator: commands and node/health news -> ibpool_core.pool.allocate.decide -> ledger events out.
+
+The ledger lives in Postgres as its event log (`ledger_events`); this process keeps it in memory
+as a cache. Every change runs in one transaction that takes the ledger lock, brings the cache up
+to the log (another replica wrote, or a rolled-back transaction left the cache ahead: rebuilt),
+decides, appends the events to the log and the outbox, and applies them to the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Callable
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ibpool_core.clock import Clock
+from ibpool_core.pool.allocate import AllocatorConfig, Decision, Hops, Input, decide, expire
+from ibpool_core.pool.ledger import Ledger, apply
+from ibpool_core.pool.placement import Placer, first_fit
+from ibpool_proto.health import Cordoned, DrainRequested, GpuFailed, NodeFailed, NodeRecovered, Uncordoned
+from ibpool_proto.node import NodeDeregistered, NodeRegistered
+from ibpool_proto.pool import ProposePlacement, ReleaseAllocation, RenewLease, RequestAllocation, SetQuota
+from ibpool_runtime.consumer import HandlerContext, Subscription
+from ibpool_runtime.logs import get_logger
+from ibpool_runtime.service import Kit, sleep_unless_stopped
+from ibpool_runtime.store import Transaction
+
+from . import state
+from .config import PoolAllocatorConfig
+
+log = get_logger(__name__)
+
+COMMANDS = (ProposePlacement, RequestAllocation, ReleaseAllocation, RenewLease, SetQuota)
+NODE_NEWS = (NodeRegistered, NodeDeregistered)
+HEALTH_NEWS = (NodeFailed, NodeRecovered, GpuFailed, Cordoned, Uncordoned, DrainRequested)
+
+Choice = Callable[[Ledger, dt.datetime], Decision]
+
+
+class PoolAllocator:
+    def __init__(
+        self, kit: Kit[PoolAllocatorConfig], clock: Clock, place: Placer = first_fit, hops: Hops | None = None
+    ) -> None:
+        self.kit = kit
+        self.cfg = kit.config
+        self.clock = clock
+        self.place = place
+        self.hops = hops
+        self.core = AllocatorConfig(
+            source=kit.source, max_remote_hops=self.cfg.max_remote_hops, fine_grained=self.cfg.fine_grained
+        )
+        self.ledger = Ledger()
+        # Where the cache stands in ledger_events, and the id of the event there.
+        self.position: state.Position = state.START
+        self.position_id: str | None = None
+        self.rebuilds = 0
+        registry = kit.metrics.registry
+        self.grants = Counter("ibpool_pool_grants", "Allocations granted", ["kind"], registry=registry)
+        self.rejections = Counter("ibpool_pool_rejections", "Allocations rejected", ["reason"], registry=registry)
+        self.commit_seconds = Histogram(
+            "ibpool_pool_commit_seconds",
+            "Lock, catch up, decide and append one ledger change",
+            registry=registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+        )
+        registry.register(_PoolCollector(self))
+
+    def subscriptions(self) -> list[Subscription]:
+        p = self.cfg.durable_prefix
+        return [
+            Subscription(f"{p}-commands", tuple(c.subject_pattern() for c in COMMANDS), self.on_input),
+            Subscription(f"{p}-nodes", tuple(c.subject_pattern() for c in NODE_NEWS), self.on_input),
+            Subscription(f"{p}-health", tuple(c.subject_pattern() for c in HEALTH_NEWS), self.on_input),
+        ]
+
+    async def on_input(self, message: Input, ctx: HandlerContext) -> None:
+        assert ctx.tx is not None
+        decision = await self.commit(ctx.tx, self.decider(message))
+        if decision.note:
+            log.info("nothing to do", type=type(message).__name__, id=message.id, note=decision.note)
+
+    def decider(self, message: Input) -> Choice:
+        def choose(ledger: Ledger, now: dt.datetime) -> Decision:
+            return decide(ledger, message, now, place=self.place, hops=self.hops, config=self.core)
+
+        return choose
+
+    async def submit(self, message: Input) -> Decision:
+        """Decide on a command outside a consumer (the HTTP API), committed in its own transaction."""
+        async with self.kit.store.transaction() as tx:
+            return await self.commit(tx, self.decider(message))
+
+    async def commit(self, tx: Transaction, choose: Choice) -> Decision:
+        started = time.perf_counter()
+        await state.lock_ledger(tx.conn, self.kit.store.schema)
+        await self.catch_up(tx)
+        decision = choose(self.ledger, self.clock.now())
+        if decision.events and not decision.repeat:
+            position = await state.append(tx.conn, self.position, decision.events)
+            await tx.outbox(*decision.events)
+            apply(self.ledger, decision.events)
+            self.position, self.position_id = position, decision.events[-1].id
+            for g in decision.granted:
+                self.grants.labels(g.kind).inc()
+            if (r := decision.rejection) is not None:
+                self.rejections.labels(r.reason).inc()
+        self.commit_seconds.observe(time.perf_counter() - started)
+        return decision
+
+    async def catch_up(self, tx: Transaction) -> None:
+        """Make the cache the log as committed: apply what others appended, or rebuild when they differ."""
+        at_id, last = await state.look(tx.conn, self.position)
+        if self.position != state.START and at_id != self.position_id:
+            # The cache holds events the log does not (a rolled-back transaction): start over.
+            self.ledger, self.position, self.position_id = Ledger(), state.START, None
+            self.rebuilds += 1
+            log.info("ledger cache rebuilt from the log")
+        if last == self.position:
+            return
+        rows = await state.events_after(tx.conn, self.position)
+        apply(self.ledger, [e for _, e in rows])
+        self.position, self.position_id = rows[-1][0], rows[-1][1].id
+
+    async def expire_once(self) -> Decision:
+        # Always under the lock on the caught-up ledger: another replica may hold the leases that ran out.
+        async with self.kit.store.transaction() as tx:
+            return await self.commit(tx, lambda ledger, at: expire(ledger, at, config=self.core))
+
+    async def expiry_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.expire_once()
+            except Exception as e:  # a store hiccup must not end expiry
+                log.warning("lease expiry failed", error=str(e) or type(e).__name__)
+            await sleep_unless_stopped(stop, self.cfg.expiry_interval_s)
+
+    async def load(self) -> None:
+        """Fill the cache from the log on start."""
+        async with self.kit.store.transaction() as tx:
+            await state.lock_ledger(tx.conn, self.kit.store.schema)
+            await self.catch_up(tx)
+        log.info("ledger loaded", version=self.ledger.version, nodes=len(self.ledger.nodes))
+
+
+class _PoolCollector(Collector):
+    """Capacity and allocated GPU-milli per model, read from the cache at scrape time."""
+
+    def __init__(self, allocator: PoolAllocator) -> None:
+        self.allocator = allocator
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        capacity = GaugeMetricFamily("ibpool_pool_capacity_milli", "GPU-milli in the pool", labels=["model"])
+        allocated = GaugeMetricFamily("ibpool_pool_allocated_milli", "GPU-milli granted", labels=["model"])
+        partial = GaugeMetricFamily(
+            "ibpool_pool_partial_free_milli",
+            "Free GPU-milli on partly granted GPUs: unusable by whole-GPU requests (a simple fragmentation measure)",
+            labels=["model"],
+        )
+        totals: dict[str, list[int]] = {}
+        for node in self.allocator.ledger.nodes.values():
+            for g in node.gpus:
+                t = totals.setdefault(g.model, [0, 0, 0])
+                t[0] += 1000
+                t[1] += g.granted_milli
+                t[2] += g.free_milli if 0 < g.granted_milli < 1000 else 0
+        for model, (cap, used, part) in sorted(totals.items()):
+            capacity.add_metric([model], cap)
+            allocated.add_metric([model], used)
+            partial.add_metric([model], part)
+        yield capacity
+        yield allocated
+        yield partial

@@ -1,0 +1,435 @@
+"""The pool allocator against real NATS and Postgres: commands in, ledger events out, leases, quotas, the API."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import asyncpg
+import msgspec
+import pytest
+
+from ibpool_pool_allocator.bootstrap import bootstrap
+from ibpool_pool_allocator.config import PoolAllocatorConfig
+from ibpool_pool_allocator.service import PoolAllocator
+from ibpool_proto import decode, new_id
+from ibpool_proto.health import NodeFailed
+from ibpool_proto.job import JobExited, JobStarted
+from ibpool_proto.node import GpuInfo, NodeRegistered
+from ibpool_proto.pool import (
+    AllocationExpired,
+    AllocationGranted,
+    AllocationRejected,
+    AllocationRevoked,
+    GpuAssignment,
+    LeaseRenewed,
+    ProposePlacement,
+    RenewLease,
+)
+from ibpool_runtime.bus import Bus, envelope_headers
+from ibpool_runtime.devstack import StackInfo
+from ibpool_runtime.metrics import ServiceMetrics
+from ibpool_runtime.service import Kit, Service
+from ibpool_runtime.store import Store
+from ibpool_runtime.streams import DLQ_STREAM
+from tests.integration.agent_support import running_agent, unique_prefix
+from tests.integration.helpers import eventually, stream_messages
+
+MODEL = "H100-80GB"
+# One durable name for every test: each test sees only what was published after the last one stopped.
+DURABLES = "pool-allocator-test"
+
+
+@asynccontextmanager
+async def running_allocator(bus: Bus, store: Store, **overrides: Any) -> AsyncIterator[tuple[Service, PoolAllocator]]:
+    cfg = PoolAllocatorConfig(
+        **{"instance": "test", "expiry_interval_s": 0.1, "durable_prefix": DURABLES, "consumer_batch": 16, **overrides}
+    )
+    kit = Kit(name="pool_allocator", config=cfg, bus=bus, store=store, metrics=ServiceMetrics("pool_allocator"))
+    spec = await bootstrap(kit)
+    allocator = spec.tasks[0].__self__  # type: ignore[attr-defined]
+    service = Service(kit, spec)
+    await service.start()
+    try:
+        yield service, allocator
+    finally:
+        await service.stop()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+def registered(node_id: str, gpus: int = 4) -> NodeRegistered:
+    return NodeRegistered(
+        source="test",
+        key=node_id,
+        node_id=node_id,
+        hostname=node_id,
+        cpu_milli=64_000,
+        memory_mib=512_000,
+        gpus=[GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", model=MODEL, memory_mib=81_920) for i in range(gpus)],
+        backend="test",
+    )
+
+
+def propose(job: str, node_id: str, gpu: int, version: int, lease_s: float = 300.0) -> ProposePlacement:
+    return ProposePlacement(
+        source="test",
+        key=job,
+        job_id=job,
+        tenant="t",
+        queue="q",
+        ledger_version=version,
+        assignments=[GpuAssignment(node_id=node_id, gpu_index=gpu)],
+        lease_s=lease_s,
+    )
+
+
+async def get(service: Service, path: str) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as s, s.get(f"{service.http_url}{path}") as r:
+        return r.status, await r.json()
+
+
+async def send(service: Service, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+    data = raw if raw is not None else msgspec.json.encode(body) if body is not None else None
+    async with aiohttp.ClientSession() as s, s.request(method, f"{service.http_url}{path}", data=data) as r:
+        return r.status, await r.json()
+
+
+async def pool_node(service: Service, node_id: str) -> dict[str, Any] | None:
+    _, pool = await get(service, "/v1/pool")
+    return next((n for n in pool["nodes"] if n["node_id"] == node_id), None)
+
+
+async def register(bus: Bus, service: Service, *node_ids: str, gpus: int = 4) -> int:
+    """Publish the nodes' registrations, wait until the ledger has them; returns the ledger version."""
+    for n in node_ids:
+        await bus.publish(registered(n, gpus))
+
+    async def known() -> bool:
+        return all([await pool_node(service, n) is not None for n in node_ids])
+
+    await eventually(known, what="nodes registered")
+    _, pool = await get(service, "/v1/pool")
+    return pool["ledger_version"]
+
+
+async def events(bus: Bus, cls: type, key: str) -> list:
+    return [decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_POOL", cls.subject(key))]
+
+
+async def test_two_competing_proposals_one_wins_one_conflicts(bus: Bus, store: Store) -> None:
+    node = unique("n")
+    async with running_allocator(bus, store) as (service, _):
+        version = await register(bus, service, node)
+        a, b = unique("ja"), unique("jb")
+        await bus.publish(propose(a, node, 0, version))
+        await bus.publish(propose(b, node, 0, version))
+
+        async def answered() -> bool:
+            granted = await events(bus, AllocationGranted, node)
+            rejected = await events(bus, AllocationRejected, a) + await events(bus, AllocationRejected, b)
+            return len(granted) + len(rejected) >= 2
+
+        await eventually(answered, what="both proposals answered")
+        granted = await events(bus, AllocationGranted, node)
+        rejected = await events(bus, AllocationRejected, a) + await events(bus, AllocationRejected, b)
+        assert len(granted) == 1 and len(rejected) == 1
+        assert {granted[0].job_id, rejected[0].job_id} == {a, b}
+        assert rejected[0].reason == "conflict"
+        n = await pool_node(service, node)
+        assert n is not None and n["allocated_milli"] == 1000
+
+
+async def test_same_command_twice_is_one_grant(bus: Bus, store: Store) -> None:
+    node = unique("n")
+    async with running_allocator(bus, store) as (service, _):
+        version = await register(bus, service, node)
+        cmd = propose(unique("j"), node, 1, version)
+        body = msgspec.json.encode(cmd)
+        for i in range(2):
+            headers = envelope_headers(cmd)
+            headers["Nats-Msg-Id"] = f"{cmd.id}-copy-{i}"
+            await bus.js.publish(cmd.subject_of(), body, headers=headers)
+
+        async def settled() -> bool:
+            info = await bus.js.consumer_info("IBPOOL_POOL", f"{DURABLES}-commands")
+            return (
+                info.num_pending == 0 and info.num_ack_pending == 0 and bool(await events(bus, AllocationGranted, node))
+            )
+
+        await eventually(settled, what="both copies handled")
+        granted = await events(bus, AllocationGranted, node)
+        assert [g.allocation_id for g in granted] == [cmd.id]
+        n = await pool_node(service, node)
+        assert n is not None and n["allocated_milli"] == 1000
+
+
+async def test_short_lease_expires_and_frees_the_gpu(bus: Bus, store: Store) -> None:
+    node = unique("n")
+    async with running_allocator(bus, store) as (service, _):
+        version = await register(bus, service, node)
+        cmd = propose(unique("j"), node, 0, version, lease_s=0.5)
+        await bus.publish(cmd)
+
+        async def expired() -> bool:
+            return bool(await events(bus, AllocationExpired, node))
+
+        await eventually(expired, what="AllocationExpired")
+        (ev,) = await events(bus, AllocationExpired, node)
+        assert ev.allocation_id == cmd.id
+        n = await pool_node(service, node)
+        assert n is not None and n["allocated_milli"] == 0 and n["free_milli"] == 4000
+        status, _ = await get(service, f"/v1/allocations/{cmd.id}")
+        assert status == 404
+
+
+async def test_renewed_lease_outlives_its_first_expiry(bus: Bus, store: Store) -> None:
+    node = unique("n")
+    async with running_allocator(bus, store) as (service, _):
+        version = await register(bus, service, node)
+        cmd = propose(unique("j"), node, 0, version, lease_s=1.0)
+        await bus.publish(cmd)
+        await bus.publish(RenewLease(source="test", key=cmd.id, allocation_id=cmd.id, holder=cmd.job_id, extend_s=30))
+
+        async def renewed() -> bool:
+            return bool(await events(bus, LeaseRenewed, cmd.id))
+
+        await eventually(renewed, what="LeaseRenewed")
+        await asyncio.sleep(1.5)
+        assert await events(bus, AllocationExpired, node) == []
+        status, _ = await get(service, f"/v1/allocations/{cmd.id}")
+        assert status == 200
+
+
+async def test_node_failure_revokes_its_allocations(bus: Bus, store: Store) -> None:
+    node, other = unique("n"), unique("n")
+    async with running_allocator(bus, store) as (service, _):
+        version = await register(bus, service, node, other)
+        on_node = [propose(unique("j"), node, i, version) for i in range(2)]
+        elsewhere = propose(unique("j"), other, 0, version)
+        for c in [*on_node, elsewhere]:
+            await bus.publish(c)
+
+        async def all_granted() -> bool:
+            return len(await events(bus, AllocationGranted, node)) == 2 and bool(
+                await events(bus, AllocationGranted, other)
+            )
+
+        await eventually(all_granted, what="three grants")
+        await bus.publish(NodeFailed(source="test", key=node, node_id=node, reason="xid storm"))
+
+        async def revoked() -> bool:
+            return len(await events(bus, AllocationRevoked, node)) == 2
+
+        await eventually(revoked, what="both allocations on the failed node revoked")
+        revs = await events(bus, AllocationRevoked, node)
+        assert {r.allocation_id for r in revs} == {c.id for c in on_node}
+        assert await events(bus, AllocationRevoked, other) == []
+        n = await pool_node(service, node)
+        assert n is not None and n["state"] == "failed" and n["free_milli"] == 0
+        status, alloc = await get(service, f"/v1/allocations/{elsewhere.id}")
+        assert status == 200 and alloc["nodes"] == [other]
+
+
+def ask(job: str, tenant: str, gpus: int) -> dict[str, Any]:
+    return {"job_id": job, "tenant": tenant, "queue": "q", "request": {"kind": "whole", "gpus": gpus}}
+
+
+async def test_quota_refuses_over_nominal_and_lends_inside_a_cohort(bus: Bus, store: Store) -> None:
+    node = unique("n")
+    solo, borrower, lender = unique("solo"), unique("bor"), unique("len")
+    memory = 1_000_000
+    async with running_allocator(bus, store) as (service, _):
+        await register(bus, service, node, gpus=8)
+        status, _ = await send(
+            service, "PUT", f"/v1/quotas/{solo}", {"gpu_model": MODEL, "nominal": {"milli": 1000, "memory_mib": memory}}
+        )
+        assert status == 200
+        for t in (borrower, lender):
+            status, _ = await send(
+                service,
+                "PUT",
+                f"/v1/quotas/{t}",
+                {"gpu_model": MODEL, "nominal": {"milli": 1000, "memory_mib": memory}, "cohort": "c1"},
+            )
+            assert status == 200
+        _, quotas = await get(service, "/v1/quotas")
+        assert {q["quota"]["name"] for q in quotas} >= {solo, borrower, lender}
+
+        status, body = await send(service, "POST", "/v1/allocations", ask(unique("j"), solo, 2))
+        assert status == 409 and body["error"] == "over_quota", body
+        status, _ = await send(service, "POST", "/v1/allocations", ask(unique("j"), solo, 1))
+        assert status == 201
+        # The borrower takes the lender's idle share: 2 GPUs on a nominal of 1.
+        status, body = await send(service, "POST", "/v1/allocations", ask(unique("j"), borrower, 2))
+        assert status == 201, body
+        # The cohort has nothing more to lend.
+        status, body = await send(service, "POST", "/v1/allocations", ask(unique("j"), borrower, 1))
+        assert status == 409 and body["error"] == "over_quota", body
+        _, quotas = await get(service, "/v1/quotas")
+        used = {q["quota"]["name"]: q["used"]["milli"] for q in quotas}
+        assert used[borrower] == 2000 and used[solo] == 1000 and used.get(lender, 0) == 0
+
+
+async def test_malformed_command_goes_to_dlq_and_nothing_is_granted(bus: Bus, store: Store) -> None:
+    node = unique("n")
+    async with running_allocator(bus, store) as (service, _):
+        await register(bus, service, node)
+        job = unique("bad")
+        subject = ProposePlacement.subject(job)
+        await bus.js.publish(subject, b"{not json", headers={"Nats-Msg-Id": new_id()})
+        dlq = f"ibpool.dlq.{DURABLES}-commands"
+
+        async def dead() -> list:
+            return [
+                m for m in await stream_messages(bus.js, DLQ_STREAM, dlq) if m.headers["ibpool-dlq-subject"] == subject
+            ]
+
+        async def arrived() -> bool:
+            return bool(await dead())
+
+        await eventually(arrived, what="malformed command in the DLQ")
+        (m,) = await dead()
+        assert m.headers["ibpool-dlq-reason"].startswith("decode")
+        assert await events(bus, AllocationRejected, job) == []
+        n = await pool_node(service, node)
+        assert n is not None and n["allocated_milli"] == 0
+
+
+async def test_http_request_read_release_and_bad_bodies(bus: Bus, store: Store) -> None:
+    node = unique("n")
+    async with running_allocator(bus, store) as (service, _):
+        await register(bus, service, node)
+        job = unique("j")
+        status, body = await send(service, "POST", "/v1/allocations", ask(job, "t", 2))
+        assert status == 201, body
+        alloc_id = body["allocation_id"]
+        assert [a["gpu_index"] for a in body["grants"][0]["assignments"]] == [0, 1]
+        status, listed = await get(service, f"/v1/allocations?owner={job}")
+        assert status == 200 and [a["allocation_id"] for a in listed] == [alloc_id]
+        status, one = await get(service, f"/v1/allocations/{alloc_id}")
+        assert status == 200 and one["owner"] == job and one["kind"] == "whole"
+        _, pool = await get(service, "/v1/pool")
+        model = next(m for m in pool["models"] if m["model"] == MODEL)
+        assert model["allocated_milli"] >= 2000
+
+        async def published() -> bool:
+            return bool(await events(bus, AllocationGranted, node))
+
+        await eventually(published, what="the API's grant on the bus")
+        async with aiohttp.ClientSession() as s, s.get(f"{service.http_url}/metrics") as r:
+            metrics = await r.text()
+        assert f'ibpool_pool_allocated_milli{{model="{MODEL}"}}' in metrics
+        assert 'ibpool_pool_grants_total{kind="whole"} 1.0' in metrics
+        assert "ibpool_pool_commit_seconds_count" in metrics
+        status, _ = await send(service, "DELETE", f"/v1/allocations/{alloc_id}")
+        assert status == 200
+        status, _ = await get(service, f"/v1/allocations/{alloc_id}")
+        assert status == 404
+        n = await pool_node(service, node)
+        assert n is not None and n["allocated_milli"] == 0
+
+        status, body = await send(service, "DELETE", "/v1/allocations/nope")
+        assert status == 404
+        status, body = await send(service, "POST", "/v1/allocations", {"job_id": 1})
+        assert status == 400 and body["path"] is not None
+        status, body = await send(service, "POST", "/v1/allocations", raw=b"{oops")
+        assert status == 400 and "malformed JSON" in body["detail"]
+        status, body = await send(
+            service, "PUT", "/v1/quotas/t", {"gpu_model": MODEL, "nominal": {"milli": -1, "memory_mib": 0}}
+        )
+        assert status == 400 and "negative" in body["detail"]
+        status, body = await send(service, "PUT", "/v1/quotas/t", {"nominal": {"milli": 1}})
+        assert status == 400
+        status, body = await send(service, "POST", "/v1/allocations", {**ask(unique("j"), "t", 1), "lease_s": 0})
+        assert status == 400
+
+
+async def test_two_replicas_never_grant_one_gpu_twice(bus: Bus, store: Store) -> None:
+    node = unique("n")
+    async with running_allocator(bus, store) as (first, _), running_allocator(bus, store, instance="second") as (_, b):
+        version = await register(bus, first, node)
+        jobs = [unique("j") for _ in range(8)]
+        for j in jobs:
+            await bus.publish(propose(j, node, 0, version))
+
+        async def answered() -> bool:
+            rejected = [r for j in jobs for r in await events(bus, AllocationRejected, j)]
+            return len(await events(bus, AllocationGranted, node)) + len(rejected) >= len(jobs)
+
+        await eventually(answered, what="every proposal answered")
+        granted = await events(bus, AllocationGranted, node)
+        rejected = [r for j in jobs for r in await events(bus, AllocationRejected, j)]
+        assert len(granted) == 1 and len(rejected) == len(jobs) - 1
+        assert {r.reason for r in rejected} == {"conflict"}
+        # The other replica's cache catches up from the log on its next change.
+        decision = await b.submit(propose(unique("j"), node, 1, version))
+        assert decision.granted and granted[0].allocation_id in b.ledger.allocations
+
+
+async def test_rolled_back_change_is_forgotten_by_the_cache(bus: Bus, store: Store) -> None:
+    node = unique("n")
+    async with running_allocator(bus, store) as (service, allocator):
+        version = await register(bus, service, node)
+        first, second = propose(unique("j"), node, 0, version), propose(unique("j"), node, 0, version)
+        with pytest.raises(RuntimeError):
+            async with store.transaction() as tx:
+                decision = await allocator.commit(tx, allocator.decider(first))
+                assert decision.granted
+                raise RuntimeError("the batch is rolled back")
+        assert first.id in allocator.ledger.allocations  # the cache ran ahead of the log
+        decision = await allocator.submit(second)
+        assert [g.allocation_id for g in decision.granted] == [second.id]
+        assert first.id not in allocator.ledger.allocations and allocator.rebuilds == 1
+
+
+@asynccontextmanager
+async def own_store(stack: StackInfo) -> AsyncIterator[Store]:
+    """A second schema: the node agent owns its own, as in production."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    s = await Store.connect(stack.postgres_dsn, schema)
+    await s.migrate()
+    try:
+        yield s
+    finally:
+        await s.close()
+        conn = await asyncpg.connect(stack.postgres_dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+
+async def test_grant_reaches_the_node_agent_which_starts_the_job(stack: StackInfo, bus: Bus, store: Store) -> None:
+    prefix = unique_prefix()
+    node = f"{prefix}-001"
+    async with (
+        own_store(stack) as agent_store,
+        running_agent(bus, agent_store, nodes=1, node_prefix=prefix, gpus_per_node=2),
+        running_allocator(bus, store) as (service, _),
+    ):
+
+        async def registered_by_agent() -> bool:
+            return await pool_node(service, node) is not None
+
+        await eventually(registered_by_agent, what="the agent's node in the ledger")
+        job = unique("j")
+        body = {**ask(job, "t", 1), "workload": {"simulated_runtime_s": 0.3}}
+        status, granted = await send(service, "POST", "/v1/allocations", body)
+        assert status == 201, granted
+        assert granted["grants"][0]["node_id"] == node
+
+        async def started_and_exited() -> bool:
+            started = await stream_messages(bus.js, "IBPOOL_JOB", JobStarted.subject(job))
+            exited = await stream_messages(bus.js, "IBPOOL_JOB", JobExited.subject(job))
+            return bool(started) and bool(exited)
+
+        await eventually(started_and_exited, what="JobStarted and JobExited from the agent")
+        (started,) = [decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_JOB", JobStarted.subject(job))]
+        assert started.node_id == node and started.allocation_id == granted["allocation_id"]
