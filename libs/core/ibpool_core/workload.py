@@ -13,7 +13,7 @@ import datetime as dt
 import msgspec
 
 from ibpool_proto.job import ExitReason, JobExited, JobStarted
-from ibpool_proto.pool import AllocationGranted, AllocationRevoked
+from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
 
 OOM_EXIT_CODE = 137  # what a kernel OOM kill looks like from the parent: 128 + SIGKILL
 REVOKED_EXIT_CODE = 143  # 128 + SIGTERM
@@ -130,8 +130,22 @@ def finish_due(workloads: list[Workload], *, now: dt.datetime, source: str) -> l
     return done
 
 
-def stop_revoked(workload: Workload, revoked: AllocationRevoked, *, now: dt.datetime, source: str) -> JobExited:
-    return _exited(workload, now, source, REVOKED_EXIT_CODE, "revoked", revoked.reason)
+def stop_revoked(
+    workload: Workload,
+    ended: AllocationRevoked | AllocationReleased | AllocationExpired,
+    *,
+    now: dt.datetime,
+    source: str,
+) -> JobExited:
+    """Stop work whose allocation was taken back, given back while it ran, or whose lease ran out."""
+    match ended:
+        case AllocationRevoked():
+            detail = ended.reason
+        case AllocationReleased():
+            detail = f"allocation released: {ended.reason}"
+        case AllocationExpired():
+            detail = "allocation lease expired"
+    return _exited(workload, now, source, REVOKED_EXIT_CODE, "revoked", detail)
 
 
 def _exited(w: Workload, now: dt.datetime, source: str, code: int, reason: ExitReason, detail: str) -> JobExited:

@@ -76,3 +76,17 @@ def test_revoked_work_exits_with_the_revocation_reason() -> None:
     )
     exited = core.stop_revoked(d.workload, rev, now=T0 + dt.timedelta(seconds=3), source="agent")
     assert (exited.reason, exited.detail, exited.runtime_s) == ("revoked", "node failed", 3.0)
+
+
+def test_released_or_expired_work_is_stopped_with_why() -> None:
+    from ibpool_proto.pool import AllocationExpired, AllocationReleased
+
+    d = admit(grant([0]))
+    assert isinstance(d, core.GrantAdmitted)
+    later = T0 + dt.timedelta(seconds=2)
+    rel = AllocationReleased(
+        source="a", key="n1", allocation_id="a1", job_id="j1", node_id="n1", ledger_version=3, reason="done early"
+    )
+    exp = AllocationExpired(source="a", key="n1", allocation_id="a1", job_id="j1", node_id="n1", ledger_version=3)
+    assert core.stop_revoked(d.workload, rel, now=later, source="agent").detail == "allocation released: done early"
+    assert core.stop_revoked(d.workload, exp, now=later, source="agent").detail == "allocation lease expired"

@@ -12,7 +12,7 @@ import time
 from ibpool_core import workload as core
 from ibpool_core.clock import Clock
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
-from ibpool_proto.pool import AllocationGranted, AllocationRevoked
+from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit, sleep_unless_stopped
@@ -45,7 +45,12 @@ class NodeAgent:
     def subscriptions(self) -> list[Subscription]:
         filters: list[str] = []
         for n in self.node_ids:
-            filters += [AllocationGranted.subject(n), AllocationRevoked.subject(n)]
+            filters += [
+                AllocationGranted.subject(n),
+                AllocationRevoked.subject(n),
+                AllocationReleased.subject(n),
+                AllocationExpired.subject(n),
+            ]
         durable = f"node-agent-{self.cfg.node_prefix}-{self.cfg.first_node}-{self.cfg.nodes}"
         return [Subscription(durable=durable, filter_subjects=tuple(filters), handler=self.on_allocation_event)]
 
@@ -71,10 +76,10 @@ class NodeAgent:
                         await ctx.emit(exited)
                     case core.GrantIgnored(reason=reason):
                         log.info("grant ignored", allocation_id=event.allocation_id, reason=reason)
-            case AllocationRevoked():
+            case AllocationRevoked() | AllocationReleased() | AllocationExpired():
                 w = await state.running_one(ctx.tx.conn, event.allocation_id)
                 if w is None:
-                    log.info("revoked allocation is not running here", allocation_id=event.allocation_id)
+                    log.info("ended allocation is not running here", allocation_id=event.allocation_id)
                     return
                 exited = core.stop_revoked(w, event, now=now, source=self.kit.source)
                 await state.mark_exited(ctx.tx.conn, exited)
