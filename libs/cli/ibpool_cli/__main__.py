@@ -1,4 +1,4 @@
-"""The `ibpool` command: `ibpool dev up|down|status`, `ibpool run` and `ibpool topo` (topo.py)."""
+"""The `ibpool` command: `ibpool dev up|down|status`, `ibpool run`, `ibpool topo` (topo.py), `ibpool bench pack`."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         from .topo import main as topo_main
 
         return topo_main(argv[1:])
+    if argv[:2] == ["bench", "pack"]:  # the packing benchmark on pod and node lists (docs/packing.md)
+        from ibpool_sim.pack_bench import main as pack_main
+
+        return pack_main(argv[2:])
     p = argparse.ArgumentParser(prog="ibpool", description="ibpool: the control plane of InfiniBand GPU clusters")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -57,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--state-dir", default=None, help="default: a fresh folder under .ibpool/")
 
     sub.add_parser("topo", help="fabric topologies: convert, show, diff, generate (ibpool topo --help)")
+    bench = sub.add_parser("bench", help="benchmarks: `ibpool bench pack --help` (GPU packing policies)")
+    bench.add_argument("which", choices=["pack"])
 
     args = p.parse_args(argv)
     if args.command == "dev":

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import datetime as dt
 import os
 import random
 import signal
@@ -30,12 +29,11 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from ibpool_proto import decode, new_id
+from ibpool_proto import decode
 from ibpool_proto.fabric import LinkDegraded, LinkRecovered, LinkStateChanged, TopologyPublished
 from ibpool_proto.job import JobExited, JobStarted
 from ibpool_proto.message import every_subject
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered
-from ibpool_proto.pool import AllocationGranted, AllocationRevoked, Enforcement, GpuAssignment, WorkloadSpec
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus
 
@@ -163,7 +161,7 @@ def _observer(obs: Observed, expected_nodes: int):  # type: ignore[no-untyped-de
     return on_msg
 
 
-def _view(obs: Observed, nodes: int, phase: str) -> Group:
+def _view(obs: Observed, nodes: int, phase: str, pool: PoolSeen | None = None) -> Group:
     head = Table.grid(padding=(0, 2))
     head.add_row("phase", phase, "elapsed", f"{obs.elapsed():5.1f} s")
     alive = sum(1 for t in obs.heartbeating.values() if time.monotonic() - t < 3.0)
@@ -183,6 +181,13 @@ def _view(obs: Observed, nodes: int, phase: str) -> Group:
         "links not up",
         ", ".join(f"{s} {n}" for s, n in sorted(collections.Counter(obs.links_not_up().values()).items())) or "none",
     )
+    if pool is not None:
+        head.add_row(
+            "pool allocated",
+            pool.utilisation(),
+            "grants / rejections",
+            f"{pool.granted} / {sum(pool.rejected.values())}",
+        )
     types = Table(title="events by type", show_edge=False)
     types.add_column("ce-type")
     types.add_column("count", justify="right")
@@ -191,41 +196,87 @@ def _view(obs: Observed, nodes: int, phase: str) -> Group:
     return Group(head, types)
 
 
-def _probe_grants(node_ids: list[str], seed: int) -> list[AllocationGranted]:
-    """Grants the driver sends itself until the pool allocator lands: exercise start, exit, OOM."""
+def _allocation_asks(seed: int) -> list[dict[str, object]]:
+    """What the scenario asks the pool allocator for: every kind of allocation, one over its memory."""
     rng = random.Random(seed)
-    grants = []
-    now = dt.datetime.now(dt.UTC)
-    for i in range(8):
-        node = rng.choice(node_ids)
-        gpus = sorted(rng.sample(range(8), rng.choice([1, 2, 4])))
-        oom = i == 5
-        grants.append(
-            AllocationGranted(
-                source=SOURCE,
-                key=node,
-                allocation_id=f"probe-{new_id()}",
-                job_id=f"probe-job-{i}",
-                node_id=node,
-                kind="whole",
-                assignments=[GpuAssignment(node_id=node, gpu_index=g) for g in gpus],
-                enforcement=Enforcement(
-                    env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}, memory_limit_mib=20_000 if oom else None
-                ),
-                lease_expires_at=now + dt.timedelta(minutes=10),
-                ledger_version=0,
-                workload=WorkloadSpec(
-                    simulated_runtime_s=rng.uniform(5, 15), simulated_memory_mib=30_000 if oom else 10_000
-                ),
-            )
-        )
-    return grants
+
+    def ask(i: int, request: dict[str, object], runtime: float, memory: int | None = None) -> dict[str, object]:
+        return {
+            "job_id": f"job-{i:02d}",
+            "tenant": "team-a" if i % 2 else "team-b",
+            "queue": "default",
+            "request": request,
+            "lease_s": 600,
+            "workload": {"simulated_runtime_s": runtime, "simulated_memory_mib": memory},
+        }
+
+    asks = [ask(i, {"kind": "whole", "gpus": g}, rng.uniform(8, 20)) for i, g in enumerate((1, 2, 4, 8))]
+    asks += [
+        ask(4, {"kind": "fraction", "milli": 500, "memory_mib": 20_000}, rng.uniform(8, 20), memory=10_000),
+        # asks for more memory than its slice: the node agent enforces the limit (OOM)
+        ask(5, {"kind": "fraction", "milli": 250, "memory_mib": 10_000}, 30, memory=30_000),
+        ask(6, {"kind": "mig", "mig_profile": "3g.40gb"}, rng.uniform(8, 20)),
+        ask(7, {"kind": "gang", "hosts": 2, "gpus": 8}, rng.uniform(8, 20)),
+        ask(8, {"kind": "whole", "gpus": 8}, 600),  # released by the scenario while it runs
+    ]
+    return asks
+
+
+@dataclass
+class PoolSeen:
+    """The pool allocator as the run last read it (GET /v1/pool)."""
+
+    nodes: int = 0
+    capacity_milli: int = 0
+    allocated_milli: int = 0
+    ledger_version: int = 0
+    granted: int = 0
+    rejected: collections.Counter[str] = field(default_factory=collections.Counter)
+    allocation_ids: dict[str, str] = field(default_factory=dict)
+
+    def utilisation(self) -> str:
+        if not self.capacity_milli:
+            return "-"
+        share = self.allocated_milli / self.capacity_milli
+        return f"{share:.1%} of {self.capacity_milli // 1000} GPUs (ledger v{self.ledger_version})"
+
+
+async def _read_pool(http: aiohttp.ClientSession, url: str, seen: PoolSeen) -> None:
+    try:
+        async with http.get(f"{url}/v1/pool", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            if r.status != 200:
+                return
+            body = await r.json()
+    except (aiohttp.ClientError, TimeoutError):
+        return
+    seen.nodes = len(body["nodes"])
+    seen.capacity_milli = sum(m["capacity_milli"] for m in body["models"])
+    seen.allocated_milli = sum(m["allocated_milli"] for m in body["models"])
+    seen.ledger_version = body["ledger_version"]
+
+
+async def _request_allocations(http: aiohttp.ClientSession, url: str, seed: int, seen: PoolSeen) -> None:
+    for ask in _allocation_asks(seed):
+        async with http.post(f"{url}/v1/allocations", json=ask) as r:
+            body = await r.json()
+            if r.status == 201:
+                seen.granted += 1
+                seen.allocation_ids[str(ask["job_id"])] = body["allocation_id"]
+            else:
+                seen.rejected[body.get("error", str(r.status))] += 1
 
 
 def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -> list[ServiceProcess]:
     base = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn)
-    agent_port, fabric_port = devstack.free_port(), devstack.free_port()
+    agent_port, fabric_port, alloc_port = devstack.free_port(), devstack.free_port(), devstack.free_port()
     return [
+        ServiceProcess(
+            name="pool_allocator",
+            argv=["ibpool_pool_allocator"],
+            env=dict(base, IBPOOL_POOL_ALLOCATOR_HTTP_PORT=str(alloc_port), IBPOOL_POOL_ALLOCATOR_INSTANCE="run"),
+            port=alloc_port,
+            log_path=state / "pool_allocator.log",
+        ),
         ServiceProcess(
             name="fabric_monitor",
             argv=["ibpool_fabric_monitor"],
@@ -332,9 +383,10 @@ async def _scenario(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     by_name = {s.name: s for s in services}
-    node_ids = [f"node-{i:03d}" for i in range(1, args.nodes + 1)]
-    probes = _probe_grants(node_ids, args.seed)
-    probes_sent = revoked_sent = served_printed = False
+    pool = PoolSeen()
+    asked = released = served_printed = False
+    last_pool_read = 0.0
+    alloc_url = by_name["pool_allocator"].url
     plan = None if args.serve else FaultPlan(inject_at=0.25 * args.duration, clear_at=0.5 * args.duration)
     interactive = console.is_terminal
     last_line = 0.0
@@ -353,24 +405,17 @@ async def _scenario(
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            if not probes_sent and obs.all_heartbeating_after is not None:
-                for g in probes:
-                    await bus.publish(g)
-                probes_sent = True
-            if probes_sent and not revoked_sent and obs.jobs_started >= len(probes):
-                g = probes[0]
-                await bus.publish(
-                    AllocationRevoked(
-                        source=SOURCE,
-                        key=g.node_id,
-                        allocation_id=g.allocation_id,
-                        job_id=g.job_id,
-                        node_id=g.node_id,
-                        ledger_version=0,
-                        reason="probe: revoke one grant",
-                    )
-                )
-                revoked_sent = True
+            if time.monotonic() - last_pool_read >= 1.0:
+                last_pool_read = time.monotonic()
+                await _read_pool(http, alloc_url, pool)
+            # Once every node is heartbeating and in the ledger, ask the allocator for work.
+            if not asked and obs.all_heartbeating_after is not None and pool.nodes >= args.nodes:
+                await _request_allocations(http, alloc_url, args.seed, pool)
+                asked = True
+            if asked and not released and obs.jobs_started >= pool.granted and "job-08" in pool.allocation_ids:
+                async with http.delete(f"{alloc_url}/v1/allocations/{pool.allocation_ids['job-08']}") as r:
+                    r.raise_for_status()
+                released = True
             if plan is not None and obs.topology is not None:
                 fabric = by_name["fabric_monitor"].url
                 if not plan.injected and obs.elapsed() >= plan.inject_at:
@@ -394,20 +439,20 @@ async def _scenario(
             if plan is not None and plan.injected and not plan.cleared:
                 phase += ": link faults injected"
             if interactive:
-                live.update(_view(obs, args.nodes, phase))
+                live.update(_view(obs, args.nodes, phase, pool))
             elif time.monotonic() - last_line >= 5:
                 last_line = time.monotonic()
                 console.print(
                     f"[{obs.elapsed():5.1f}s] registered {len(obs.registered)}/{args.nodes}, "
                     f"heartbeats/s {obs.heartbeats_per_s():.1f}, events {obs.total}, "
                     f"jobs started {obs.jobs_started} exited {sum(obs.exits.values())}, "
-                    f"links not up {len(obs.links_not_up())}"
+                    f"links not up {len(obs.links_not_up())}, pool {pool.utilisation()}"
                 )
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.25)
             except TimeoutError:
                 pass
-        live.update(_view(obs, args.nodes, "stopping"))
+        live.update(_view(obs, args.nodes, "stopping", pool))
     # Stop the services while still watching, to see the agents deregister.
     for s in services:
         s.terminate()
@@ -419,14 +464,14 @@ async def _scenario(
     await http.close()
     await bus.close()
     await nc.drain()
-    return _summary(console, obs, args, probes_sent, plan, services)
+    return _summary(console, obs, args, pool, plan, services)
 
 
 def _summary(
     console: Console,
     obs: Observed,
     args: argparse.Namespace,
-    probes_sent: bool,
+    pool: PoolSeen,
     plan: FaultPlan | None,
     services: list[ServiceProcess],
 ) -> int:
@@ -446,11 +491,17 @@ def _summary(
         ),
         ("heartbeats seen", str(hb), hb > 0),
         (
-            "probe jobs started (no allocator yet: grants sent by the driver)",
-            str(obs.jobs_started),
-            (not probes_sent) or obs.jobs_started > 0,
+            "allocations granted by the pool allocator (whole, fraction, MIG, gang)",
+            f"{pool.granted} of {len(_allocation_asks(0))}"
+            + (f", rejected {dict(pool.rejected)}" if pool.rejected else ""),
+            pool.granted == len(_allocation_asks(0)),
         ),
-        ("jobs exited by reason", ", ".join(f"{k} {v}" for k, v in sorted(obs.exits.items())) or "-", True),
+        ("jobs started on the node agents", str(obs.jobs_started), obs.jobs_started >= pool.granted > 0),
+        (
+            "jobs exited by reason (an OOM over its slice, one released while running)",
+            ", ".join(f"{k} {v}" for k, v in sorted(obs.exits.items())) or "-",
+            obs.exits.get("oom", 0) >= 1 and obs.exits.get("revoked", 0) >= 1,
+        ),
         (
             "fabric topology published",
             "-" if topo is None else f"v{topo.version}, {topo.hosts} hosts, {topo.switches} switches",
