@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from ibpool_core.fabric.formats import EXPORT_FORMATS, build_hierarchy, import_t
 from ibpool_core.fabric.formats.slurm import expand_hostlist, import_slurm
 from ibpool_core.fabric.generators import GENERATORS
 from ibpool_core.fabric.model import Topology
+from ibpool_sim.shared_data import need
 
 REPO = Path(__file__).resolve().parents[3]
 DUMPS = ["1.topo", "2.topo", "3.topo", "4.topo"]
@@ -37,21 +37,6 @@ KINDS: dict[str, list[str]] = {
     "torus_3d": ["x=3", "y=2", "z=2"],
     "dragonfly": ["groups=3", "routers_per_group=2", "hosts_per_router=2", "global_links_per_router=1"],
 }
-
-
-def shared_data_dir() -> Path:
-    override = os.environ.get("IBPOOL_SHARED_DATA")
-    return Path(override) if override else REPO.parent / "shared" / "data"
-
-
-def need(relative: str) -> Path:
-    path = shared_data_dir() / relative
-    if not path.exists():
-        message = f"shared data {relative} not found under {shared_data_dir()}"
-        if os.environ.get("IBPOOL_REQUIRE_SHARED_DATA") == "1":
-            pytest.fail(message + " and IBPOOL_REQUIRE_SHARED_DATA=1")
-        pytest.skip(message)
-    return path
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:

@@ -7,7 +7,6 @@ IBPOOL_REQUIRE_SHARED_DATA=1 (as CI sets).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import jsonschema
@@ -36,23 +35,9 @@ from ibpool_core.fabric.formats.slurm import (
 from ibpool_core.fabric.formats.volcano import export_volcano, import_volcano
 from ibpool_core.fabric.graph import Graph
 from ibpool_core.fabric.model import Topology
+from ibpool_sim.shared_data import need
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def shared_data_dir() -> Path:
-    override = os.environ.get("IBPOOL_SHARED_DATA")
-    return Path(override) if override else REPO.parent / "shared" / "data"
-
-
-def need(relative: str) -> Path:
-    path = shared_data_dir() / relative
-    if not path.exists():
-        message = f"shared data {relative} not found under {shared_data_dir()}"
-        if os.environ.get("IBPOOL_REQUIRE_SHARED_DATA") == "1":
-            pytest.fail(message + " and IBPOOL_REQUIRE_SHARED_DATA=1")
-        pytest.skip(message)
-    return path
 
 
 def read(relative: str) -> tuple[str, str]:

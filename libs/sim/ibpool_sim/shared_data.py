@@ -28,3 +28,16 @@ def locate(relative: str) -> Path | None:
 
 def required() -> bool:
     return os.environ.get("IBPOOL_REQUIRE_SHARED_DATA") == "1"
+
+
+def need(relative: str) -> Path:
+    """For tests: the path of a shared data file; skip when absent, fail when it is required."""
+    import pytest
+
+    path = locate(relative)
+    if path is None:
+        message = f"shared data {relative} not found under {shared_data_dir()}"
+        if required():
+            pytest.fail(message + " and IBPOOL_REQUIRE_SHARED_DATA=1")
+        pytest.skip(message)
+    return path

@@ -9,23 +9,14 @@ from pathlib import Path
 import pytest
 
 from ibpool_core.pool.packing import WHOLE, PackingCluster, PackRequest, fit_options
-from ibpool_sim import pack_bench, shared_data
+from ibpool_sim import pack_bench
+from ibpool_sim.shared_data import need
 from ibpool_sim.traces import TraceError
 
 OPENB = "traces/alibaba-openb"
 FULL_HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
 )
-
-
-def need(relative: str) -> Path:
-    path = shared_data.locate(relative)
-    if path is None:
-        message = f"shared data {relative} not found under {shared_data.shared_data_dir()}"
-        if shared_data.required():
-            pytest.fail(message + " and IBPOOL_REQUIRE_SHARED_DATA=1")
-        pytest.skip(message)
-    return path
 
 
 def write_cluster(tmp: Path, nodes: int = 50, pods: int = 60, seed: int = 1) -> tuple[Path, Path]:

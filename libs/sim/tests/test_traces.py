@@ -6,18 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ibpool_sim import shared_data
+from ibpool_sim.shared_data import need
 from ibpool_sim.traces import TraceError, load_openb_nodes, load_openb_pods, load_philly
-
-
-def need(relative: str) -> Path:
-    path = shared_data.locate(relative)
-    if path is None:
-        message = f"shared data {relative} not found under {shared_data.shared_data_dir()}"
-        if shared_data.required():
-            pytest.fail(message + " and IBPOOL_REQUIRE_SHARED_DATA=1")
-        pytest.skip(message)
-    return path
 
 
 def test_philly_trace_loads_every_job() -> None:

@@ -10,16 +10,7 @@ from ibpool_core.fabric.formats import export_topology
 from ibpool_core.fabric.generators import generate
 from ibpool_fabric_monitor.config import FabricMonitorConfig
 from ibpool_fabric_monitor.topology_source import TopologySourceError, topology_loader
-from ibpool_sim import shared_data
-
-
-def need(relative: str) -> Path:
-    path = shared_data.locate(relative)
-    if path is None:
-        if shared_data.required():
-            pytest.fail(f"shared data {relative} missing and IBPOOL_REQUIRE_SHARED_DATA=1")
-        pytest.skip(f"shared data {relative} not found")
-    return path
+from ibpool_sim.shared_data import need
 
 
 def test_real_dump_with_a_name_map() -> None:
