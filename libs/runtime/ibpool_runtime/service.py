@@ -213,6 +213,9 @@ def run_service(name: str, config_type: type[C], build: Build[C], argv: list[str
     telemetry.setup_tracing(name)
     try:
         return asyncio.run(_serve(name, config, build))
+    except ConfigError as e:  # a setting only the service's own wiring can check
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
     except (BusUnavailable, StoreUnavailable, MigrationError) as e:
         print(f"{name}: cannot start: {e}", file=sys.stderr)
         return 1

@@ -16,3 +16,6 @@ class PoolAllocatorConfig(BaseConfig, frozen=True, kw_only=True):
     default_lease_s: float = 300.0
     # Durable consumer names start with this (one consumer per stream: commands, nodes, health).
     durable_prefix: str = "pool-allocator"
+    # Packing policy placing RequestAllocation (ibpool_core.pool.policies.POLICIES): first-fit,
+    # best-fit, worst-fit, dot-product, fgd, fgd+. Gang and remote requests are placed by first fit.
+    placement_policy: str = "fgd+"

@@ -20,7 +20,8 @@ from prometheus_client.registry import Collector
 from ibpool_core.clock import Clock
 from ibpool_core.pool.allocate import AllocatorConfig, Decision, Hops, Input, decide, expire
 from ibpool_core.pool.ledger import Ledger, apply
-from ibpool_core.pool.placement import Placer, first_fit
+from ibpool_core.pool.placement import Placer
+from ibpool_core.pool.policy_placer import policy_placer
 from ibpool_proto.health import Cordoned, DrainRequested, GpuFailed, NodeFailed, NodeRecovered, Uncordoned
 from ibpool_proto.node import NodeDeregistered, NodeRegistered
 from ibpool_proto.pool import ProposePlacement, ReleaseAllocation, RenewLease, RequestAllocation, SetQuota
@@ -43,12 +44,13 @@ Choice = Callable[[Ledger, dt.datetime], Decision]
 
 class PoolAllocator:
     def __init__(
-        self, kit: Kit[PoolAllocatorConfig], clock: Clock, place: Placer = first_fit, hops: Hops | None = None
+        self, kit: Kit[PoolAllocatorConfig], clock: Clock, place: Placer | None = None, hops: Hops | None = None
     ) -> None:
         self.kit = kit
         self.cfg = kit.config
         self.clock = clock
-        self.place = place
+        # Default: the config's packing policy (bootstrap validates the name and passes it in).
+        self.place = place if place is not None else policy_placer(self.cfg.placement_policy)
         self.hops = hops
         self.core = AllocatorConfig(
             source=kit.source, max_remote_hops=self.cfg.max_remote_hops, fine_grained=self.cfg.fine_grained
