@@ -44,6 +44,7 @@ test: lint
 bench: env
 	$(PY) tests/bench/bench_bus.py --runs 5
 	$(PY) tests/bench/bench_fabric.py --runs 5
+	$(PY) tests/bench/bench_pool.py --runs 3
 	$(VENV)/bin/ibpool bench pack --seeds 3 --format table --plot docs/packing-openb.png --out tests/bench/results/pack-latest.json
 
 clean:
