@@ -282,8 +282,11 @@ def test_spec_strings_pick_a_generator_and_its_parameters() -> None:
 
     assert parse_spec("rail_optimised:hosts=16, rails=8") == ("rail_optimised", {"hosts": 16, "rails": 8})
     assert len(generate("single_switch:hosts=4").hosts) == 4
-    for bad, message in (("warp_drive", "unknown generator"), ("single_switch:hosts", "key=value"),
-                         ("single_switch:legs=3", "single_switch")):
+    for bad, message in (
+        ("warp_drive", "unknown generator"),
+        ("single_switch:hosts", "key=value"),
+        ("single_switch:legs=3", "single_switch"),
+    ):
         with pytest.raises(ValueError, match=message):
             generate(bad)
 

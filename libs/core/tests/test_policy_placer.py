@@ -3,84 +3,15 @@
 from __future__ import annotations
 
 import copy
-import datetime as dt
 
-import msgspec
 import pytest
 
 from ibpool_core.pool import allocate as al
 from ibpool_core.pool.ledger import Ledger, apply
-from ibpool_core.pool.messages import ProposePlacement, RequestAllocation
 from ibpool_core.pool.policies import POLICIES
 from ibpool_core.pool.policy_placer import policy_placer
-from ibpool_proto.node import GpuInfo, NodeRegistered
-from ibpool_proto.pool import GpuAssignment, ResourceRequest
-
-# Ledgers built as in test_ledger.py.
-T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-H100 = "NVIDIA H100 80GB HBM3"
-H100_MIB = 81559
-L40S = "NVIDIA L40S"
-
-
-def hops(a: str, b: str) -> int | None:
-    return 0 if a == b else 2
-
-
-def node(node_id: str, gpus: int = 2, model: str = H100, memory: int = H100_MIB) -> NodeRegistered:
-    return NodeRegistered(
-        source="agent",
-        key=node_id,
-        node_id=node_id,
-        hostname=f"{node_id}.example",
-        cpu_milli=64_000,
-        memory_mib=512_000,
-        backend="simulated",
-        gpus=[
-            GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", model=model, memory_mib=memory, mig_capable=model != L40S)
-            for i in range(gpus)
-        ],
-        api_url=f"http://{node_id}.example:9400",
-    )
-
-
-def a(node_id: str, gpu: int, milli: int = 1000, memory: int | None = None) -> GpuAssignment:
-    return GpuAssignment(node_id=node_id, gpu_index=gpu, milli=milli, memory_mib=memory)
-
-
-def propose(job: str, *assignments: GpuAssignment, version: int = 2) -> ProposePlacement:
-    return ProposePlacement(
-        id=f"cmd-{job}",
-        source="scheduler",
-        key=job,
-        job_id=job,
-        tenant="t1",
-        queue="q1",
-        ledger_version=version,
-        assignments=list(assignments),
-        lease_s=300.0,
-    )
-
-
-def request(job: str, kind: str = "whole", *, client: str | None = None, **resources: object) -> RequestAllocation:
-    return RequestAllocation(
-        id=f"cmd-{job}",
-        source="scheduler",
-        key=job,
-        job_id=job,
-        tenant="t1",
-        queue="q1",
-        request=msgspec.convert({"kind": kind, **resources}, ResourceRequest),
-        client_node_id=client,
-    )
-
-
-def pool(*inputs: al.Input) -> Ledger:
-    ledger = Ledger()
-    for cmd in inputs:
-        al.handle(ledger, cmd, T0, hops=hops)
-    return ledger
-
+from ibpool_proto.pool import GpuAssignment
+from libs.core.tests.pool_builders import H100, L40S, T0, a, hops, node, pool, propose, request
 
 TWO = pool(node("n1"), node("n2"))
 MIXED = pool(node("n1"), node("n2"), node("l1", model=L40S, memory=46068))
