@@ -54,6 +54,7 @@ def grant(
     runtime_s: float = 0.5,
     memory_mib: int | None = None,
     limit_mib: int | None = None,
+    enforcement: Enforcement | None = None,
 ) -> AllocationGranted:
     job = f"job-{uuid.uuid4().hex[:8]}"
     return AllocationGranted(
@@ -64,7 +65,8 @@ def grant(
         node_id=node_id,
         kind="whole",
         assignments=[GpuAssignment(node_id=node_id, gpu_index=g) for g in gpus],
-        enforcement=Enforcement(env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}, memory_limit_mib=limit_mib),
+        enforcement=enforcement
+        or Enforcement(env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}, memory_limit_mib=limit_mib),
         lease_expires_at=dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5),
         ledger_version=1,
         workload=WorkloadSpec(simulated_runtime_s=runtime_s, simulated_memory_mib=memory_mib),

@@ -8,7 +8,7 @@ import msgspec
 from ibpool_proto import decode
 from ibpool_proto.job import JobExited, JobStarted
 from ibpool_proto.node import NodeHeartbeat, NodeRegistered, TelemetryReported
-from ibpool_proto.pool import AllocationRevoked
+from ibpool_proto.pool import AllocationRevoked, Enforcement
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.store import Store
 from tests.integration.agent_support import grant, running_agent
@@ -117,3 +117,62 @@ async def test_service_endpoints_health_ready_metrics_and_404(bus: Bus, store: S
             assert (await r.json())["error"] == "not found"
         async with http.get(f"{svc.http_url}/v1/nodes/nope") as r:
             assert r.status == 404
+
+
+async def test_mig_and_fraction_limits_are_put_in_force_and_taken_back(bus: Bus, store: Store) -> None:
+    async with running_agent(bus, store, nodes=1, gpu_model="NVIDIA A100-SXM4-80GB") as svc:
+        node = f"{svc.kit.config.node_prefix}-001"
+        left = grant(node, [0], runtime_s=600, enforcement=Enforcement(mig_instances=["0:3g.40gb@0"]))
+        right = grant(node, [0], runtime_s=600, enforcement=Enforcement(mig_instances=["0:3g.40gb@4"]))
+        overlap = grant(node, [0], runtime_s=600, enforcement=Enforcement(mig_instances=["0:1g.10gb@0"]))
+        mps = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "CUDA_DEVICE_SM_LIMIT": "25"}
+        fraction = grant(node, [1], runtime_s=600, enforcement=Enforcement(env=mps, memory_limit_mib=20_000))
+        for g in (left, right, fraction):
+            await bus.publish(g)
+        for g in (left, right, fraction):
+            await eventually(lambda g=g: _started(bus, g.job_id), what=f"{g.job_id} started with its limits in force")
+        await bus.publish(overlap)
+
+        async def refused() -> bool:
+            return bool(await events_on(bus, "IBPOOL_JOB", JobExited.subject(overlap.job_id)))
+
+        await eventually(refused, what="overlapping MIG instance refused")
+        [e] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(overlap.job_id))
+        assert e.reason == "failed" and "overlaps" in e.detail and "1g.10gb" in e.detail
+
+        async def in_force() -> dict[str, dict]:
+            async with aiohttp.ClientSession() as http, http.get(f"{svc.http_url}/v1/nodes/{node}") as r:
+                return {a["allocation_id"]: a for a in msgspec.json.decode(await r.read())["enforcement"]}
+
+        applied = await in_force()
+        assert set(applied) == {left.allocation_id, right.allocation_id, fraction.allocation_id}
+        assert applied[left.allocation_id]["mig_instances"] == ["0:3g.40gb@0"]
+        [device] = applied[left.allocation_id]["mig_devices"]
+        assert device.startswith("MIG-") and applied[left.allocation_id]["env"]["CUDA_VISIBLE_DEVICES"] == device
+        assert applied[fraction.allocation_id]["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+        # Revoking the left instance frees its slices: the 1g.10gb at slice 0 now fits.
+        await bus.publish(
+            AllocationRevoked(
+                source="test",
+                key=node,
+                allocation_id=left.allocation_id,
+                job_id=left.job_id,
+                node_id=node,
+                ledger_version=2,
+                reason="preempted",
+            )
+        )
+
+        async def left_gone() -> bool:
+            return left.allocation_id not in await in_force()
+
+        await eventually(left_gone, what="revoked MIG instance destroyed")
+        again = grant(node, [0], runtime_s=600, enforcement=Enforcement(mig_instances=["0:1g.10gb@0"]))
+        await bus.publish(again)
+        await eventually(lambda: _started(bus, again.job_id), what="1g.10gb placed where the 3g was")
+        assert (await in_force())[again.allocation_id]["mig_instances"] == ["0:1g.10gb@0"]
+
+
+async def _started(bus: Bus, job_id: str) -> bool:
+    return bool(await events_on(bus, "IBPOOL_JOB", JobStarted.subject(job_id)))

@@ -31,6 +31,8 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
     memory_limit_mib: int | None = None
     memory_demand_mib: int | None = None
     env: dict[str, str] = {}
+    # The MIG instances created for it ("<gpu index>:<profile>@<start>"), re-applied after an agent restart.
+    mig_instances: list[str] = []
 
 
 class GrantAdmitted(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,19 +74,7 @@ def admit_grant(
     bad = [i for i in indices if not 0 <= i < gpu_count]
     if not indices or bad:
         detail = f"GPU indices {bad} do not exist (node has {gpu_count})" if bad else "grant assigns no GPU here"
-        return GrantRefused(
-            exited=JobExited(
-                source=source,
-                key=grant.job_id,
-                occurred_at=now,
-                job_id=grant.job_id,
-                allocation_id=grant.allocation_id,
-                node_id=grant.node_id,
-                exit_code=1,
-                reason="failed",
-                detail=detail,
-            )
-        )
+        return GrantRefused(exited=refuse_grant(grant, now=now, source=source, detail=detail))
     spec = grant.workload
     runtime_s = spec.simulated_runtime_s if spec and spec.simulated_runtime_s is not None else default_runtime_s
     limit = grant.enforcement.memory_limit_mib
@@ -114,6 +104,21 @@ def admit_grant(
         launcher="simulated",
     )
     return GrantAdmitted(workload=workload, started=started)
+
+
+def refuse_grant(grant: AllocationGranted, *, now: dt.datetime, source: str, detail: str) -> JobExited:
+    """The exit of a job whose grant this node cannot honour: it fails at once, saying why."""
+    return JobExited(
+        source=source,
+        key=grant.job_id,
+        occurred_at=now,
+        job_id=grant.job_id,
+        allocation_id=grant.allocation_id,
+        node_id=grant.node_id,
+        exit_code=1,
+        reason="failed",
+        detail=detail,
+    )
 
 
 def finish_due(workloads: list[Workload], *, now: dt.datetime, source: str) -> list[tuple[Workload, JobExited]]:

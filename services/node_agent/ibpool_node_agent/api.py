@@ -10,6 +10,7 @@ from ibpool_proto.node import GpuInfo
 from ibpool_runtime.http import json_response
 
 from . import state
+from .enforcers import Applied
 from .service import NodeAgent
 
 
@@ -19,6 +20,8 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     backend: str
     gpus: list[GpuInfo]
     running: list[Workload]
+    # The grants' limits in force on the node (MIG instances, environment), by allocation.
+    enforcement: list[Applied] = []
 
 
 class AgentView(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,6 +57,7 @@ def routes(agent: NodeAgent) -> web.RouteTableDef:
                     backend=n.backend,
                     gpus=n.gpus,
                     running=[w for w in work if w.node_id == n.node_id],
+                    enforcement=agent.backends[n.node_id].enforcer.in_force(),
                 )
                 for n in await state.nodes(pool)
                 if n.node_id in agent.backends
@@ -67,7 +71,14 @@ def routes(agent: NodeAgent) -> web.RouteTableDef:
             if n.node_id == node_id and node_id in agent.backends:
                 work = await state.running(pool, [node_id])
                 return json_response(
-                    NodeView(node_id=n.node_id, hostname=n.hostname, backend=n.backend, gpus=n.gpus, running=work)
+                    NodeView(
+                        node_id=n.node_id,
+                        hostname=n.hostname,
+                        backend=n.backend,
+                        gpus=n.gpus,
+                        running=work,
+                        enforcement=agent.backends[node_id].enforcer.in_force(),
+                    )
                 )
         return json_response({"error": "not found", "detail": f"node {node_id!r} is not hosted here"}, status=404)
 

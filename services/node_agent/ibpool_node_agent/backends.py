@@ -9,12 +9,15 @@ from ibpool_core.gpu_model import SimulatedGpus
 from ibpool_proto.node import GpuInfo, GpuSample
 
 from .config import NodeAgentConfig
+from .enforcers import Enforcer, NvmlEnforcer, SimulatedEnforcer
 
 
 class GpuBackend(Protocol):
     name: str
     node_id: str
     hostname: str
+    # Puts each grant's MIG / MPS / visibility limits in force on this node.
+    enforcer: Enforcer
 
     def inventory(self) -> list[GpuInfo]: ...
 
@@ -37,6 +40,7 @@ class SimulatedBackend:
             ecc_rate=cfg.sim_ecc_rate,
             xid_rate=cfg.sim_xid_rate,
         )
+        self.enforcer: Enforcer = SimulatedEnforcer(node_id, self.model.inventory())
 
     def inventory(self) -> list[GpuInfo]:
         return self.model.inventory()
@@ -46,7 +50,7 @@ class SimulatedBackend:
 
 
 class NvmlBackend:
-    """Reads real GPUs through NVML (nvidia-ml-py). Inventory and basic telemetry."""
+    """Reads real GPUs through NVML (nvidia-ml-py): inventory and telemetry; enforces grants (MIG, MPS)."""
 
     name = "nvml"
 
@@ -58,6 +62,7 @@ class NvmlBackend:
         self.node_id = node_id
         self.hostname = socket.gethostname()
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self.enforcer: Enforcer = NvmlEnforcer(pynvml, self.handles, self.inventory())
 
     def inventory(self) -> list[GpuInfo]:
         n = self.nvml

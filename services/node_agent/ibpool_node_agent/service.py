@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
+
 from ibpool_core import workload as core
 from ibpool_core.clock import Clock
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
-from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
+from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked, Enforcement
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit, sleep_unless_stopped
@@ -20,6 +22,7 @@ from ibpool_runtime.service import Kit, sleep_unless_stopped
 from . import state
 from .backends import GpuBackend
 from .config import NodeAgentConfig
+from .enforcers import EnforcementError
 
 log = get_logger(__name__)
 
@@ -70,6 +73,14 @@ class NodeAgent:
                 )
                 match decision:
                     case core.GrantAdmitted(workload=w, started=started):
+                        try:
+                            applied = self.backends[event.node_id].enforcer.apply(w.allocation_id, event.enforcement)
+                        except EnforcementError as e:
+                            log.warning("grant not enforceable", allocation_id=w.allocation_id, reason=str(e))
+                            detail = f"enforcement: {e}"
+                            await ctx.emit(core.refuse_grant(event, now=now, source=self.kit.source, detail=detail))
+                            return
+                        w = msgspec.structs.replace(w, env=applied.env, mig_instances=applied.mig_instances)
                         await state.insert_workload(ctx.tx.conn, w)
                         await ctx.emit(started)
                     case core.GrantRefused(exited=exited):
@@ -84,6 +95,7 @@ class NodeAgent:
                 exited = core.stop_revoked(w, event, now=now, source=self.kit.source)
                 await state.mark_exited(ctx.tx.conn, exited)
                 await ctx.emit(exited)
+                self.backends[w.node_id].enforcer.release(w.allocation_id)
             case _:
                 log.warning("unexpected event for the node agent", type=type(event).__name__)
 
@@ -108,6 +120,16 @@ class NodeAgent:
                         labels={"ibpool.io/gpu-model": gpus[0].model if gpus else ""},
                     )
                 )
+            self.reapply(await state.running(tx.conn, self.node_ids))
+
+    def reapply(self, work: list[core.Workload]) -> None:
+        """Put the limits of work that ran before a restart back in force (the enforcers start empty)."""
+        for w in work:
+            again = Enforcement(env=w.env, mig_instances=w.mig_instances, memory_limit_mib=w.memory_limit_mib)
+            try:
+                self.backends[w.node_id].enforcer.apply(w.allocation_id, again)
+            except EnforcementError as e:
+                log.warning("limits of running work not re-applied", allocation_id=w.allocation_id, reason=str(e))
 
     async def deregister(self) -> None:
         now = self.clock.now()
@@ -174,6 +196,8 @@ class NodeAgent:
                 if await state.mark_exited(tx.conn, exited):
                     await tx.outbox(exited)
         finished = {w.allocation_id for w, _ in due}
+        for w, _ in due:
+            self.backends[w.node_id].enforcer.release(w.allocation_id)
         still = [w for w in work if w.allocation_id not in finished]
         self.running = {n: [w.allocation_id for w in still if w.node_id == n] for n in self.node_ids}
         load: dict[str, dict[int, int]] = {n: {} for n in self.node_ids}
