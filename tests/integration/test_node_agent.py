@@ -42,6 +42,7 @@ async def test_agent_registers_heartbeats_and_reports_telemetry(bus: Bus, store:
         await eventually(telemetry, what="telemetry")
         sample = (await events_on(bus, "IBPOOL_NODE", TelemetryReported.subject(f"{nodes}-001")))[0]
         assert len(sample.gpus) == 8
+        assert sample.host is not None and 0.0 < sample.host.cpu_pct <= 100.0 and sample.host.memory_used_mib > 0
 
 
 async def test_grant_starts_work_which_exits_and_revoke_stops_it(bus: Bus, store: Store) -> None:

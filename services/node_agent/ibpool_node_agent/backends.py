@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import socket
+import time
 from typing import Protocol
 
+import psutil
+
 from ibpool_core.gpu_model import SimulatedGpus
-from ibpool_proto.node import GpuInfo, GpuSample
+from ibpool_proto.node import GpuInfo, GpuSample, HostSample
 
 from .config import NodeAgentConfig
 from .enforcers import Enforcer, NvmlEnforcer, SimulatedEnforcer
@@ -23,6 +26,10 @@ class GpuBackend(Protocol):
 
     def sample(self, dt_s: float, load: dict[int, int]) -> list[GpuSample]:
         """Telemetry now; `load` is GPU index -> MiB that granted work uses (the simulation needs it)."""
+        ...
+
+    def host(self, load: dict[int, int]) -> HostSample:
+        """The node's CPU, memory, network and disk now."""
         ...
 
 
@@ -48,6 +55,18 @@ class SimulatedBackend:
     def sample(self, dt_s: float, load: dict[int, int]) -> list[GpuSample]:
         return self.model.sample(dt_s, load)
 
+    def host(self, load: dict[int, int]) -> HostSample:
+        # A simulated node's host follows its work: each busy GPU keeps about 1.5 cores of 32 busy
+        # feeding it and pins host memory for about a quarter of its GPU memory.
+        busy = len(load)
+        return HostSample(
+            cpu_pct=min(100.0, 2.0 + busy * 150.0 / 32),
+            memory_used_mib=4096 + sum(load.values()) // 4,
+            net_rx_bps=busy * 2e8,
+            net_tx_bps=busy * 2e8,
+            disk_used_pct=35.0,
+        )
+
 
 class NvmlBackend:
     """Reads real GPUs through NVML (nvidia-ml-py): inventory and telemetry; enforces grants (MIG, MPS)."""
@@ -63,6 +82,7 @@ class NvmlBackend:
         self.hostname = socket.gethostname()
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         self.enforcer: Enforcer = NvmlEnforcer(pynvml, self.handles, self.inventory())
+        self.host_meter = HostMeter()
 
     def inventory(self) -> list[GpuInfo]:
         n = self.nvml
@@ -83,6 +103,9 @@ class NvmlBackend:
                 )
             )
         return out
+
+    def host(self, load: dict[int, int]) -> HostSample:
+        return self.host_meter.sample()
 
     def sample(self, dt_s: float, load: dict[int, int]) -> list[GpuSample]:
         n = self.nvml
@@ -110,6 +133,30 @@ class NvmlBackend:
                 )
             )
         return out
+
+
+class HostMeter:
+    """This machine's CPU, memory, network throughput (since the last sample) and root disk use (psutil)."""
+
+    def __init__(self, disk_path: str = "/") -> None:
+        self.disk_path = disk_path
+        psutil.cpu_percent(None)  # the first call only starts the measurement window
+        self._net = psutil.net_io_counters()
+        self._at = time.monotonic()
+
+    def sample(self) -> HostSample:
+        now, net = time.monotonic(), psutil.net_io_counters()
+        span = max(now - self._at, 1e-3)
+        rx = (net.bytes_recv - self._net.bytes_recv) * 8 / span
+        tx = (net.bytes_sent - self._net.bytes_sent) * 8 / span
+        self._net, self._at = net, now
+        return HostSample(
+            cpu_pct=float(psutil.cpu_percent(None)),
+            memory_used_mib=int(psutil.virtual_memory().used // (1 << 20)),
+            net_rx_bps=max(0.0, rx),
+            net_tx_bps=max(0.0, tx),
+            disk_used_pct=float(psutil.disk_usage(self.disk_path).percent),
+        )
 
 
 def _text(v: str | bytes) -> str:

@@ -169,12 +169,15 @@ class NodeAgent:
             dt_s, last = now_mono - last, now_mono
             now = self.clock.now()
             for n, b in self.backends.items():
+                load = self._load.get(n, {})
                 try:
-                    gpus = b.sample(dt_s, self._load.get(n, {}))
+                    gpus, host = b.sample(dt_s, load), b.host(load)
                 except Exception as e:  # one bad read must not stop telemetry of the other nodes
                     log.warning("telemetry read failed", node_id=n, error=str(e))
                     continue
-                sample = TelemetryReported(source=self.kit.source, key=n, occurred_at=now, node_id=n, gpus=gpus)
+                sample = TelemetryReported(
+                    source=self.kit.source, key=n, occurred_at=now, node_id=n, gpus=gpus, host=host
+                )
                 await self.kit.bus.publish_unacked(sample)
             await sleep_unless_stopped(stop, self.cfg.telemetry_interval_s)
 
