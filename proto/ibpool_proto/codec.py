@@ -8,18 +8,31 @@ import msgspec
 
 from .fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged, TopologyPublished
 from .health import (
+    ClusterDegraded,
+    ClusterRestored,
     Cordoned,
     DrainRequested,
     GpuFailed,
+    JobFlagged,
     NodeFailed,
     NodeRecovered,
     NodeSuspected,
     RequeueRequested,
     Uncordoned,
 )
-from .job import CancelJob, JobExited, JobStarted, SubmitJob
+from .job import (
+    CancelJob,
+    JobExited,
+    JobFinished,
+    JobPreempted,
+    JobQueued,
+    JobRequeued,
+    JobScheduled,
+    JobStarted,
+    SubmitJob,
+)
 from .message import Message
-from .node import NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
+from .node import HcaPortsReported, NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
 from .pool import (
     AllocationExpired,
     AllocationGranted,
@@ -42,6 +55,7 @@ AnyMessage = (
     | NodeDeregistered
     | NodeHeartbeat
     | TelemetryReported
+    | HcaPortsReported
     | TopologyPublished
     | LinkStateChanged
     | LinkDegraded
@@ -64,6 +78,11 @@ AnyMessage = (
     | CancelJob
     | JobStarted
     | JobExited
+    | JobQueued
+    | JobScheduled
+    | JobPreempted
+    | JobRequeued
+    | JobFinished
     | ScaleDecided
     | NodeSuspected
     | NodeFailed
@@ -73,6 +92,9 @@ AnyMessage = (
     | Uncordoned
     | DrainRequested
     | RequeueRequested
+    | JobFlagged
+    | ClusterDegraded
+    | ClusterRestored
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

@@ -80,3 +80,43 @@ class RequeueRequested(Event, frozen=True, kw_only=True, tag="io.ibpool.health.r
     job_id: str
     allocation_id: str
     reason: str
+    # How many times this job's work was lost to failing hardware, this time included.
+    attempt: int = 1
+    # Wait at least this long before placing it again (exponential in `attempt`).
+    retry_after_s: float = 0.0
+    # The node whose failure (or whose GPU's) lost the work.
+    node_id: str | None = None
+
+
+class JobFlagged(Event, frozen=True, kw_only=True, tag="io.ibpool.health.job.flagged.v1"):
+    key_name: ClassVar[str] = "job_id"
+    summary: ClassVar[str] = (
+        "A job kept landing on failing hardware (`failures` times); an operator should look at it or its nodes."
+    )
+
+    job_id: str
+    failures: int
+    reason: str
+    node_ids: list[str] = []
+
+
+class ClusterDegraded(Event, frozen=True, kw_only=True, tag="io.ibpool.health.cluster.degraded.v1"):
+    key_name: ClassVar[str] = "cluster"
+    summary: ClassVar[str] = (
+        "More nodes stopped answering than may be failed at once (a partition looks like mass failure):"
+        " they are held as suspected, nothing is requeued."
+    )
+
+    unreachable: int
+    failed: int
+    nodes: int
+    max_failed: int
+    node_ids: list[str] = []
+
+
+class ClusterRestored(Event, frozen=True, kw_only=True, tag="io.ibpool.health.cluster.restored.v1"):
+    key_name: ClassVar[str] = "cluster"
+    summary: ClassVar[str] = "Unreachable nodes are back within the fraction that may fail at once; verdicts resume."
+
+    unreachable: int
+    nodes: int

@@ -22,8 +22,8 @@ SUBJECT_PREFIX = "ibpool."
 Timestamp = Annotated[dt.datetime, msgspec.Meta(tz=True)]
 
 # A subject token: printable ASCII without the separator and the wildcards.
-_KEY = re.compile(r"^[!-~]+$")
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_KEY = re.compile(r"[!-~]+")  # used with fullmatch: `$` would let a trailing newline through
+_NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")
 
 
 def new_id() -> str:
@@ -101,7 +101,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbi
     @classmethod
     def subject(cls, key: str) -> str:
         """The subject for this message with the given key: `ibpool.<domain>.<entity>.<verb>.<key>`."""
-        if not _KEY.match(key) or any(c in key for c in ".*>"):
+        if not _KEY.fullmatch(key) or any(c in key for c in ".*>"):
             raise ValueError(
                 f"subject key {key!r} must be a non-empty token of printable ASCII without '.', '*', '>' or spaces"
             )

@@ -79,3 +79,27 @@ class TelemetryReported(Event, frozen=True, kw_only=True, tag="io.ibpool.node.te
     node_id: str
     gpus: list[GpuSample]
     host: HostSample | None = None
+
+
+class HcaPort(msgspec.Struct, frozen=True, kw_only=True):
+    """One port of a host channel adapter, as the host's kernel shows it (sysfs)."""
+
+    device: str
+    port: int
+    # The adapter's node GUID, "0x" and 16 lower-case hex digits (the topology's form).
+    node_guid: str
+    # The logical state: ACTIVE, DOWN, INIT, ARMED.
+    state: str
+    width: int | None = None
+    lane_gbps: float | None = None
+    counters: dict[str, int] = {}
+
+
+class HcaPortsReported(Event, frozen=True, kw_only=True, tag="io.ibpool.node.hca.reported.v1"):
+    key_name: ClassVar[str] = "node_id"
+    summary: ClassVar[str] = (
+        "The InfiniBand ports of a node's adapters as its kernel shows them, for link health without a fabric manager."
+    )
+
+    node_id: str
+    ports: list[HcaPort]

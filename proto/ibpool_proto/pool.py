@@ -66,6 +66,10 @@ class ProposePlacement(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.p
     # Host CPU and memory held on each node of the assignment, beside its GPUs.
     cpu_milli: int = 0
     host_memory_mib: int = 0
+    # Fencing: the proposer's leadership term within its scheduler group. The allocator refuses
+    # (`stale`) a proposal whose term is below the highest it granted for that group.
+    scheduler_group: str = ""
+    fencing_term: int | None = None
 
 
 class RequestAllocation(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.allocation.request.v1"):
@@ -125,6 +129,9 @@ class AllocationGranted(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.al
     client_node_id: str | None = None
     endpoint: str | None = None
     hops: int | None = None
+    # The fencing term of the proposal granted, and its scheduler group (see ProposePlacement).
+    scheduler_group: str = ""
+    fencing_term: int | None = None
 
 
 class AllocationRejected(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.allocation.rejected.v1"):

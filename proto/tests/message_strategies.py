@@ -100,4 +100,3 @@ def _sample(t: mi.Type) -> Any:
     if isinstance(t, mi.StructType):
         return t.cls(**{f.name: _sample(f.type) for f in t.fields})
     raise NotImplementedError(f"no sample for msgspec type {t!r}")
-

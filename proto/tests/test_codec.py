@@ -34,6 +34,7 @@ def is_valid_key(key: str) -> bool:
     """A subject token: printable ASCII, none of '.', '*', '>'."""
     return bool(key) and all("!" <= c <= "~" for c in key) and not any(c in key for c in ".*>")
 
+
 ALL_FIELD_NAMES = sorted({f.name for m in ALL_MESSAGES for f in msgspec.structs.fields(m)})
 
 json_values = st.recursive(
@@ -104,6 +105,7 @@ def test_unknown_type_is_a_decode_error() -> None:
 
 # -- subjects ---------------------------------------------------------------------------------
 
+
 @given(st.text(alphabet=string.ascii_letters + string.digits + "-_:", min_size=1, max_size=40))
 def test_subject_is_root_plus_key(key: str) -> None:
     for cls in MESSAGE_TYPES:
@@ -144,6 +146,7 @@ def test_subject_pattern_matches_every_key() -> None:
 
 
 # -- ce-types ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("cls", MESSAGE_TYPES, ids=lambda c: c.ce_type())
 def test_every_ce_type_is_well_formed_and_unique(cls: type[Message]) -> None:

@@ -27,7 +27,8 @@ def test_current_code_keeps_the_released_contract() -> None:
     assert path.exists(), "no released snapshot; run `python -m ibpool_proto.compat --write-snapshot`"
     found = violations(load_snapshot(path), ALL_MESSAGES)
     assert not found, (
-        f"the message classes break the released contract ({path.name}):\n  " + "\n  ".join(found)
+        f"the message classes break the released contract ({path.name}):\n  "
+        + "\n  ".join(found)
         + "\nAdd a new `.v<N+1>` type next to the old one instead (see docs/events/README.md)."
     )
 

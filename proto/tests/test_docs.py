@@ -42,7 +42,8 @@ def test_committed_docs_match_the_code(tmp_path: Path) -> None:
     stale = [p.relative_to(DOCS).as_posix() for p in gen.stale_files(DOCS, gen.render())]
     assert not stale, f"docs/events has schemas of messages that no longer exist: {stale}; {REGENERATE}"
     differ = [
-        rel for rel in generated
+        rel
+        for rel in generated
         if not (DOCS / rel).exists()
         or (DOCS / rel).read_text(encoding="utf-8") != (tmp_path / rel).read_text(encoding="utf-8")
     ]
@@ -95,9 +96,7 @@ def test_asyncapi_covers_every_message_once() -> None:
     doc = committed_asyncapi()
     assert set(doc["components"]["messages"]) == {m.ce_type() for m in ALL_MESSAGES}
     in_channels = [ce for ch in doc["channels"].values() for ce in ch["messages"]]
-    in_operations = [
-        m["$ref"].rsplit("/", 1)[-1] for op in doc["operations"].values() for m in op["messages"]
-    ]
+    in_operations = [m["$ref"].rsplit("/", 1)[-1] for op in doc["operations"].values() for m in op["messages"]]
     assert sorted(in_channels) == sorted(in_operations) == sorted(m.ce_type() for m in ALL_MESSAGES)
     for cls in ALL_MESSAGES:
         message = doc["components"]["messages"][cls.ce_type()]
