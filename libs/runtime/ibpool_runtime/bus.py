@@ -8,7 +8,8 @@ under a bounded in-flight window and every ack is awaited.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import nats
@@ -64,18 +65,64 @@ class BusUnavailable(Exception):
     """NATS could not be reached after the configured retries."""
 
 
+def redact_url(text: str) -> str:
+    """`nats://user:secret@host` -> `nats://user:***@host`, for every URL in `text`."""
+    return re.sub(r"://([^:@/,\s]+):[^@/,\s]*@", r"://\1:***@", text)
+
+
+class StreamSetupError(Exception):
+    """A stream is missing or differs from its declaration, and this connection may not fix it."""
+
+
+def _same_stream(current: StreamConfig, wanted: StreamConfig) -> bool:
+    def seconds(v: float | None) -> float:
+        return round(float(v or 0.0), 3)
+
+    return (
+        sorted(current.subjects or []) == sorted(wanted.subjects or [])
+        and seconds(current.max_age) == seconds(wanted.max_age)
+        and seconds(current.duplicate_window) == seconds(wanted.duplicate_window)
+        and (current.num_replicas or 1) == (wanted.num_replicas or 1)
+        and (current.max_bytes or -1) == (wanted.max_bytes or -1)
+        and current.retention == wanted.retention
+        and (current.description or "") == (wanted.description or "")
+    )
+
+
+Listener = Callable[[], Awaitable[None]]
+
+
 class Bus:
-    def __init__(self, nc: NatsClient, js: JetStreamContext) -> None:
+    def __init__(self, nc: NatsClient, js: JetStreamContext, reconnect_listeners: list[Listener] | None = None) -> None:
         self.nc = nc
         self.js = js
+        self._reconnect_listeners = reconnect_listeners if reconnect_listeners is not None else []
+
+    def on_reconnect(self, listener: Listener) -> None:
+        """Call `listener` after every reconnect (e.g. to re-announce state others may have missed)."""
+        self._reconnect_listeners.append(listener)
 
     @classmethod
     async def connect(
         cls, url: str, *, name: str, attempts: int = 10, backoff_s: float = 0.5, window: int = 256
     ) -> Bus:
-        """Connect with bounded retries; raise BusUnavailable naming the URL when all fail."""
+        """Connect with bounded retries; raise BusUnavailable naming the URL when all fail.
+
+        `url` may list several servers of a cluster, comma-separated; passwords in it never reach logs.
+        """
+        servers = [u.strip() for u in url.split(",") if u.strip()]
+        shown = redact_url(url)
         last: Exception | None = None
         seen: list[Exception] = []
+        listeners: list[Listener] = []
+
+        async def on_reconnected() -> None:
+            log.info("nats reconnected", url=shown)
+            for listener in list(listeners):
+                try:
+                    await listener()
+                except Exception as e:  # one listener's failure must not stop the others
+                    log.warning("reconnect listener failed", error=str(e) or type(e).__name__)
 
         async def on_error(e: Exception) -> None:
             seen.append(e)
@@ -86,29 +133,35 @@ class Bus:
                 # nats-py keeps retrying a first connect as if it were a reconnect; bound each attempt.
                 nc = await asyncio.wait_for(
                     nats.connect(
-                        url,
+                        servers,
                         name=name,
                         connect_timeout=2,
                         allow_reconnect=True,
                         max_reconnect_attempts=-1,
                         reconnect_time_wait=0.5,
                         error_cb=on_error,
+                        reconnected_cb=on_reconnected,
                     ),
                     timeout=3,
                 )
-                return cls(nc, nc.jetstream(publish_async_max_pending=window))
+                return cls(nc, nc.jetstream(publish_async_max_pending=window), listeners)
             except Exception as e:  # nats-py raises several unrelated types here
                 last = seen[-1] if isinstance(e, TimeoutError) and seen else e
-                log.warning("nats connect failed", url=url, attempt=attempt, error=str(e) or type(e).__name__)
+                error = redact_url(str(e)) or type(e).__name__
+                log.warning("nats connect failed", url=shown, attempt=attempt, error=error)
                 await asyncio.sleep(min(backoff_s * 2 ** (attempt - 1), 5.0))
-        raise BusUnavailable(f"cannot reach NATS at {url} after {attempts} attempts: {last}")
+        raise BusUnavailable(f"cannot reach NATS at {shown} after {attempts} attempts: {redact_url(str(last))}")
 
     @property
     def connected(self) -> bool:
         return bool(self.nc.is_connected)
 
     async def ensure_streams(self, replicas: int = 1, specs: Iterable[StreamSpec] = STREAMS) -> None:
-        """Create or update every stream of the table; safe to run from every service at start."""
+        """Create or update every stream of the table; safe to run from every service at start.
+
+        A stream already in place with the declared settings is left alone, so services whose
+        NATS user may only read streams start against streams the admin created.
+        """
         for spec in specs:
             config = StreamConfig(
                 name=spec.name,
@@ -122,10 +175,29 @@ class Bus:
                 storage=StorageType.FILE,
             )
             try:
-                await self.js.add_stream(config)
-            except nats.js.errors.BadRequestError:
-                # Exists with other settings: bring it to the declared ones.
-                await self.js.update_stream(config)
+                current = (await self.js.stream_info(spec.name)).config
+            except nats.js.errors.NotFoundError:
+                current = None
+            except nats.errors.TimeoutError as e:  # what a refused request looks like
+                raise StreamSetupError(
+                    f"cannot read stream {spec.name} (does this NATS user lack the permission?)"
+                ) from e
+            if current is not None and _same_stream(current, config):
+                continue  # in place as declared: a service whose user may not change streams goes on
+            try:
+                if current is None:
+                    await self.js.add_stream(config)
+                else:
+                    await self.js.update_stream(config)
+            except (nats.errors.TimeoutError, nats.js.errors.APIError) as e:
+                what = (
+                    f"create stream {spec.name}"
+                    if current is None
+                    else f"bring stream {spec.name} to its declared settings"
+                )
+                raise StreamSetupError(
+                    f"cannot {what} (does this NATS user have the admin's permissions?): {e or type(e).__name__}"
+                ) from e
 
     async def publish(self, message: Message) -> PubAck:
         out = outgoing(message)

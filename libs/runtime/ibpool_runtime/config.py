@@ -40,6 +40,12 @@ class BaseConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     shutdown_grace_s: float = 10.0
     outbox_window: int = 256
     log_level: str = "info"
+    # HTTP API tokens: a file of '<operator|client|readonly> <token>' lines (or 'sha256:<hex>' digests).
+    # Empty: the API is open (development). Reads need a token only with api_protect_reads.
+    api_tokens_file: str = ""
+    api_protect_reads: bool = False
+    # Paths under which only operators may change state (quotas, fault injection).
+    api_operator_paths: str = "/v1/quotas,/v1/sim"
 
 
 C = TypeVar("C", bound=BaseConfig)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import msgspec
 
+from .processes import process_alive
+
 STACK_FILE = "stack.json"
 ENV_FILE = "stack.env"
 PG_SYSTEM_USER = "ibpool_pg"
@@ -89,8 +91,9 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def start_nats(
-    state_dir: Path, *, sync_always: bool = True, port: int | None = None
+    state_dir: Path, *, sync_always: bool = True, port: int | None = None, extra_config: str = ""
 ) -> tuple[subprocess.Popen[bytes], str, str]:
+    """nats-server with JetStream in `state_dir`; `extra_config` is appended (e.g. an authorization block)."""
     port = port or free_port()
     monitor = free_port()
     store = state_dir / "jetstream"
@@ -100,7 +103,7 @@ def start_nats(
     conf.write_text(
         f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\nserver_name: ibpool-dev\n"
         f"max_payload: 8MB\n"
-        f'jetstream {{\n  store_dir: "{store}"\n{sync_line}}}\n'
+        f'jetstream {{\n  store_dir: "{store}"\n{sync_line}}}\n' + extra_config
     )
     log = state_dir / "nats.log"
     proc = subprocess.Popen(
@@ -242,7 +245,7 @@ def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True) -> S
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     existing = read_info(state_dir)
-    if existing is not None and _alive(existing.nats_pid) and _alive(existing.postgres_pid):
+    if existing is not None and process_alive(existing.nats_pid) and process_alive(existing.postgres_pid):
         return existing
     if existing is not None:
         down(state_dir)
@@ -281,20 +284,6 @@ def read_info(state_dir: Path) -> StackInfo | None:
         raise StackError(f"{path} is corrupt ({e}); remove it and run `ibpool dev up` again") from None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); reap it if it is ours.
-    with contextlib.suppress(ChildProcessError):
-        if os.waitpid(pid, os.WNOHANG) != (0, 0):
-            return False
-    return True
-
-
 def down(state_dir: Path) -> bool:
     """Stop both servers of this state dir; False if nothing was running."""
     state_dir = state_dir.resolve()
@@ -313,11 +302,14 @@ def status(state_dir: Path) -> dict[str, str]:
     info = read_info(state_dir.resolve())
     if info is None:
         return {"stack": "not running", "state_dir": str(state_dir)}
+    def state(pid: int) -> str:
+        return "up" if process_alive(pid) else "DOWN"
+
     return {
         "state_dir": info.state_dir,
-        "nats": f"{info.nats_url} (pid {info.nats_pid}, {'up' if _alive(info.nats_pid) else 'DOWN'})",
+        "nats": f"{info.nats_url} (pid {info.nats_pid}, {state(info.nats_pid)})",
         "nats_monitor": info.nats_monitor_url,
         "jetstream_sync": "always" if info.sync_always else "default",
-        "postgres": f"{info.postgres_dsn} (pid {info.postgres_pid}, {'up' if _alive(info.postgres_pid) else 'DOWN'})",
+        "postgres": f"{info.postgres_dsn} (pid {info.postgres_pid}, {state(info.postgres_pid)})",
         "env_file": str(Path(info.state_dir) / ENV_FILE),
     }

@@ -25,7 +25,7 @@ from . import telemetry
 from .bus import Bus, BusUnavailable
 from .config import BaseConfig, ConfigError, load_config
 from .consumer import Consumer, ConsumerSettings, Subscription
-from .http import create_app
+from .http import ApiAuth, create_app
 from .logs import configure_logging, get_logger
 from .metrics import ServiceMetrics
 from .outbox import OutboxRelay
@@ -92,6 +92,7 @@ class Service(Generic[C]):
 
     async def start(self) -> None:
         kit = self.kit
+        auth = ApiAuth.from_config(kit.config)  # a bad tokens file stops the start before anything runs
         applied = await kit.store.migrate(*([self.spec.migrations] if self.spec.migrations else []))
         if applied:
             log.info("migrations applied", applied=applied)
@@ -101,7 +102,7 @@ class Service(Generic[C]):
         self._relay_task = asyncio.create_task(self.relay.run(self._relay_stop), name="outbox-relay")
         for c in self.consumers:
             self._consumer_tasks.append(asyncio.create_task(c.run(kit.stop), name=f"consumer-{c.sub.durable}"))
-        app = create_app(kit.metrics, self.readiness, self.refresh_metrics, self.spec.add_routes)
+        app = create_app(kit.metrics, self.readiness, self.refresh_metrics, self.spec.add_routes, auth)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, kit.config.http_host, kit.config.http_port)

@@ -3,13 +3,18 @@
 A handler's state change, the id of the event it handled (inbox) and the events it caused
 (outbox) are written in one transaction, so a redelivered event changes nothing and a crash
 between commit and publish loses nothing.
+
+Rows that only need to be there at commit (the outbox, an append-only log) can be queued with
+`Transaction.executemany_at_commit`: all rows queued for one statement go in one `executemany`
+just before the commit, or before the savepoint they were queued in is released. A batch of
+handlers in one transaction then pays one round trip for all their outbox rows, not one each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,7 +30,7 @@ from .logs import get_logger
 log = get_logger(__name__)
 
 RUNTIME_MIGRATIONS = Path(__file__).parent / "migrations"
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}\Z")
 _MIGRATION_NAME = re.compile(r"^(\d+)_[\w-]+\.sql$")
 
 
@@ -44,6 +49,14 @@ class Transaction:
         self.conn = conn
         self._on_outbox = on_outbox
         self.emitted = 0
+        # Rows queued for one executemany per statement, in first-queued order; one scope per open savepoint.
+        self._queued: dict[str, list[Sequence[Any]]] = {}
+        self._savepoints = 0
+
+    @property
+    def in_savepoint(self) -> bool:
+        """True inside `savepoint()`: work done now may be rolled back while the transaction goes on."""
+        return self._savepoints > 0
 
     async def mark_handled(self, consumer: str, event_id: str) -> bool:
         """Record that `consumer` handled `event_id`; False if it already had (a redelivery)."""
@@ -65,24 +78,52 @@ class Transaction:
         return [r["event_id"] for r in rows]
 
     async def outbox(self, *messages: Message) -> None:
-        """Queue messages for publishing; they leave only if this transaction commits."""
-        if not messages:
-            return
+        """Queue messages for publishing; they leave only if this transaction commits.
+
+        The rows are written at commit (see `executemany_at_commit`); the headers, trace context
+        included, are taken now.
+        """
         rows = []
         for m in messages:
             out = outgoing(m)
             rows.append((m.id, out.subject, msgspec.json.encode(out.headers).decode(), out.body))
-        await self.conn.executemany(
-            "INSERT INTO outbox (event_id, subject, headers, body) VALUES ($1, $2, $3, $4)"
-            " ON CONFLICT (event_id) DO NOTHING",
-            rows,
-        )
-        self.emitted += len(rows)
+        self.executemany_at_commit(_OUTBOX_INSERT, rows)
+
+    def executemany_at_commit(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Queue `rows` for `statement`, written with one `executemany` per statement before commit.
+
+        Inside a savepoint they are written before it is released, and dropped if it rolls back.
+        Statements run in the order they were first queued, rows in the order queued. Until then
+        the rows are not in the database: a query of this transaction does not see them, and a
+        failing write fails the commit (or the savepoint), not the call that queued them.
+        """
+        if rows:
+            self._queued.setdefault(statement, []).extend(rows)
+
+    async def write_queued(self) -> None:
+        """Write the rows queued in the current scope now (done before every commit and savepoint release)."""
+        queued, self._queued = self._queued, {}
+        for statement, rows in queued.items():
+            await self.conn.executemany(statement, rows)
+            if statement == _OUTBOX_INSERT:
+                self.emitted += len(rows)
 
     @asynccontextmanager
     async def savepoint(self) -> AsyncIterator[None]:
-        async with self.conn.transaction():
-            yield
+        outer, self._queued = self._queued, {}
+        self._savepoints += 1
+        try:
+            async with self.conn.transaction():
+                yield
+                await self.write_queued()
+        finally:
+            self._savepoints -= 1
+            self._queued = outer
+
+
+_OUTBOX_INSERT = (
+    "INSERT INTO outbox (event_id, subject, headers, body) VALUES ($1, $2, $3, $4) ON CONFLICT (event_id) DO NOTHING"
+)
 
 
 class Store:
@@ -162,6 +203,7 @@ class Store:
         async with self.pool.acquire() as conn, conn.transaction():
             tx = Transaction(conn)
             yield tx
+            await tx.write_queued()
         if tx.emitted:
             self._committed_outbox.set()
 

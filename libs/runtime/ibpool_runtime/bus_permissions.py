@@ -1,0 +1,179 @@
+"""Who may publish what on the bus: one NATS user per service, allowed only its own subjects.
+
+Each service may publish the messages it owns (e.g. only the pool allocator publishes
+`ibpool.pool.allocation.granted.*`), dead letters, acks, and the JetStream API calls that read
+the streams it consumes; it subscribes only to reply inboxes (pull consumers deliver there).
+Creating and changing streams is the admin's job (`ibpool_runtime.bus.Bus.ensure_streams` run
+with the admin user); services find their streams in place.
+
+    python -m ibpool_runtime.bus_permissions PASSWORD_DIR > auth.conf
+
+renders the nats-server `authorization` block from one password file per user in PASSWORD_DIR
+(`<user>.password`, e.g. written by deploy/nats/make-auth.sh; never committed).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ibpool_proto import fabric, health, job, node, pool, scale
+from ibpool_proto.message import Message
+
+from .streams import DLQ_SUBJECT_PREFIX, STREAMS
+
+LEADER_BUCKET = "ibpool_leaders"
+
+# The messages each service publishes: nobody else may.
+PUBLISHES: dict[str, tuple[type[Message], ...]] = {
+    "node_agent": (
+        node.NodeRegistered,
+        node.NodeDeregistered,
+        node.NodeHeartbeat,
+        node.TelemetryReported,
+        node.HcaPortsReported,
+        job.JobStarted,
+        job.JobExited,
+    ),
+    "fabric_monitor": (
+        fabric.TopologyPublished,
+        fabric.LinkStateChanged,
+        fabric.LinkDegraded,
+        fabric.LinkFlapping,
+        fabric.LinkRecovered,
+    ),
+    "pool_allocator": (
+        pool.AllocationGranted,
+        pool.AllocationRejected,
+        pool.AllocationReleased,
+        pool.AllocationRevoked,
+        pool.AllocationExpired,
+        pool.LeaseRenewed,
+        pool.PoolNodeUpdated,
+        pool.QuotaChanged,
+    ),
+    "failover_controller": (
+        health.NodeSuspected,
+        health.NodeFailed,
+        health.NodeRecovered,
+        health.GpuFailed,
+        health.Cordoned,
+        health.Uncordoned,
+        health.DrainRequested,
+        health.RequeueRequested,
+        health.JobFlagged,
+        health.ClusterDegraded,
+        health.ClusterRestored,
+    ),
+    "scheduler": (
+        job.JobQueued,
+        job.JobScheduled,
+        job.JobPreempted,
+        job.JobRequeued,
+        job.JobFinished,
+        pool.ProposePlacement,
+        pool.ReleaseAllocation,
+        pool.RenewLease,
+    ),
+    "autoscaler": (scale.ScaleDecided, job.SubmitJob, job.CancelJob),
+    # People and other systems acting on the cluster: submit work, ask for and give back GPUs, set quotas.
+    "operator": (
+        job.SubmitJob,
+        job.CancelJob,
+        pool.RequestAllocation,
+        pool.ReleaseAllocation,
+        pool.RenewLease,
+        pool.SetQuota,
+    ),
+    # Other systems that only subscribe to ibpool's events.
+    "subscriber": (),
+}
+
+# The streams each service reads with its consumers.
+CONSUMES: dict[str, tuple[str, ...]] = {
+    "node_agent": ("IBPOOL_POOL",),
+    "fabric_monitor": ("IBPOOL_NODE",),
+    "pool_allocator": ("IBPOOL_POOL", "IBPOOL_NODE", "IBPOOL_HEALTH", "IBPOOL_FABRIC"),
+    "failover_controller": ("IBPOOL_NODE", "IBPOOL_FABRIC", "IBPOOL_JOB", "IBPOOL_POOL"),
+    "scheduler": ("IBPOOL_JOB", "IBPOOL_POOL", "IBPOOL_NODE", "IBPOOL_HEALTH", "IBPOOL_FABRIC"),
+    "autoscaler": ("IBPOOL_JOB", "IBPOOL_POOL", "IBPOOL_SCALE"),
+    "operator": (),
+    "subscriber": ("IBPOOL_NODE", "IBPOOL_FABRIC", "IBPOOL_POOL", "IBPOOL_JOB", "IBPOOL_SCALE", "IBPOOL_HEALTH"),
+}
+
+# Services that elect a leader over the NATS KV bucket.
+ELECTS_LEADER = ("failover_controller", "scheduler")
+
+
+class Permissions(dict[str, dict[str, list[str]]]):
+    """nats-server's `permissions` object: {"publish": {"allow": [...]}, "subscribe": {"allow": [...]}}."""
+
+
+def _read_stream(stream: str) -> list[str]:
+    return [
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+        f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+    ]
+
+
+def permissions(user: str) -> Permissions:
+    """What `user` (a service name, "operator" or "subscriber") may publish and subscribe to."""
+    if user not in PUBLISHES:
+        raise KeyError(f"no bus permissions for {user!r}; known: {', '.join(sorted(PUBLISHES))}")
+    publish = sorted({m.subject_pattern() for m in PUBLISHES[user]})
+    # Every service checks at start that all streams are in place as declared (reading their info only).
+    publish += ["$JS.API.INFO", "$JS.API.STREAM.NAMES", *(f"$JS.API.STREAM.INFO.{s.name}" for s in STREAMS)]
+    for stream in CONSUMES[user]:
+        publish += _read_stream(stream)
+    if user not in ("operator", "subscriber"):
+        publish.append(f"{DLQ_SUBJECT_PREFIX}.>")
+    if user in ELECTS_LEADER:
+        kv = f"KV_{LEADER_BUCKET}"
+        publish += [
+            f"$KV.{LEADER_BUCKET}.>",
+            f"$JS.API.STREAM.CREATE.{kv}",
+            f"$JS.API.DIRECT.GET.{kv}.>",
+            f"$JS.API.STREAM.MSG.GET.{kv}",
+            f"$JS.API.STREAM.INFO.{kv}",
+            *_read_stream(kv),
+        ]
+    return Permissions(publish={"allow": publish}, subscribe={"allow": ["_INBOX.>"]})
+
+
+def render_authorization(passwords: dict[str, str]) -> str:
+    """The nats-server `authorization` block: an `admin` user (everything) and one user per other entry."""
+    users = []
+    for user, password in sorted(passwords.items()):
+        entry: dict[str, object] = {"user": user, "password": password}
+        if user != "admin":
+            entry["permissions"] = permissions(user)
+        users.append(entry)
+    # nats-server's config format accepts JSON values.
+    return "authorization {\n  users: " + json.dumps(users, indent=2).replace("\n", "\n  ") + "\n}\n"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m ibpool_runtime.bus_permissions PASSWORD_DIR", file=sys.stderr)
+        return 2
+    folder = Path(argv[0])
+    files = sorted(folder.glob("*.password"))
+    if not files:
+        print(f"no <user>.password files in {folder}", file=sys.stderr)
+        return 2
+    passwords = {f.stem: f.read_text().strip() for f in files}
+    unknown = sorted(set(passwords) - set(PUBLISHES) - {"admin"})
+    if unknown:
+        print(f"{folder}: no permissions known for {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_authorization(passwords))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,199 @@
+"""Per-service NATS users on a real nats-server: each may publish only its own subjects.
+
+A private nats-server runs with the authorization block `ibpool_runtime.bus_permissions` renders.
+The admin creates the streams; a node agent's credentials cannot publish an AllocationGranted (the
+server refuses it and nothing is stored), the pool allocator's can; a service user starts against
+the streams in place but may not create or change them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats.errors
+import pytest
+
+from ibpool_pool_allocator.bootstrap import bootstrap
+from ibpool_pool_allocator.config import PoolAllocatorConfig
+from ibpool_proto import ALL_MESSAGES
+from ibpool_proto.job import JobExited, JobStarted
+from ibpool_proto.node import NodeHeartbeat
+from ibpool_proto.pool import (
+    AllocationGranted,
+    Enforcement,
+    PoolNodeUpdated,
+    RequestAllocation,
+    ResourceRequest,
+    WorkloadSpec,
+)
+from ibpool_runtime import devstack
+from ibpool_runtime.bus import Bus, BusUnavailable, StreamSetupError, outgoing
+from ibpool_runtime.bus_permissions import PUBLISHES, permissions, render_authorization
+from ibpool_runtime.metrics import ServiceMetrics
+from ibpool_runtime.service import Kit, Service
+from ibpool_runtime.store import Store
+from ibpool_runtime.streams import StreamSpec
+from tests.integration.agent_support import running_agent, unique_prefix
+from tests.integration.helpers import eventually, own_store, stream_messages
+
+USERS = ("admin", "node_agent", "pool_allocator", "operator", "subscriber")
+
+
+@pytest.fixture
+async def secured() -> AsyncIterator[tuple[str, dict[str, str]]]:
+    """A nats-server with one user per entry of USERS; yields its address and the passwords."""
+    state = Path(tempfile.mkdtemp(prefix="ibpool-test-auth-"))
+    passwords = {u: secrets.token_urlsafe(16) for u in USERS}
+    proc, url, _ = devstack.start_nats(state, extra_config=render_authorization(passwords))
+    try:
+        yield url.removeprefix("nats://"), passwords
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def connect(address: str, passwords: dict[str, str], user: str) -> Bus:
+    return await Bus.connect(f"nats://{user}:{passwords[user]}@{address}", name=f"test-{user}", attempts=2)
+
+
+def granted(node_id: str) -> AllocationGranted:
+    return AllocationGranted(
+        source="forged",
+        key=node_id,
+        allocation_id="a-forged",
+        job_id="j-forged",
+        node_id=node_id,
+        kind="whole",
+        assignments=[],
+        enforcement=Enforcement(),
+        lease_expires_at=dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5),
+        ledger_version=1,
+    )
+
+
+async def test_only_the_allocator_may_publish_a_grant(secured: tuple[str, dict[str, str]]) -> None:
+    address, passwords = secured
+    admin = await connect(address, passwords, "admin")
+    agent = await connect(address, passwords, "node_agent")
+    allocator = await connect(address, passwords, "pool_allocator")
+    try:
+        await admin.ensure_streams()
+        await agent.ensure_streams()  # in place as declared: nothing to change, so allowed
+        ack = await agent.publish(NodeHeartbeat(source="t", key="n1", node_id="n1", seq=1, interval_s=1.0))
+        assert ack.stream == "IBPOOL_NODE"
+
+        forged = outgoing(granted("n1"))
+        with pytest.raises(nats.errors.TimeoutError):  # the server refuses it: no ack ever comes
+            await agent.js.publish(forged.subject, forged.body, headers=forged.headers, timeout=1.0)
+        assert await stream_messages(admin.js, "IBPOOL_POOL", AllocationGranted.subject("n1")) == []
+
+        real = granted("n2")
+        assert (await allocator.publish(real)).stream == "IBPOOL_POOL"
+        [stored] = await stream_messages(admin.js, "IBPOOL_POOL", AllocationGranted.subject("n2"))
+        assert stored.headers["ce-id"] == real.id
+    finally:
+        for b in (admin, agent, allocator):
+            await b.close()
+
+
+async def test_a_service_user_may_not_create_or_change_streams(secured: tuple[str, dict[str, str]]) -> None:
+    address, passwords = secured
+    admin = await connect(address, passwords, "admin")
+    agent = await connect(address, passwords, "node_agent")
+    try:
+        with pytest.raises(StreamSetupError, match="cannot create stream IBPOOL_NODE"):
+            await agent.ensure_streams()
+        # The admin created it with other settings than declared: the agent may not bring it in line.
+        await admin.ensure_streams(specs=[StreamSpec("IBPOOL_NODE", ("ibpool.node.>",), 3600.0)])
+        with pytest.raises(StreamSetupError, match="cannot bring stream IBPOOL_NODE to its declared settings"):
+            await agent.ensure_streams()
+        await admin.ensure_streams()
+        await agent.ensure_streams()
+    finally:
+        await admin.close()
+        await agent.close()
+
+
+def test_every_published_message_has_exactly_one_owner_among_the_services() -> None:
+    services = [u for u in PUBLISHES if u not in ("operator", "subscriber")]
+    owners: dict[str, list[str]] = {}
+    for s in services:
+        for m in PUBLISHES[s]:
+            owners.setdefault(m.ce_type(), []).append(s)
+    assert {t: o for t, o in owners.items() if len(o) > 1} == {}
+    anyone = {m.ce_type() for user in PUBLISHES.values() for m in user}
+    assert {m.ce_type() for m in ALL_MESSAGES} - anyone == set(), "a message nobody may publish"
+    assert "ibpool.pool.allocation.granted.*" in permissions("pool_allocator")["publish"]["allow"]
+    assert "ibpool.pool.allocation.granted.*" not in permissions("node_agent")["publish"]["allow"]
+    assert permissions("subscriber")["subscribe"]["allow"] == ["_INBOX.>"]
+
+
+async def test_allocator_and_agent_work_with_only_their_own_permissions(
+    secured: tuple[str, dict[str, str]], stack: devstack.StackInfo, store: Store
+) -> None:
+    """Request -> grant -> job started and exited, each service on its own restricted user."""
+    address, passwords = secured
+    admin = await connect(address, passwords, "admin")
+    await admin.ensure_streams()
+    agent_bus = await connect(address, passwords, "node_agent")
+    allocator_bus = await connect(address, passwords, "pool_allocator")
+    operator = await connect(address, passwords, "operator")
+    prefix = unique_prefix()
+    cfg = PoolAllocatorConfig(instance="secured", expiry_interval_s=0.5)
+    kit = Kit(name="pool_allocator", config=cfg, bus=allocator_bus, store=store, metrics=ServiceMetrics("pa"))
+    allocator = Service(kit, await bootstrap(kit))
+    try:
+        async with own_store(stack) as agent_store, running_agent(agent_bus, agent_store, nodes=1, node_prefix=prefix):
+            await allocator.start()
+            node = f"{prefix}-001"
+
+            async def in_pool() -> bool:
+                return bool(await stream_messages(admin.js, "IBPOOL_POOL", PoolNodeUpdated.subject(node)))
+
+            await eventually(in_pool, what="the agent's node in the allocator's ledger")
+            job = f"job-{prefix}"
+            ask = RequestAllocation(
+                source="operator",
+                key=job,
+                job_id=job,
+                tenant="t",
+                queue="default",
+                request=ResourceRequest(kind="whole", gpus=2),
+                workload=WorkloadSpec(simulated_runtime_s=0.2),
+            )
+            await operator.publish(ask)
+
+            async def ran() -> bool:
+                return bool(await stream_messages(admin.js, "IBPOOL_JOB", JobExited.subject(job)))
+
+            await eventually(ran, what="granted, started and exited under restricted users")
+            assert await stream_messages(admin.js, "IBPOOL_JOB", JobStarted.subject(job))
+            assert await stream_messages(admin.js, "IBPOOL_DLQ", "ibpool.dlq.>") == []
+    finally:
+        await allocator.stop()
+        for b in (admin, agent_bus, allocator_bus, operator):
+            await b.close()
+
+
+async def test_a_wrong_password_is_refused_and_never_shown(secured: tuple[str, dict[str, str]]) -> None:
+    address, _ = secured
+    with pytest.raises(BusUnavailable) as e:
+        await Bus.connect(f"nats://node_agent:not-the-password@{address}", name="t", attempts=1)
+    assert "not-the-password" not in str(e.value) and "node_agent:***@" in str(e.value)
+
+
+async def test_a_cluster_is_given_as_comma_separated_servers(secured: tuple[str, dict[str, str]]) -> None:
+    address, passwords = secured
+    pw = passwords["subscriber"]
+    dead = f"127.0.0.1:{devstack.free_port()}"
+    bus = await Bus.connect(f"nats://subscriber:{pw}@{dead},nats://subscriber:{pw}@{address}", name="t", attempts=2)
+    try:
+        assert bus.connected
+    finally:
+        await bus.close()
