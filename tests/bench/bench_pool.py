@@ -14,6 +14,10 @@ ever conflicts and each run sees the same free pool.
               first publish to the last AllocationGranted seen on a core NATS subscription
   latency     M proposals offered at a fixed RATE/s; per command publish -> grant received
 
+Every phase also records the 1-minute load average when it started and the CPU seconds that the
+benchmark process (publisher, subscriber and allocator together), nats-server and Postgres (all its
+processes) spent during it, so a run on a busy machine can be told from a slow allocator.
+
 Figures are the median over --runs. Results: tests/bench/results/bench_pool-latest.json.
 Usage: .venv/bin/python tests/bench/bench_pool.py --runs 3
 """
@@ -64,6 +68,50 @@ FLOOR_GRANTS_PER_S = 1000.0
 FLOOR_P99_MS = 50.0
 
 
+def tree_cpu_s(root: int) -> float | None:
+    """CPU seconds (user + system) of process `root` and its direct children so far, from /proc; None elsewhere."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        entries = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        # after the command: state ppid ... utime (field 14) stime (15); fields[0] is the state (field 3)
+        if int(entry) == root or int(fields[1]) == root:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+class CpuMeter:
+    """CPU seconds spent by this process, nats-server and Postgres between `start` and `stop`."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.began: dict[str, float | None] = {}
+        self.load_1m = 0.0
+
+    def _now(self) -> dict[str, float | None]:
+        return {"bench_process": time.process_time(), **{name: tree_cpu_s(pid) for name, pid in self.pids.items()}}
+
+    def start(self) -> None:
+        self.load_1m = round(os.getloadavg()[0], 2)
+        self.began = self._now()
+
+    def stop(self) -> dict[str, Any]:
+        ended = self._now()
+        cpu = {
+            k: round(e - b, 3) if (e is not None and (b := self.began.get(k)) is not None) else None
+            for k, e in ended.items()
+        }
+        return {"load_1m_at_start": self.load_1m, "cpu_s": cpu}
+
+
 def pct(sorted_values: Sequence[float], p: float) -> float:
     """Nearest-rank percentile of an already sorted sequence."""
     if not sorted_values:
@@ -80,9 +128,7 @@ def registered(node_id: str, gpus: int) -> NodeRegistered:
         hostname=node_id,
         cpu_milli=256_000,
         memory_mib=2_048_000,
-        gpus=[
-            GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", model=MODEL, memory_mib=GPU_MEMORY_MIB) for i in range(gpus)
-        ],
+        gpus=[GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", model=MODEL, memory_mib=GPU_MEMORY_MIB) for i in range(gpus)],
         backend="bench",
     )
 
@@ -174,18 +220,20 @@ def targets(nodes: list[str], gpus: int, n: int) -> list[tuple[str, int]]:
 
 
 async def phase_throughput(
-    bus: Bus, answers: Answers, http_url: str, nodes: list[str], gpus: int, n: int, tag: str
+    bus: Bus, answers: Answers, http_url: str, nodes: list[str], gpus: int, n: int, tag: str, meter: CpuMeter
 ) -> dict[str, Any]:
     version = int((await ledger(http_url))["ledger_version"])
     cmds = [proposal(f"{tag}-{i:05d}", node, g, version) for i, (node, g) in enumerate(targets(nodes, gpus, n))]
     outs = [outgoing(c) for c in cmds]
     jobs = {c.job_id for c in cmds}
     answers.reset(jobs)
+    meter.start()
     t0 = time.perf_counter_ns()
     futures = [await bus.js.publish_async(o.subject, o.body, headers=o.headers) for o in outs]
     await asyncio.wait_for(asyncio.gather(*futures), timeout=PHASE_TIMEOUT_S)
     t_published = time.perf_counter_ns()
     complete = await answers.wait(PHASE_TIMEOUT_S)
+    machine = meter.stop()
     grants = [answers.granted[j] for j in jobs if j in answers.granted]
     rejected = [answers.rejected[j] for j in jobs if j in answers.rejected]
     span = (max(grants) - t0) if grants else 0
@@ -198,11 +246,20 @@ async def phase_throughput(
         "publish_s": round((t_published - t0) / 1e9, 3),
         "span_s": round(span / 1e9, 3),
         "grants_per_s": round(len(grants) / (span / 1e9), 1) if span > 0 else float("nan"),
+        **machine,
     }
 
 
 async def phase_latency(
-    bus: Bus, answers: Answers, http_url: str, nodes: list[str], gpus: int, n: int, rate: float, tag: str
+    bus: Bus,
+    answers: Answers,
+    http_url: str,
+    nodes: list[str],
+    gpus: int,
+    n: int,
+    rate: float,
+    tag: str,
+    meter: CpuMeter,
 ) -> dict[str, Any]:
     version = int((await ledger(http_url))["ledger_version"])
     cmds = [proposal(f"{tag}-{i:05d}", node, g, version) for i, (node, g) in enumerate(targets(nodes, gpus, n))]
@@ -210,6 +267,7 @@ async def phase_latency(
     answers.reset({c.job_id for c in cmds})
     sent: dict[str, int] = {}
     futures = []
+    meter.start()
     start = time.perf_counter()
     for i, (c, o) in enumerate(zip(cmds, outs, strict=True)):
         delay = start + i / rate - time.perf_counter()
@@ -220,6 +278,7 @@ async def phase_latency(
     offered_s = time.perf_counter() - start
     await asyncio.wait_for(asyncio.gather(*futures), timeout=PHASE_TIMEOUT_S)
     complete = await answers.wait(PHASE_TIMEOUT_S)
+    machine = meter.stop()
     lat_ms = sorted((answers.granted[j] - t) / 1e6 for j, t in sent.items() if j in answers.granted)
     rejected = [answers.rejected[j] for j in sent if j in answers.rejected]
     return {
@@ -233,10 +292,11 @@ async def phase_latency(
         "p50_ms": round(pct(lat_ms, 50), 3),
         "p99_ms": round(pct(lat_ms, 99), 3),
         "max_ms": round(pct(lat_ms, 100), 3),
+        **machine,
     }
 
 
-async def bench(args: argparse.Namespace, nats_url: str, dsn: str) -> dict[str, Any]:
+async def bench(args: argparse.Namespace, nats_url: str, dsn: str, pids: dict[str, int]) -> dict[str, Any]:
     if 2 * args.runs > SLOTS_PER_GPU:
         raise ValueError(f"at most {SLOTS_PER_GPU // 2} runs (each phase uses a tenth of every GPU)")
     bus = await Bus.connect(nats_url, name="bench-pool")
@@ -265,11 +325,12 @@ async def bench(args: argparse.Namespace, nats_url: str, dsn: str) -> dict[str, 
         print(f"registered {len(nodes)} nodes x {args.gpus} GPUs in {time.perf_counter() - t:.1f} s (v{version})")
 
         runs = []
+        meter = CpuMeter(pids)
         for r in range(args.runs):
-            tp = await phase_throughput(bus, answers, http_url, nodes, args.gpus, args.n, f"tp{r}")
+            tp = await phase_throughput(bus, answers, http_url, nodes, args.gpus, args.n, f"tp{r}", meter)
             print(f"run {r + 1} throughput: {tp}")
             await asyncio.sleep(1.0)
-            lat = await phase_latency(bus, answers, http_url, nodes, args.gpus, args.lat_n, args.rate, f"lat{r}")
+            lat = await phase_latency(bus, answers, http_url, nodes, args.gpus, args.lat_n, args.rate, f"lat{r}", meter)
             print(f"run {r + 1} latency: {lat}")
             runs.append({"throughput": tp, "latency": lat})
             await asyncio.sleep(1.0)
@@ -297,9 +358,17 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     all_granted = all(
         r[p]["granted"] == r[p]["n"] and not r[p]["rejected"] for r in runs for p in ("throughput", "latency")
     )
+    per_grant: dict[str, float | None] = {}
+    for name in runs[0]["throughput"]["cpu_s"]:
+        spent = [r["throughput"]["cpu_s"][name] for r in runs]
+        per_grant[name] = (
+            None if None in spent else round(statistics.median(1000 * c / runs[0]["throughput"]["n"] for c in spent), 3)
+        )
     return {
         "grants_per_s": grants,
         "throughput_span_s": med("throughput", "span_s"),
+        "throughput_cpu_ms_per_command": per_grant,
+        "load_1m_at_start": [r[p]["load_1m_at_start"] for r in runs for p in ("throughput", "latency")],
         "latency_p50_ms": med("latency", "p50_ms"),
         "latency_p99_ms": p99,
         "latency_max_ms": med("latency", "max_ms"),
@@ -331,8 +400,8 @@ def main() -> int:
         nats_proc, nats_url, _monitor = devstack.start_nats(root / "nats", sync_always=True)
         (root / "pg").mkdir()
         pg_data = root / "pg" / "pgdata"  # set first, so that a half-started Postgres is still stopped
-        _pid, dsn, pg_data = devstack.start_postgres(root / "pg", fsync=True)
-        result = asyncio.run(bench(args, nats_url, dsn))
+        pg_pid, dsn, pg_data = devstack.start_postgres(root / "pg", fsync=True)
+        result = asyncio.run(bench(args, nats_url, dsn, {"nats_server": nats_proc.pid, "postgres": pg_pid}))
     finally:
         if pg_data is not None:
             with contextlib.suppress(Exception):

@@ -6,17 +6,23 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
-import asyncpg
 import msgspec
 import pytest
+from aiohttp import web
 
+from ibpool_core.fabric.formats import export_topology
+from ibpool_core.fabric.generators import generate
+from ibpool_core.fabric.model import Topology, content_hash, rename_hosts
+from ibpool_core.pool.placement import PlacementRequest, first_fit
 from ibpool_pool_allocator.bootstrap import bootstrap
 from ibpool_pool_allocator.config import PoolAllocatorConfig
 from ibpool_pool_allocator.service import PoolAllocator
 from ibpool_proto import decode, new_id
+from ibpool_proto.fabric import TopologyPublished
 from ibpool_proto.health import NodeFailed
 from ibpool_proto.job import JobExited, JobStarted
 from ibpool_proto.node import GpuInfo, NodeRegistered
@@ -29,6 +35,7 @@ from ibpool_proto.pool import (
     LeaseRenewed,
     ProposePlacement,
     RenewLease,
+    ResourceRequest,
 )
 from ibpool_runtime.bus import Bus, envelope_headers
 from ibpool_runtime.devstack import StackInfo
@@ -37,7 +44,7 @@ from ibpool_runtime.service import Kit, Service
 from ibpool_runtime.store import Store
 from ibpool_runtime.streams import DLQ_STREAM
 from tests.integration.agent_support import running_agent, unique_prefix
-from tests.integration.helpers import eventually, stream_messages
+from tests.integration.helpers import eventually, own_store, stream_messages
 
 MODEL = "H100-80GB"
 # One durable name for every test: each test sees only what was published after the last one stopped.
@@ -389,23 +396,6 @@ async def test_rolled_back_change_is_forgotten_by_the_cache(bus: Bus, store: Sto
         assert first.id not in allocator.ledger.allocations and allocator.rebuilds == 1
 
 
-@asynccontextmanager
-async def own_store(stack: StackInfo) -> AsyncIterator[Store]:
-    """A second schema: the node agent owns its own, as in production."""
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    s = await Store.connect(stack.postgres_dsn, schema)
-    await s.migrate()
-    try:
-        yield s
-    finally:
-        await s.close()
-        conn = await asyncpg.connect(stack.postgres_dsn)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
-
-
 async def test_grant_reaches_the_node_agent_which_starts_the_job(stack: StackInfo, bus: Bus, store: Store) -> None:
     prefix = unique_prefix()
     node = f"{prefix}-001"
@@ -433,3 +423,133 @@ async def test_grant_reaches_the_node_agent_which_starts_the_job(stack: StackInf
         await eventually(started_and_exited, what="JobStarted and JobExited from the agent")
         (started,) = [decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_JOB", JobStarted.subject(job))]
         assert started.node_id == node and started.allocation_id == granted["allocation_id"]
+
+
+def fabric_of(prefix: str, hosts: int = 12) -> Topology:
+    """A 2-tier fat-tree of radix 8: leaf groups of four hosts <prefix>-h1..h4, h5..h8, h9..h12."""
+    t = generate(f"fat_tree_2tier:hosts={hosts},radix=8")
+    return rename_hosts(t, {h.name: f"{prefix}-h{i}" for i, h in enumerate(t.hosts, 1)})
+
+
+@asynccontextmanager
+async def serving_topology(topology: Topology, version: int) -> AsyncIterator[str]:
+    """A stand-in for the fabric monitor's GET /v1/topology?version=N; yields the URL of `version`."""
+
+    async def get_topology(request: web.Request) -> web.Response:
+        if request.query.get("version") != str(version):
+            return web.json_response({"error": "not found"}, status=404)
+        return web.Response(body=msgspec.json.encode(topology), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/v1/topology", get_topology)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}/v1/topology?version={version}"
+    finally:
+        await runner.cleanup()
+
+
+def remote_ask(job: str, client: str) -> dict[str, Any]:
+    return {**ask(job, "t", 1), "request": {"kind": "remote", "milli": 500}, "client_node_id": client}
+
+
+async def test_published_topology_brings_remote_grants_with_their_distance_and_gangs_under_one_leaf(
+    bus: Bus, store: Store
+) -> None:
+    prefix = unique("f")
+    h = [f"{prefix}-h{i}" for i in range(13)]  # h[1] .. h[12]
+    topology = fabric_of(prefix)
+    # A version above any other test's, so a late redelivery of theirs is older and not fetched.
+    version = 1_000_000
+    instance = unique("fabric")
+    async with serving_topology(topology, version) as url:
+        async with running_allocator(bus, store, instance=instance, max_remote_hops=2) as (service, allocator):
+            # Leaf groups {h1..h4} and {h5..h8} have three pool nodes each, registered alternately, so
+            # ledger order (first fit's) alternates between them; h1, h5 and h9..h12 are clients only.
+            await register(bus, service, h[2], h[6], h[3], h[7], h[4], h[8])
+            status, body = await send(service, "POST", "/v1/allocations", remote_ask(unique("j"), h[1]))
+            assert status == 409 and body["error"] == "invalid" and "has none" in body["detail"], body
+
+            await bus.publish(
+                TopologyPublished(
+                    source="fabric_monitor/test",
+                    key=topology.name,
+                    version=version,
+                    content_hash=content_hash(topology),
+                    hosts=len(topology.hosts),
+                    switches=len(topology.switches),
+                    links=len(topology.links),
+                    url=url,
+                )
+            )
+
+            async def fabric_loaded() -> bool:
+                _, pool = await get(service, "/v1/pool")
+                return pool["fabric"] is not None and pool["fabric"]["version"] == version
+
+            await eventually(fabric_loaded, what="the published topology fetched by the allocator")
+            _, pool = await get(service, "/v1/pool")
+            assert pool["fabric"]["hosts"] == 12 and pool["fabric"]["leaf_groups"] == 3
+
+            # Within 2 hops of h1: the pool nodes under its leaf.
+            job = unique("j")
+            status, body = await send(service, "POST", "/v1/allocations", remote_ask(job, h[1]))
+            assert status == 201, body
+            (grant,) = body["grants"]
+            assert grant["node_id"] in {h[2], h[3], h[4]} and grant["hops"] == 2 and grant["client_node_id"] == h[1]
+            _, alloc = await get(service, f"/v1/allocations/{body['allocation_id']}")
+            assert alloc["kind"] == "remote" and alloc["hops"] == 2 and alloc["client_node_id"] == h[1]
+
+            async def on_the_bus() -> bool:
+                return any(g.job_id == job for g in await events(bus, AllocationGranted, grant["node_id"]))
+
+            await eventually(on_the_bus, what="the remote grant on the bus")
+            (published,) = [g for g in await events(bus, AllocationGranted, grant["node_id"]) if g.job_id == job]
+            assert (published.hops, published.client_node_id) == (2, h[1])
+
+            # h9 is under a leaf with no pool node: everything is 4 hops away, over the limit of 2.
+            status, body = await send(service, "POST", "/v1/allocations", remote_ask(unique("j"), h[9]))
+            assert status == 409 and body["error"] == "invalid", body
+            assert "4 hops" in body["detail"] and "over the limit of 2" in body["detail"]
+
+            # A gang of two whole hosts: first fit would take the first two free nodes in ledger order,
+            # one under each leaf; the allocator keeps it under one (the tighter: two free hosts left
+            # under h1's leaf, three under h5's).
+            gang = {**ask(unique("g"), "t", 4), "request": {"kind": "gang", "hosts": 2, "gpus": 4}}
+            want = PlacementRequest(
+                request=msgspec.convert(gang["request"], ResourceRequest), nodes=tuple(allocator.ledger.nodes)
+            )
+            spread = {a.node_id for a in first_fit(allocator.ledger, want) or []}
+            assert len({allocator.fabric.leaf_group(n) for n in spread}) == 2
+            status, body = await send(service, "POST", "/v1/allocations", gang)
+            assert status == 201, body
+            nodes = {g["node_id"] for g in body["grants"]}
+            assert len(nodes) == 2 and {allocator.fabric.leaf_group(n) for n in nodes} == {
+                allocator.fabric.leaf_group(h[1])
+            }
+
+            async with aiohttp.ClientSession() as s, s.get(f"{service.http_url}/metrics") as r:
+                metrics = await r.text()
+            assert f'ibpool_pool_fragmentation_milli{{measure="fgd",model="{MODEL}"}}' in metrics
+            _, pool = await get(service, "/v1/pool")
+            assert pool["fragmentation_measure"] == "fgd" and pool["workload_types"] == 2
+
+        # Restarted, its durable consumer is past the announcement: the newest one in the stream is loaded at start.
+        async with running_allocator(bus, store, instance=instance, max_remote_hops=2) as (service, _):
+            await eventually(fabric_loaded, what="the newest published topology loaded at start")
+
+
+async def test_fabric_file_gives_distances_from_the_start(bus: Bus, store: Store, tmp_path: Path) -> None:
+    prefix = unique("f")
+    path = tmp_path / "fabric.json"
+    path.write_text(export_topology("native", fabric_of(prefix, hosts=8)).text)
+    async with running_allocator(bus, store, instance=unique("file"), fabric_file=str(path)) as (service, _):
+        _, pool = await get(service, "/v1/pool")
+        assert pool["fabric"]["origin"] == str(path) and pool["fabric"]["version"] is None
+        await register(bus, service, f"{prefix}-h5")
+        status, body = await send(service, "POST", "/v1/allocations", remote_ask(unique("j"), f"{prefix}-h1"))
+        assert status == 201 and body["grants"][0]["hops"] == 4, body

@@ -8,7 +8,9 @@ import msgspec
 from aiohttp import web
 
 from ibpool_core.pool import quotas
+from ibpool_core.pool.fabric_view import FabricAbout
 from ibpool_core.pool.ledger import Allocation, Ledger
+from ibpool_core.pool.pool_fragmentation import Measure, PoolFragmentation, measure_fragmentation
 from ibpool_proto import new_id
 from ibpool_proto.pool import (
     AllocationGranted,
@@ -34,6 +36,8 @@ class ModelView(msgspec.Struct, frozen=True, kw_only=True):
     free_milli: int
     memory_mib: int
     allocated_memory_mib: int
+    # Fragmented free GPU-milli of this model, by PoolView.fragmentation_measure.
+    fragmentation_milli: int = 0
 
 
 class GpuView(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,10 +66,18 @@ class QuotaView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PoolView(msgspec.Struct, frozen=True, kw_only=True):
+    """fragmentation_measure  "fgd": FGD's expected fragment for the workload mix the placer learned
+                           (`workload_types` task types); "partial_free": free milli of partly
+                           granted GPUs (no request seen yet)
+    fabric                 the topology the allocator places gangs and remote use on; null: none yet"""
+
     ledger_version: int
     models: list[ModelView]
     nodes: list[NodeView]
     quotas: list[QuotaView]
+    fragmentation_measure: Measure = "partial_free"
+    workload_types: int = 0
+    fabric: FabricAbout | None = None
 
 
 class AllocationView(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,6 +89,10 @@ class AllocationView(msgspec.Struct, frozen=True, kw_only=True):
     nodes: list[str]
     lease_expires_at: dt.datetime
     grants: list[dict[str, object]]
+    # Remote use: the client node, the serving endpoint and the fabric hops between them.
+    client_node_id: str | None = None
+    endpoint: str | None = None
+    hops: int | None = None
 
 
 class AllocationAsk(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -105,7 +121,11 @@ class QuotaBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     cohort: str | None = None
 
 
-def pool_view(ledger: Ledger) -> PoolView:
+def pool_view(
+    ledger: Ledger, fragmentation: PoolFragmentation | None = None, fabric: FabricAbout | None = None
+) -> PoolView:
+    """The pool; `fragmentation` measured by the caller (by default the partial-free measure)."""
+    frag = fragmentation if fragmentation is not None else measure_fragmentation(ledger)
     models: dict[str, list[int]] = {}
     nodes = []
     for node in ledger.nodes.values():
@@ -150,11 +170,15 @@ def pool_view(ledger: Ledger) -> PoolView:
                 free_milli=free,
                 memory_mib=mem,
                 allocated_memory_mib=used_mem,
+                fragmentation_milli=frag.milli.get(model, 0),
             )
             for model, (n, used, free, mem, used_mem) in sorted(models.items())
         ],
         nodes=sorted(nodes, key=lambda n: n.node_id),
         quotas=quota_views(ledger),
+        fragmentation_measure=frag.measure,
+        workload_types=frag.task_types,
+        fabric=fabric,
     )
 
 
@@ -172,6 +196,9 @@ def allocation_view(a: Allocation) -> AllocationView:
         nodes=list(a.nodes),
         lease_expires_at=a.lease_expires_at,
         grants=[msgspec.to_builtins(g) for g in a.grants],
+        client_node_id=a.client_node_id,
+        endpoint=a.endpoint,
+        hops=a.hops,
     )
 
 
@@ -185,7 +212,8 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
 
     @r.get("/v1/pool")
     async def get_pool(_: web.Request) -> web.Response:
-        return json_response(pool_view(allocator.ledger))
+        ledger = allocator.ledger
+        return json_response(pool_view(ledger, allocator.fragmentation.read(ledger), allocator.fabric.about))
 
     @r.get("/v1/allocations")
     async def list_allocations(request: web.Request) -> web.Response:

@@ -4,36 +4,55 @@ from __future__ import annotations
 
 from ibpool_core.clock import Clock
 from ibpool_core.pool.allocate import Hops
+from ibpool_core.pool.fabric_view import FabricView
 from ibpool_core.pool.placement import Placer
 from ibpool_core.pool.policy_placer import policy_placer
 from ibpool_runtime.clock import SystemClock
 from ibpool_runtime.config import ConfigError
+from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit, ServiceSpec
 
 from . import api, state
 from .config import PoolAllocatorConfig
+from .fabric_feed import load_fabric_file
 from .service import PoolAllocator
+
+log = get_logger(__name__)
 
 
 async def bootstrap(
     kit: Kit[PoolAllocatorConfig], clock: Clock | None = None, place: Placer | None = None, hops: Hops | None = None
 ) -> ServiceSpec:
-    """`place` overrides the placer; by default the packing policy `placement_policy` of the config."""
+    """`place` overrides the placer (by default the packing policy `placement_policy` of the config,
+    with the fabric for gangs and remote use); `hops` overrides the fabric's distances."""
+    fabric = fabric_at_start(kit.config)
     if place is None:
-        place = placer_for(kit.config)
-    allocator = PoolAllocator(kit, clock or SystemClock(), place, hops)
+        place = placer_for(kit.config, fabric)
+    allocator = PoolAllocator(kit, clock or SystemClock(), place, hops, fabric)
     return ServiceSpec(
         subscriptions=allocator.subscriptions(),
         migrations=state.MIGRATIONS,
         add_routes=lambda app: app.router.add_routes(api.routes(allocator)),
-        tasks=[allocator.expiry_loop],
+        # The expiry loop first: tests reach the allocator through it.
+        tasks=[allocator.expiry_loop, allocator.fabric_feed.run],
         on_start=allocator.load,
     )
 
 
-def placer_for(cfg: PoolAllocatorConfig) -> Placer:
+def fabric_at_start(cfg: PoolAllocatorConfig) -> FabricView:
+    """The fabric of `cfg.fabric_file`, or none until a topology is published; ConfigError when the
+    file cannot be read."""
+    if not cfg.fabric_file:
+        return FabricView()
+    loaded = load_fabric_file(cfg.fabric_file, cfg.fabric_format)
+    about = loaded.about
+    log.info("fabric topology loaded", file=about.origin, hosts=about.hosts, leaf_groups=about.leaf_groups)
+    return FabricView(loaded)
+
+
+def placer_for(cfg: PoolAllocatorConfig, fabric: FabricView | None = None) -> Placer:
     """The placer of `cfg.placement_policy`; ConfigError naming the known policies when unknown."""
     try:
-        return policy_placer(cfg.placement_policy)
+        return policy_placer(cfg.placement_policy, fabric)
     except ValueError as e:
         raise ConfigError(f"invalid pool_allocator config: field `placement_policy`: {e}") from None

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from ibpool_runtime.config import BaseConfig
+
+FabricFormat = Literal["auto", "native", "ibnetdiscover", "slurm", "slurm-block", "k8s-labels", "volcano"]
 
 
 class PoolAllocatorConfig(BaseConfig, frozen=True, kw_only=True):
@@ -14,8 +18,16 @@ class PoolAllocatorConfig(BaseConfig, frozen=True, kw_only=True):
     expiry_interval_s: float = 1.0
     # Lease of a grant made through the HTTP API when the request names none.
     default_lease_s: float = 300.0
-    # Durable consumer names start with this (one consumer per stream: commands, nodes, health).
+    # Durable consumer names start with this (commands, nodes, health; fabric-<instance> per replica).
     durable_prefix: str = "pool-allocator"
     # Packing policy placing RequestAllocation (ibpool_core.pool.policies.POLICIES): first-fit,
-    # best-fit, worst-fit, dot-product, fgd, fgd+. Gang and remote requests are placed by first fit.
+    # best-fit, worst-fit, dot-product, fgd, fgd+. Gangs go under as few fabric leaf groups as
+    # possible and remote requests to the nearest nodes, when the fabric is known.
     placement_policy: str = "fgd+"
+    # A topology file read at start (for clusters without a fabric monitor), in any format
+    # ibpool_core.fabric.formats reads; "auto": native for .json/.yaml/.yml, slurm for a
+    # topology.conf, ibnetdiscover otherwise. A topology published later replaces it.
+    fabric_file: str = ""
+    fabric_format: FabricFormat = "auto"
+    # Bound on fetching a published topology from its URL (connect + read).
+    fabric_fetch_timeout_s: float = 10.0

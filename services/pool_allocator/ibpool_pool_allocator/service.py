@@ -1,9 +1,11 @@
 """The pool allocator: commands and node/health news -> ibpool_core.pool.allocate.decide -> ledger events out.
 
 The ledger lives in Postgres as its event log (`ledger_events`); this process keeps it in memory
-as a cache. Every change runs in one transaction that takes the ledger lock, brings the cache up
+as a cache. Every change runs in a transaction that takes the ledger lock, brings the cache up
 to the log (another replica wrote, or a rolled-back transaction left the cache ahead: rebuilt),
-decides, appends the events to the log and the outbox, and applies them to the cache.
+decides, appends the events to the log and the outbox, and applies them to the cache. A consumer
+batch is one transaction: its commands lock and catch up once and their rows are written together
+at commit (see `PoolAllocator.commit`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from ibpool_core.clock import Clock
 from ibpool_core.pool.allocate import AllocatorConfig, Decision, Hops, Input, decide, expire
+from ibpool_core.pool.fabric_view import FabricView
 from ibpool_core.pool.ledger import Ledger, apply
 from ibpool_core.pool.placement import Placer
 from ibpool_core.pool.policy_placer import policy_placer
@@ -32,6 +35,8 @@ from ibpool_runtime.store import Transaction
 
 from . import state
 from .config import PoolAllocatorConfig
+from .fabric_feed import FabricFeed
+from .fragmentation_measure import FragmentationReader
 
 log = get_logger(__name__)
 
@@ -44,14 +49,23 @@ Choice = Callable[[Ledger, dt.datetime], Decision]
 
 class PoolAllocator:
     def __init__(
-        self, kit: Kit[PoolAllocatorConfig], clock: Clock, place: Placer | None = None, hops: Hops | None = None
+        self,
+        kit: Kit[PoolAllocatorConfig],
+        clock: Clock,
+        place: Placer | None = None,
+        hops: Hops | None = None,
+        fabric: FabricView | None = None,
     ) -> None:
         self.kit = kit
         self.cfg = kit.config
         self.clock = clock
+        # The fabric as last published (or read from `fabric_file`): leaf groups and hops.
+        self.fabric = fabric if fabric is not None else FabricView()
+        self.fabric_feed = FabricFeed(kit, self.fabric)
         # Default: the config's packing policy (bootstrap validates the name and passes it in).
-        self.place = place if place is not None else policy_placer(self.cfg.placement_policy)
-        self.hops = hops
+        self.place = place if place is not None else policy_placer(self.cfg.placement_policy, self.fabric)
+        self.hops = hops if hops is not None else self.fabric.hops
+        self.fragmentation = FragmentationReader(self.place)
         self.core = AllocatorConfig(
             source=kit.source, max_remote_hops=self.cfg.max_remote_hops, fine_grained=self.cfg.fine_grained
         )
@@ -59,6 +73,7 @@ class PoolAllocator:
         # Where the cache stands in ledger_events, and the id of the event there.
         self.position: state.Position = state.START
         self.position_id: str | None = None
+        self._locked: Transaction | None = None  # the transaction holding the ledger lock, cache caught up
         self.rebuilds = 0
         registry = kit.metrics.registry
         self.grants = Counter("ibpool_pool_grants", "Allocations granted", ["kind"], registry=registry)
@@ -77,6 +92,7 @@ class PoolAllocator:
             Subscription(f"{p}-commands", tuple(c.subject_pattern() for c in COMMANDS), self.on_input),
             Subscription(f"{p}-nodes", tuple(c.subject_pattern() for c in NODE_NEWS), self.on_input),
             Subscription(f"{p}-health", tuple(c.subject_pattern() for c in HEALTH_NEWS), self.on_input),
+            self.fabric_feed.subscription(),
         ]
 
     async def on_input(self, message: Input, ctx: HandlerContext) -> None:
@@ -97,14 +113,35 @@ class PoolAllocator:
             return await self.commit(tx, self.decider(message))
 
     async def commit(self, tx: Transaction, choose: Choice) -> Decision:
+        """Decide on the cache caught up to the log, under the ledger lock; log, outbox and cache take the events.
+
+        The first change of a transaction takes the lock and catches up (two round trips). Later
+        changes of the same transaction decide at once: the lock, held to its end, keeps the cache
+        equal to the log plus the changes of this transaction, whose log and outbox rows are queued
+        and written with one statement each at commit. If the transaction rolls back, the cache
+        is ahead of the log, and the next transaction's catch-up rebuilds it. Inside a savepoint,
+        which may roll back while the transaction goes on, every change locks, catches up and
+        writes its log rows at once, as a change alone would.
+        """
         started = time.perf_counter()
-        await state.lock_ledger(tx.conn, self.kit.store.schema)
-        await self.catch_up(tx)
+        if tx is not self._locked or tx.in_savepoint:
+            await state.lock_ledger(tx.conn, self.kit.store.schema)
+            await self.catch_up(tx)
+            self._locked = None if tx.in_savepoint else tx
         decision = choose(self.ledger, self.clock.now())
         if decision.events and not decision.repeat:
-            position = await state.append(tx.conn, self.position, decision.events)
-            await tx.outbox(*decision.events)
-            apply(self.ledger, decision.events)
+            try:
+                await tx.outbox(*decision.events)
+                if tx.in_savepoint:
+                    position = await state.append(tx.conn, self.position, decision.events)
+                else:
+                    rows, position = state.log_rows(self.position, decision.events)
+                    tx.executemany_at_commit(state.APPEND, rows)
+                apply(self.ledger, decision.events)
+            except BaseException:
+                # The cache may hold part of this change: rebuild it from the log on the next change.
+                self.ledger, self.position, self.position_id, self._locked = Ledger(), state.START, None, None
+                raise
             self.position, self.position_id = position, decision.events[-1].id
             for g in decision.granted:
                 self.grants.labels(g.kind).inc()
@@ -173,6 +210,16 @@ class _PoolCollector(Collector):
             capacity.add_metric([model], cap)
             allocated.add_metric([model], used)
             partial.add_metric([model], part)
+        measured = self.allocator.fragmentation.read(self.allocator.ledger)
+        fragmented = GaugeMetricFamily(
+            "ibpool_pool_fragmentation_milli",
+            "Fragmented free GPU-milli: FGD's expected fragment for the learned workload mix (measure fgd), "
+            "or the free milli of partly granted GPUs before any request (measure partial_free)",
+            labels=["model", "measure"],
+        )
+        for model, milli in sorted(measured.milli.items()):
+            fragmented.add_metric([model, measured.measure], milli)
         yield capacity
         yield allocated
         yield partial
+        yield fragmented

@@ -46,13 +46,23 @@ async def events_after(conn: asyncpg.Connection | asyncpg.Pool, after: Position)
     return [((r["version"], r["seq"]), _event.decode(r["body"])) for r in rows]
 
 
-async def append(conn: asyncpg.Connection, after: Position, events: Sequence[LedgerEvent]) -> Position:
-    """Append `events` behind `after` (the last row); returns the position of the last one appended."""
-    rows = []
+APPEND = "INSERT INTO ledger_events (version, seq, event_id, body) VALUES ($1, $2, $3, $4)"
+"""Writes one row of `log_rows`."""
+
+
+def log_rows(after: Position, events: Sequence[LedgerEvent]) -> tuple[list[tuple[int, int, str, str]], Position]:
+    """The ledger_events rows of `events` appended behind `after` (the last row), and the last one's position."""
+    out = []
     position = after
     for e in events:
         version = e.ledger_version
         position = (version, position[1] + 1 if version == position[0] else 0)
-        rows.append((position[0], position[1], e.id, msgspec.json.encode(e).decode()))
-    await conn.executemany("INSERT INTO ledger_events (version, seq, event_id, body) VALUES ($1, $2, $3, $4)", rows)
+        out.append((position[0], position[1], e.id, msgspec.json.encode(e).decode()))
+    return out, position
+
+
+async def append(conn: asyncpg.Connection, after: Position, events: Sequence[LedgerEvent]) -> Position:
+    """Append `events` behind `after` (the last row) now; returns the position of the last one appended."""
+    appended, position = log_rows(after, events)
+    await conn.executemany(APPEND, appended)
     return position

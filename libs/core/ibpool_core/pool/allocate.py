@@ -21,8 +21,10 @@ run in this order; the first that fails is the rejection's reason:
    fraction's memory outside 1..the GPU's, a whole GPU with less than all its memory, a MIG
    profile the GPU cannot run, or no kind fits the shape (see `_shape`); for remote use, a client
    with no fabric distance to the node, or farther than `max_remote_hops`.
-2. stale: a named node was removed, or its hardware (CPU, memory, GPU ids, models, memory)
-   changed, after V: the proposal describes hardware that is no longer there.
+2. stale: the proposal's `fencing_term` is below the highest term the ledger granted to its
+   `scheduler_group` (a deposed leader's proposal: fencing, checked before the nodes), or a named
+   node was removed, or its hardware (CPU, memory, GPU ids, models, memory) changed, after V: the
+   proposal describes hardware that is no longer there.
 3. node_not_ready: a named node is cordoned, draining or failed, or a named GPU failed or is
    cordoned.
 4. conflict: the assignment does not fit now, and a GPU (or, for host CPU and memory, a node)
@@ -86,6 +88,7 @@ from ibpool_proto.pool import (
 
 from . import mig, quotas
 from .enforcement import DeviceShare, enforcement_for
+from .fabric_view import NoFabric
 from .ledger import WHOLE, Allocation, Gpu, GpuGrant, Ledger, Node, apply, pool_gpus
 from .messages import (
     AllocationGranted,
@@ -119,7 +122,8 @@ Input = (
 """What the allocator decides on: its commands and the node and health news it follows."""
 
 Hops = Callable[[str, str], int | None]
-"""Fabric distance in links between two node ids (as `FabricIndex.hops`), None when no path joins them."""
+"""Fabric distance in links between two node ids (as `FabricIndex.hops`), None when no path joins them;
+may raise KeyError for a node the fabric does not have, `NoFabric` while it knows no fabric at all."""
 
 
 class AllocatorConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -321,6 +325,8 @@ class _Claim(NamedTuple):
     host_memory_mib: int
     client_node_id: str | None
     hops: int | None
+    scheduler_group: str = ""
+    fencing_term: int | None = None
 
 
 class _Refusal(NamedTuple):
@@ -347,6 +353,13 @@ def _propose(ctx: _Ctx, cmd: proto.ProposePlacement) -> Decision:
         return reject("invalid", f"computed on version {since}; the ledger is at {ledger.version}")
     if cmd.lease_s <= 0 or cpu < 0 or host_memory < 0:
         return reject("invalid", "lease_s must be positive, cpu_milli and host_memory_mib not negative")
+    newest = ledger.terms.get(cmd.scheduler_group)
+    if cmd.fencing_term is not None and newest is not None and cmd.fencing_term < newest:
+        return reject(
+            "stale",
+            f"fenced: term {cmd.fencing_term} of scheduler group {cmd.scheduler_group!r} is below term {newest},"
+            " which was granted a placement since",
+        )
     for node_id in sorted({a.node_id for a in cmd.assignments}):
         node = ledger.nodes.get(node_id)
         if node is None:
@@ -381,6 +394,8 @@ def _propose(ctx: _Ctx, cmd: proto.ProposePlacement) -> Decision:
         host_memory,
         client,
         distance,
+        cmd.scheduler_group,
+        cmd.fencing_term,
     )
     return _commit(ctx, claim, since)
 
@@ -391,6 +406,8 @@ def _distance(ctx: _Ctx, client: str, node_id: str) -> int | str:
         return "remote use needs fabric distances, and the allocator has none"
     try:
         d = ctx.hops(client, node_id)
+    except NoFabric as e:
+        return f"remote use needs fabric distances, and the allocator has none: {e}"
     except KeyError:
         d = None
     if d is None:
@@ -572,6 +589,8 @@ def _grant(ctx: _Ctx, claim: _Claim, grants: list[GpuGrant]) -> list[LedgerEvent
                 client_node_id=claim.client_node_id,
                 endpoint=(node.api_url or node.hostname or node.node_id) if remote else None,
                 hops=claim.hops,
+                scheduler_group=claim.scheduler_group,
+                fencing_term=claim.fencing_term,
             )
         )
     return events

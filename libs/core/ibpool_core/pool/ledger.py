@@ -9,6 +9,8 @@ What it holds
   kind (whole | fraction | mig | gang | remote), the exact share of every GPU on every node, host
   CPU and memory per node, lease expiry, and for remote use the client, endpoint and distance;
 - quotas and the usage they are checked against (see quotas.py);
+- per scheduler group, the highest fencing term a grant carried (`terms`: a proposal of a lower
+  term comes from a deposed leader and is refused);
 - the answer given to every command id (grants, rejections, renewals, quota changes) and the
   events that ended every allocation, so a repeated command gets the same answer;
 - `version`, the ledger version: one more for every decision that changes the ledger.
@@ -211,6 +213,7 @@ class Ledger:
     answers: dict[str, tuple[LedgerEvent, ...]] = field(default_factory=dict)
     ended: dict[str, tuple[LedgerEvent, ...]] = field(default_factory=dict)
     removed_nodes: dict[str, int] = field(default_factory=dict)
+    terms: dict[str, int] = field(default_factory=dict)
 
     def allocations_on(self, node_id: str) -> list[Allocation]:
         """Allocations holding a GPU of the node, in id order."""
@@ -267,6 +270,8 @@ def _current(ledger: Ledger, version: int) -> bool:
 def _granted(ledger: Ledger, ev: AllocationGranted) -> None:
     if not _advance(ledger, ev.ledger_version):
         return
+    if ev.fencing_term is not None and ev.fencing_term > ledger.terms.get(ev.scheduler_group, 0):
+        ledger.terms[ev.scheduler_group] = ev.fencing_term
     old = ledger.allocations.get(ev.allocation_id)
     if old is not None and any(g.node_id == ev.node_id for g in old.grants):
         return

@@ -1,57 +1,122 @@
 """A `Placer` that places with a packing policy (`policies.POLICIES`) instead of plain first fit.
 
-`policy_placer(name)` returns a placer that, for a whole, fraction or MIG request, builds the
-packing view (`packing.PackingCluster`) of the candidate nodes from the ledger, asks the named
-policy to choose (`packing.choose`) and answers with the exact GPUs it chose.
+`policy_placer(name, fabric)` returns a placer that builds the packing view
+(`ledger_packing.pack_ledger`) of the candidate nodes, asks the named policy to choose and answers
+with the exact GPUs it chose:
+
+* whole, fraction, MIG: the best-scored node and option (`packing.choose`);
+* gang (N hosts x G whole GPUs): the hosts under as few fabric leaf groups as possible, the tightest
+  leaf group that holds the whole gang first (`gangs.choose_gang`), one packing node per host. The
+  leaf groups come from `fabric` (a `fabric_view.FabricView`); while it knows none of the
+  candidates (no topology yet, or one that does not name them) gangs are placed by first fit. A
+  candidate the fabric does not have is a leaf group of its own;
+* remote (whole GPUs or one fraction for a client on another node; the allocator has kept the
+  candidates within `max_remote_hops`): the nearest candidates first, by `fabric.hops` from the
+  client, and the policy's choice among the nodes at that distance; without distances, all
+  candidates at once.
 
 The view: one packing node per candidate node (in `want.nodes` order, so ties go to the first
-candidate, as in first fit) and per group of its usable GPUs of one model and memory size (a
-packing node has one GPU model). Usable GPUs are the ready ones of a model the request allows
-(for MIG, only MIG-capable ones). Each packing node has the ledger node's CPU and memory, with
-what is granted taken, and every GPU its granted compute, memory and MIG layout taken. Nodes
+candidate, as in first fit) and per group of its usable GPUs of one model and memory size. Usable
+GPUs are the ready ones of a model the request allows (for MIG, only MIG-capable ones). Nodes
 without the CPU and memory the request needs on the host are left out.
 
-Not covered, placed by `placement.first_fit` instead: gang and remote requests. The answer of the
-policy is checked against the ledger; when it does not fit there (the view cannot show an odd
-GPU, e.g. memory granted without compute) or the policy finds nothing, first fit is asked.
+The answer of the policy is checked against the ledger; when it does not fit there (the view
+cannot show an odd GPU, e.g. memory granted without compute; a gang given two packing nodes of one
+host with two GPU models) or the policy finds nothing, first fit is asked (for remote use, on the
+same distance group).
 
 Every placer keeps its own policy instance, so fgd and fgd+ learn their workload mix
 (`fragmentation.WorkloadMix`) online from the requests that placer sees (a request is observed
-once, on its first placement attempt, not again when the allocator retries without a model).
+once, on its first placement attempt, not again when the allocator retries without a model). A
+policy that learns no mix gets one kept beside it, so `fragmentation` can measure the pool against
+what was asked of any policy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+
 from ibpool_proto.pool import GpuAssignment, ResourceRequest
 
 from . import mig
+from .fragmentation import WorkloadMix
+from .gangs import choose_gang
 from .ledger import WHOLE, Gpu, Ledger, Node
-from .packing import NodeSpec, PackingCluster, PackingError, PackRequest, choose
-from .placement import PlacementRequest, Placer, first_fit
+from .ledger_packing import Members, pack_ledger
+from .packing import PackingCluster, PackingError, PackRequest, ScorePlugin, choose
+from .placement import PlacementRequest, first_fit
 from .policies import make_policy
+from .pool_fragmentation import PoolFragmentation, measure_fragmentation
 
 _COVERED = ("whole", "fraction", "mig")
 
 
-def policy_placer(name: str) -> Placer:
-    """A placer using the packing policy `name`; ValueError (naming the known ones) when unknown."""
-    policy = make_policy(name)
+class FabricLookup(Protocol):
+    """What the placer asks of the fabric (`fabric_view.FabricView` answers both)."""
 
-    def place(view: Ledger, want: PlacementRequest) -> list[GpuAssignment] | None:
+    def leaf_group(self, node_id: str) -> str | None:
+        """The leaf group of the node, None when unknown."""
+        ...
+
+    def hops(self, a: str, b: str) -> int | None:
+        """Links between two nodes; None, KeyError or another LookupError when unknown."""
+        ...
+
+
+class PolicyPlacer:
+    """A `Placer` (see the module docstring); `fragmentation(ledger)` measures the pool against the
+    workload mix this placer has seen."""
+
+    def __init__(self, name: str, fabric: FabricLookup | None = None) -> None:
+        self.policy: ScorePlugin = make_policy(name)
+        self.fabric = fabric
+        self.__name__ = f"policy_placer[{name}]"
+        own = getattr(self.policy, "mix", None)
+        # The mix fgd and fgd+ learn; the other policies learn none, so one is kept beside them.
+        self.mix: WorkloadMix = own if isinstance(own, WorkloadMix) else WorkloadMix()
+        self._mix_is_policys = own is self.mix
+        self._measured: tuple[tuple[int, int], PoolFragmentation] | None = None
+
+    def __call__(self, view: Ledger, want: PlacementRequest) -> list[GpuAssignment] | None:
         r = want.request
+        if r.kind == "gang":
+            return self._gang(view, want)
+        if r.kind == "remote":
+            return self._remote(view, want)
         if r.kind not in _COVERED:
             return first_fit(view, want)
+        return self._single(view, want, observe=not want.excluded_models)
+
+    def fragmentation(self, ledger: Ledger) -> PoolFragmentation:
+        """`pool_fragmentation.measure_fragmentation` of `ledger` for the mix seen so far (cached
+        until the ledger or the mix changes)."""
+        key = (ledger.version, self.mix.version)
+        if self._measured is None or self._measured[0] != key:
+            self._measured = (key, measure_fragmentation(ledger, self.mix.types()))
+        return self._measured[1]
+
+    def _observe(self, request: PackRequest) -> None:
+        self.policy.observe(request)
+        if not self._mix_is_policys:
+            self.mix.observe(request)
+
+    def _single(self, view: Ledger, want: PlacementRequest, *, observe: bool) -> list[GpuAssignment] | None:
+        """Whole GPUs, a fraction or a MIG instance on one node."""
+        r = want.request
         try:
             request = _pack_request(want)
         except PackingError:
             return first_fit(view, want)
-        if not want.excluded_models:
-            policy.observe(request)
-        built = _build(view, want, request)
+        if observe:
+            self._observe(request)
+        built = _build(view, want)
         if built is None:
             return first_fit(view, want)
         cluster, members = built
-        picked = choose(cluster, policy, request)
+        picked = choose(cluster, self.policy, request)
         if picked is None:
             return first_fit(view, want)
         n, option = picked
@@ -62,8 +127,68 @@ def policy_placer(name: str) -> Placer:
             return first_fit(view, want)
         return answer
 
-    place.__name__ = f"policy_placer[{name}]"
-    return place
+    def _gang(self, view: Ledger, want: PlacementRequest) -> list[GpuAssignment] | None:
+        fabric = self.fabric
+        leaves = {n: fabric.leaf_group(n) for n in want.nodes} if fabric is not None else {}
+        if not any(leaves.values()):
+            return first_fit(view, want)
+        r = want.request
+        try:
+            request = _pack_request(want)
+        except PackingError:
+            return first_fit(view, want)
+        if not want.excluded_models:
+            self._observe(request)
+        built = _build(view, want, leaf=lambda n: leaves.get(n) or f"?{n}")
+        if built is None:
+            return first_fit(view, want)
+        cluster, members = built
+        chosen = choose_gang(cluster, self.policy, request, r.hosts)
+        if chosen is None:
+            return first_fit(view, want)
+        if len({members[n][0].node_id for n, _ in chosen}) != r.hosts:
+            return first_fit(view, want)
+        answer: list[GpuAssignment] = []
+        for n, option in chosen:
+            node, gpus = members[n]
+            placement = cluster.allocate(n, request, option)
+            here = [_assignment(node, gpus[i], r) for i in placement.gpus]
+            if not all(_fits(node, gpus[i], a, want) for i, a in zip(placement.gpus, here, strict=True)):
+                return first_fit(view, want)
+            answer += here
+        return answer
+
+    def _remote(self, view: Ledger, want: PlacementRequest) -> list[GpuAssignment] | None:
+        observe = not want.excluded_models
+        for group in _by_distance(want, self.fabric):
+            near = msgspec.structs.replace(want, nodes=group)
+            found = self._single(view, near, observe=observe)
+            if found is not None:
+                return found
+            observe = False
+        return None
+
+
+def policy_placer(name: str, fabric: FabricLookup | None = None) -> PolicyPlacer:
+    """A placer using the packing policy `name` (and `fabric` for gangs and remote use);
+    ValueError (naming the known ones) when the name is unknown."""
+    return PolicyPlacer(name, fabric)
+
+
+def _by_distance(want: PlacementRequest, fabric: FabricLookup | None) -> list[tuple[str, ...]]:
+    """The candidates grouped by hops from the client, nearest first (unknown distances last, in
+    one group); every candidate in one group without a client or a fabric."""
+    client = want.client_node_id
+    if client is None or fabric is None:
+        return [want.nodes]
+    groups: dict[float, list[str]] = {}
+    for node_id in want.nodes:
+        try:
+            d = fabric.hops(client, node_id)
+        except LookupError:
+            d = None
+        groups.setdefault(float("inf") if d is None else d, []).append(node_id)
+    return [tuple(groups[d]) for d in sorted(groups)]
 
 
 def _pack_request(want: PlacementRequest) -> PackRequest:
@@ -104,57 +229,17 @@ def _fraction_memory(g: Gpu, r: ResourceRequest) -> int:
 
 
 def _build(
-    view: Ledger, want: PlacementRequest, request: PackRequest
-) -> tuple[PackingCluster, list[tuple[Node, list[Gpu]]]] | None:
+    view: Ledger, want: PlacementRequest, leaf: Callable[[str], str] | None = None
+) -> tuple[PackingCluster, Members] | None:
     """The packing view of the candidates, and per packing node its ledger node and GPUs in view order."""
-    specs: list[NodeSpec] = []
-    members: list[tuple[Node, list[Gpu]]] = []
-    for node_id in want.nodes:
-        node = view.nodes[node_id]
-        if node.free_cpu_milli < want.cpu_milli or node.free_memory_mib < want.host_memory_mib:
-            continue
-        groups: dict[tuple[str, int], list[Gpu]] = {}
-        for g in node.gpus:
-            if _usable(g, want):
-                groups.setdefault((g.model, g.memory_mib), []).append(g)
-        for (model, memory), gpus in groups.items():
-            specs.append(
-                NodeSpec(
-                    name=f"{node_id}/{model}/{memory}",
-                    cpu_milli=node.cpu_milli,
-                    memory_mib=node.memory_mib,
-                    gpu_model=model,
-                    gpus=len(gpus),
-                    gpu_memory_mib=memory,
-                )
-            )
-            members.append((node, gpus))
-    if not specs:
-        return None
-    layouts = {(n, i): g.mig for n, (_, gpus) in enumerate(members) for i, g in enumerate(gpus) if g.mig}
-    try:
-        cluster = PackingCluster(specs, layouts)
-        for n, (node, gpus) in enumerate(members):
-            used = PackRequest(
-                cpu_milli=min(node.granted_cpu_milli, node.cpu_milli),
-                memory_mib=min(node.granted_memory_mib, node.memory_mib),
-            )
-            cluster.allocate_gpus(n, used, ())
-            for i, g in enumerate(gpus):
-                if g.mig or g.granted_milli <= 0:
-                    continue
-                if g.granted_milli >= WHOLE:
-                    cluster.allocate_gpus(n, PackRequest(num_gpu=1), (i,))
-                else:
-                    share = PackRequest(
-                        num_gpu=1,
-                        gpu_milli=g.granted_milli,
-                        gpu_memory_mib=max(0, min(g.granted_memory_mib, g.memory_mib)),
-                    )
-                    cluster.allocate_gpus(n, share, (i,))
-    except PackingError:
-        return None
-    return cluster, members
+    return pack_ledger(
+        view,
+        want.nodes,
+        lambda g: _usable(g, want),
+        cpu_milli=want.cpu_milli,
+        memory_mib=want.host_memory_mib,
+        leaf=leaf,
+    )
 
 
 def _assignment(node: Node, g: Gpu, r: ResourceRequest) -> GpuAssignment:
