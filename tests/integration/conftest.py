@@ -9,12 +9,12 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from ibpool_runtime import devstack, telemetry
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.store import Store
+from tests.integration.helpers import own_store
 
 telemetry.setup_tracing("ibpool-tests", in_memory=True)
 
@@ -57,17 +57,8 @@ def schema() -> str:
 
 @pytest.fixture
 async def store(stack: devstack.StackInfo, schema: str) -> AsyncIterator[Store]:
-    s = await Store.connect(stack.postgres_dsn, schema)
-    await s.migrate()
-    try:
+    async with own_store(stack, schema) as s:
         yield s
-    finally:
-        await s.close()
-        conn = await asyncpg.connect(stack.postgres_dsn)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
+import asyncpg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
+
+from ibpool_runtime.devstack import StackInfo
+from ibpool_runtime.store import Store
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 20.0, what: str = "condition") -> None:
@@ -38,3 +44,20 @@ async def stream_messages(js: JetStreamContext, stream: str, subject: str, limit
     finally:
         await sub.unsubscribe()
     return out
+
+
+@asynccontextmanager
+async def own_store(stack: StackInfo, schema: str | None = None) -> AsyncIterator[Store]:
+    """A migrated store in a fresh schema (each service owns its own, as in production), dropped after."""
+    schema = schema or f"t_{uuid.uuid4().hex[:12]}"
+    s = await Store.connect(stack.postgres_dsn, schema)
+    await s.migrate()
+    try:
+        yield s
+    finally:
+        await s.close()
+        conn = await asyncpg.connect(stack.postgres_dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()

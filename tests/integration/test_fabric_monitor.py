@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import aiohttp
 import msgspec
@@ -15,10 +16,13 @@ from ibpool_fabric_monitor.config import FabricMonitorConfig
 from ibpool_proto import decode
 from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged, TopologyPublished
 from ibpool_runtime.bus import Bus
+from ibpool_runtime.devstack import StackInfo
 from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit, Service
 from ibpool_runtime.store import Store
-from tests.integration.helpers import eventually, stream_messages
+from ibpool_sim.fake_sysfs import write_hca_port
+from tests.integration.agent_support import running_agent, unique_prefix
+from tests.integration.helpers import eventually, own_store, stream_messages
 
 
 def small_fabric(name: str, leaf2_uplink_width: int = 4) -> Topology:
@@ -34,16 +38,19 @@ def small_fabric(name: str, leaf2_uplink_width: int = 4) -> Topology:
 
 
 @asynccontextmanager
-async def running_monitor(bus: Bus, store: Store, topologies: list[Topology]) -> AsyncIterator[Service]:
-    cfg = FabricMonitorConfig(
-        poll_interval_s=0.1,
-        flap_changes=3,
-        flap_window_s=5,
-        clear_after_s=0.5,
-        errors_per_s=5,
-        rediscover_interval_s=0.3,
-        instance="test",
-    )
+async def running_monitor(
+    bus: Bus, store: Store, topologies: list[Topology], **overrides: object
+) -> AsyncIterator[Service]:
+    settings: dict = {
+        "poll_interval_s": 0.1,
+        "flap_changes": 3,
+        "flap_window_s": 5,
+        "clear_after_s": 0.5,
+        "errors_per_s": 5,
+        "rediscover_interval_s": 0.3,
+        "instance": "test",
+    }
+    cfg = FabricMonitorConfig(**(settings | overrides))
     kit = Kit(name="fabric_monitor", config=cfg, bus=bus, store=store, metrics=ServiceMetrics("fabric_monitor"))
 
     def load() -> Topology:
@@ -169,3 +176,48 @@ async def test_topology_versions_only_on_change_with_diff(bus: Bus, store: Store
 
 async def _count(coro, n: int) -> bool:  # type: ignore[no-untyped-def]
     return len(await coro) == n
+
+
+async def test_ports_reported_by_node_agents_drive_link_health(
+    stack: StackInfo, bus: Bus, store: Store, tmp_path: Path
+) -> None:
+    """No fabric manager: the agent reads its host's HCA from sysfs, the monitor judges the link from that."""
+    prefix = unique_prefix()
+    node = f"{prefix}-001"
+    ca, leaf = "0x0002c903000e0b72", "0x0000000000000b01"
+    fabric = build_topology(
+        name=f"fab{uuid.uuid4().hex[:6]}",
+        hosts=[Host(name=node)],
+        cas=[Ca(guid=ca, host=node, name="mlx5_0", rail=0)],
+        switches=[Switch(guid=leaf, name="leaf", radix=8)],
+        links=[Link(a=PortRef(ca, 1), b=PortRef(leaf, 3))],
+    )
+    [link] = [ln.link_id for ln in fabric.links]
+    port = write_hca_port(tmp_path, "mlx5_0", "0002:c903:000e:0b72", 1, "4: ACTIVE", "400 Gb/sec (4X NDR)")
+    async with (
+        own_store(stack) as agent_store,
+        running_monitor(bus, store, [fabric], counter_source="agents", rediscover_interval_s=0) as monitor,
+        running_agent(
+            bus,
+            agent_store,
+            nodes=1,
+            node_prefix=prefix,
+            hca_ports="sysfs",
+            sysfs_root=str(tmp_path),
+            telemetry_interval_s=0.1,
+        ),
+    ):
+
+        async def judged() -> bool:
+            async with aiohttp.ClientSession() as http, http.get(f"{monitor.http_url}/v1/links") as r:
+                return {v["link_id"]: v["state"] for v in msgspec.json.decode(await r.read())}.get(link) == "up"
+
+        await eventually(judged, what="link judged up from the agent's report")
+        assert not await link_events(bus, link)
+
+        (port / "state").write_text("1: DOWN\n")
+
+        async def went_down() -> bool:
+            return any(isinstance(e, LinkStateChanged) and e.state == "down" for e in await link_events(bus, link))
+
+        await eventually(went_down, what="LinkStateChanged(down) from the agent's report")

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
 import aiohttp
 import msgspec
 
 from ibpool_proto import decode
 from ibpool_proto.job import JobExited, JobStarted
 from ibpool_proto.node import NodeHeartbeat, NodeRegistered, TelemetryReported
-from ibpool_proto.pool import AllocationRevoked, Enforcement
+from ibpool_proto.pool import AllocationRevoked, Enforcement, WorkloadSpec
+from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.store import Store
-from tests.integration.agent_support import grant, running_agent
+from tests.integration.agent_support import grant, running_agent, unique_prefix
 from tests.integration.helpers import eventually, stream_messages
 
 
@@ -177,3 +187,193 @@ async def test_mig_and_fraction_limits_are_put_in_force_and_taken_back(bus: Bus,
 
 async def _started(bus: Bus, job_id: str) -> bool:
     return bool(await events_on(bus, "IBPOOL_JOB", JobStarted.subject(job_id)))
+
+
+async def test_agent_rides_out_a_bus_outage_and_reannounces(store: Store) -> None:
+    """A private nats-server is stopped and started again while the agent runs."""
+    state = Path(tempfile.mkdtemp(prefix="ibpool-test-outage-"))
+    port = devstack.free_port()
+    proc, url, _ = devstack.start_nats(state, port=port)
+    bus = await Bus.connect(url, name="outage-test")
+    try:
+        await bus.ensure_streams()
+        async with running_agent(bus, store, nodes=1, telemetry_interval_s=0.1) as svc:
+            node = f"{svc.kit.config.node_prefix}-001"
+            await eventually(
+                lambda: _count(bus, "IBPOOL_NODE", TelemetryReported.subject(node), 1), what="telemetry before"
+            )
+            stored = await events_on(bus, "IBPOOL_NODE", TelemetryReported.subject(node))
+            before = max(s.occurred_at for s in stored)
+            proc.terminate()
+            proc.wait(timeout=10)
+            await eventually(lambda: _true(not bus.connected), what="the agent noticing the outage")
+
+            async def buffering() -> bool:
+                return (await _agent_view(svc.http_url))["telemetry_pending"] >= 5
+
+            await eventually(buffering, what="telemetry held while the bus is away")
+            held = (await _agent_view(svc.http_url))["telemetry_pending"]
+            came_back = datetime.now(UTC)
+            proc, _, _ = devstack.start_nats(state, port=port)
+            await eventually(lambda: _true(bus.connected), what="reconnect")
+            await eventually(
+                lambda: _count(bus, "IBPOOL_NODE", NodeRegistered.subject(node), 2), what="node re-announced"
+            )
+
+            async def outage_samples() -> list:
+                stored = await events_on(bus, "IBPOOL_NODE", TelemetryReported.subject(node))
+                return [s for s in stored if before < s.occurred_at < came_back]
+
+            async def delivered() -> bool:
+                return len(await outage_samples()) >= held
+
+            await eventually(delivered, what="every sample held during the outage delivered")
+            view = await _agent_view(svc.http_url)
+            assert view["telemetry_dropped"] == 0 and view["heartbeats_skipped"] > 0
+    finally:
+        await bus.close()
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def _count(bus: Bus, stream: str, subject: str, at_least: int) -> bool:
+    return len(await stream_messages(bus.js, stream, subject)) >= at_least
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _agent_view(url: str) -> dict:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/v1/agent") as r:
+        return msgspec.json.decode(await r.read())
+
+
+async def test_commands_run_as_processes_with_the_grants_environment(bus: Bus, store: Store, tmp_path: Path) -> None:
+    async with running_agent(bus, store, nodes=1, allow_commands=True, work_dir=str(tmp_path), stop_grace_s=2) as svc:
+        node = f"{svc.kit.config.node_prefix}-001"
+        py = sys.executable
+        env = Enforcement(env={"CUDA_VISIBLE_DEVICES": "GPU-test-1", "CUDA_DEVICE_SM_LIMIT": "25"})
+        prints_and_fails = grant(node, [1], enforcement=env)
+        prints_and_fails = msgspec.structs.replace(
+            prints_and_fails,
+            workload=WorkloadSpec(
+                command=[
+                    py,
+                    "-c",
+                    "import os,sys; print(os.environ['CUDA_VISIBLE_DEVICES'], "
+                    "os.environ['CUDA_DEVICE_SM_LIMIT']); sys.exit(3)",
+                ]
+            ),
+        )
+        sleeper = msgspec.structs.replace(
+            grant(node, [2]), workload=WorkloadSpec(command=[py, "-c", "import time; time.sleep(600)"])
+        )
+        kills_itself = msgspec.structs.replace(
+            grant(node, [3]), workload=WorkloadSpec(command=[py, "-c", "import os,signal; os.kill(os.getpid(), 9)"])
+        )
+        missing = msgspec.structs.replace(grant(node, [4]), workload=WorkloadSpec(command=["/nonexistent/train"]))
+        for g in (prints_and_fails, sleeper, kills_itself, missing):
+            await bus.publish(g)
+
+        async def exited(job: str) -> bool:
+            return bool(await events_on(bus, "IBPOOL_JOB", JobExited.subject(job)))
+
+        for g in (prints_and_fails, kills_itself, missing):
+            await eventually(lambda g=g: exited(g.job_id), what=f"{g.job_id} exited")
+        [e1] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(prints_and_fails.job_id))
+        [e2] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(kills_itself.job_id))
+        [e3] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(missing.job_id))
+        assert (e1.reason, e1.exit_code) == ("failed", 3)
+        assert (tmp_path / f"{prints_and_fails.allocation_id}@{node}" / "output.log").read_text().split() == [
+            "GPU-test-1",
+            "25",
+        ]
+        assert (e2.reason, e2.exit_code, e2.detail) == ("signal", 137, "killed by SIGKILL")
+        assert e3.reason == "failed" and "cannot start '/nonexistent/train'" in e3.detail
+        [started] = await events_on(bus, "IBPOOL_JOB", JobStarted.subject(sleeper.job_id))
+        assert started.launcher == "process" and started.pid is not None
+        os.kill(started.pid, 0)  # running
+
+        await bus.publish(
+            AllocationRevoked(
+                source="test",
+                key=node,
+                allocation_id=sleeper.allocation_id,
+                job_id=sleeper.job_id,
+                node_id=node,
+                ledger_version=2,
+                reason="preempted",
+            )
+        )
+        await eventually(lambda: exited(sleeper.job_id), what="revoked process stopped")
+        [e4] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(sleeper.job_id))
+        assert (e4.reason, e4.detail) == ("revoked", "preempted")
+
+        async def process_gone() -> bool:
+            try:
+                os.kill(started.pid, 0)
+            except ProcessLookupError:
+                return True
+            return False  # asyncio reaps its children, so no zombie lingers
+
+        await eventually(process_gone, what="the revoked process terminated by SIGTERM")
+
+
+async def test_commands_are_refused_where_the_agent_does_not_allow_them(bus: Bus, store: Store) -> None:
+    async with running_agent(bus, store, nodes=1) as svc:
+        node = f"{svc.kit.config.node_prefix}-001"
+        g = msgspec.structs.replace(grant(node, [0]), workload=WorkloadSpec(command=["/bin/true"]))
+        await bus.publish(g)
+
+        async def refused() -> bool:
+            return bool(await events_on(bus, "IBPOOL_JOB", JobExited.subject(g.job_id)))
+
+        await eventually(refused, what="command refused")
+        [e] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(g.job_id))
+        assert e.reason == "failed" and "allow_commands" in e.detail
+        assert not await events_on(bus, "IBPOOL_JOB", JobStarted.subject(g.job_id))
+
+
+async def test_a_restarted_agent_adopts_the_processes_still_running(bus: Bus, store: Store, tmp_path: Path) -> None:
+    prefix = unique_prefix()
+    settings = {"nodes": 1, "node_prefix": prefix, "allow_commands": True, "work_dir": str(tmp_path)}
+    node = f"{prefix}-001"
+    g = msgspec.structs.replace(
+        grant(node, [0]), workload=WorkloadSpec(command=[sys.executable, "-c", "import time; time.sleep(600)"])
+    )
+    async with running_agent(bus, store, **settings):
+        await bus.publish(g)
+        await eventually(lambda: _count(bus, "IBPOOL_JOB", JobStarted.subject(g.job_id), 1), what="the process started")
+    [started] = await events_on(bus, "IBPOOL_JOB", JobStarted.subject(g.job_id))
+    assert started.pid is not None
+    os.kill(started.pid, 0)  # the agent stopped; its work did not
+    async with running_agent(bus, store, **settings):
+        await asyncio.sleep(0.5)
+        assert not await events_on(bus, "IBPOOL_JOB", JobExited.subject(g.job_id))  # adopted, still running
+        os.kill(started.pid, signal.SIGKILL)
+        await eventually(
+            lambda: _count(bus, "IBPOOL_JOB", JobExited.subject(g.job_id), 1), what="the adopted process's end seen"
+        )
+        [e] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(g.job_id))
+        assert e.reason == "lost" and "restarted" in e.detail
+
+
+async def test_gang_members_on_two_nodes_of_one_agent_each_run_and_exit(bus: Bus, store: Store) -> None:
+    async with running_agent(bus, store, nodes=2) as svc:
+        prefix = svc.kit.config.node_prefix
+        first = grant(f"{prefix}-001", [0, 1], runtime_s=0.3)
+        second = msgspec.structs.replace(
+            grant(f"{prefix}-002", [0, 1], runtime_s=0.3), allocation_id=first.allocation_id, job_id=first.job_id
+        )
+        for g in (first, second):
+            await bus.publish(g)
+
+        async def both_exited() -> bool:
+            return len(await events_on(bus, "IBPOOL_JOB", JobExited.subject(first.job_id))) == 2
+
+        await eventually(both_exited, what="both gang members exited")
+        exits = await events_on(bus, "IBPOOL_JOB", JobExited.subject(first.job_id))
+        assert sorted(e.node_id for e in exits) == [f"{prefix}-001", f"{prefix}-002"]
+        assert all(e.reason == "completed" for e in exits)

@@ -9,6 +9,8 @@ limit is killed as OOM, which is how the simulated agent enforces fractional gra
 from __future__ import annotations
 
 import datetime as dt
+import signal
+from collections.abc import Sequence
 
 import msgspec
 
@@ -33,6 +35,10 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
     env: dict[str, str] = {}
     # The MIG instances created for it ("<gpu index>:<profile>@<start>"), re-applied after an agent restart.
     mig_instances: list[str] = []
+    # "simulated" (ends at `ends_at`) or "process" (a real command; ends when the process does).
+    launcher: str = "simulated"
+    command: list[str] = []
+    pid: int | None = None
 
 
 class GrantAdmitted(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,8 +69,13 @@ def admit_grant(
     now: dt.datetime,
     source: str,
     default_runtime_s: float,
+    allow_commands: bool = False,
 ) -> GrantDecision:
-    """Decide what a grant means here. `hosted_nodes` maps node id -> GPU count."""
+    """Decide what a grant means here. `hosted_nodes` maps node id -> GPU count.
+
+    A grant whose workload names a command runs it as a process, where the agent allows commands
+    (running what arrives on the bus is an operator's choice); otherwise it is refused.
+    """
     if grant.node_id not in hosted_nodes:
         return GrantIgnored(reason=f"node {grant.node_id} is not hosted by this agent")
     if grant.allocation_id in running:
@@ -76,6 +87,23 @@ def admit_grant(
         detail = f"GPU indices {bad} do not exist (node has {gpu_count})" if bad else "grant assigns no GPU here"
         return GrantRefused(exited=refuse_grant(grant, now=now, source=source, detail=detail))
     spec = grant.workload
+    if spec is not None and spec.command:
+        if not allow_commands:
+            detail = "this agent does not run commands (allow_commands is off)"
+            return GrantRefused(exited=refuse_grant(grant, now=now, source=source, detail=detail))
+        process = Workload(
+            allocation_id=grant.allocation_id,
+            job_id=grant.job_id,
+            node_id=grant.node_id,
+            gpu_indices=indices,
+            started_at=now,
+            ends_at=None,
+            memory_limit_mib=grant.enforcement.memory_limit_mib,
+            env=dict(grant.enforcement.env),
+            launcher="process",
+            command=list(spec.command),
+        )
+        return GrantAdmitted(workload=process, started=_started(process, source))
     runtime_s = spec.simulated_runtime_s if spec and spec.simulated_runtime_s is not None else default_runtime_s
     limit = grant.enforcement.memory_limit_mib
     demand = spec.simulated_memory_mib if spec else None
@@ -94,16 +122,41 @@ def admit_grant(
         memory_demand_mib=demand,
         env=dict(grant.enforcement.env),
     )
-    started = JobStarted(
+    return GrantAdmitted(workload=workload, started=_started(workload, source))
+
+
+def _started(w: Workload, source: str) -> JobStarted:
+    return JobStarted(
         source=source,
-        key=grant.job_id,
-        occurred_at=now,
-        job_id=grant.job_id,
-        allocation_id=grant.allocation_id,
-        node_id=grant.node_id,
-        launcher="simulated",
+        key=w.job_id,
+        occurred_at=w.started_at,
+        job_id=w.job_id,
+        allocation_id=w.allocation_id,
+        node_id=w.node_id,
+        launcher=w.launcher,
+        pid=w.pid,
     )
-    return GrantAdmitted(workload=workload, started=started)
+
+
+def process_exited(
+    w: Workload, returncode: int | None, *, now: dt.datetime, source: str, xids: Sequence[int] = ()
+) -> JobExited:
+    """The exit of a workload's process. `returncode` as asyncio reports it (-N: killed by signal N;
+    None: unknown, the agent restarted while it ran); `xids` the XID codes its GPUs raised meanwhile,
+    which make a failure an "xid" exit."""
+    if returncode is None:
+        return _exited(w, now, source, -1, "lost", "exit code unknown: the agent restarted while it ran")
+    if returncode == 0:
+        return _exited(w, now, source, 0, "completed", "")
+    seen = f"; XID {', '.join(map(str, xids))} on its GPUs" if xids else ""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        code = 128 - returncode  # as a shell reports it
+        return _exited(w, now, source, code, "xid" if xids else "signal", f"killed by {name}{seen}")
+    return _exited(w, now, source, returncode, "xid" if xids else "failed", f"exit code {returncode}{seen}")
 
 
 def refuse_grant(grant: AllocationGranted, *, now: dt.datetime, source: str, detail: str) -> JobExited:

@@ -90,3 +90,41 @@ def test_released_or_expired_work_is_stopped_with_why() -> None:
     exp = AllocationExpired(source="a", key="n1", allocation_id="a1", job_id="j1", node_id="n1", ledger_version=3)
     assert core.stop_revoked(d.workload, rel, now=later, source="agent").detail == "allocation released: done early"
     assert core.stop_revoked(d.workload, exp, now=later, source="agent").detail == "allocation lease expired"
+
+
+def command_grant(command: list[str]) -> AllocationGranted:
+    g = grant([2])
+    return AllocationGranted(
+        **{**{f: getattr(g, f) for f in g.__struct_fields__}, "workload": WorkloadSpec(command=command)}
+    )
+
+
+def test_a_command_runs_as_a_process_only_where_the_agent_allows_commands() -> None:
+    g = command_grant(["train.py", "--epochs", "3"])
+    refused = admit(g)
+    assert isinstance(refused, core.GrantRefused) and "allow_commands" in refused.exited.detail
+    d = core.admit_grant(
+        g, hosted_nodes=NODES, running=set(), now=T0, source="agent", default_runtime_s=60, allow_commands=True
+    )
+    assert isinstance(d, core.GrantAdmitted)
+    assert d.workload.launcher == "process" and d.workload.command == ["train.py", "--epochs", "3"]
+    assert d.workload.ends_at is None and d.started.launcher == "process"
+    assert core.finish_due([d.workload], now=T0 + dt.timedelta(days=1), source="agent") == []
+
+
+def test_process_exits_are_classified_by_code_signal_and_xids() -> None:
+    w = core.Workload(allocation_id="a1", job_id="j1", node_id="n1", gpu_indices=[2], started_at=T0, ends_at=None)
+    later = T0 + dt.timedelta(seconds=30)
+    cases = [
+        (0, (), "completed", 0, ""),
+        (3, (), "failed", 3, "exit code 3"),
+        (-9, (), "signal", 137, "killed by SIGKILL"),
+        (-15, (), "signal", 143, "killed by SIGTERM"),
+        (1, (79,), "xid", 1, "exit code 1; XID 79 on its GPUs"),
+        (-6, (48, 63), "xid", 134, "killed by SIGABRT; XID 48, 63 on its GPUs"),
+        (None, (), "lost", -1, "exit code unknown: the agent restarted while it ran"),
+    ]
+    for returncode, xids, reason, code, detail in cases:
+        e = core.process_exited(w, returncode, now=later, source="agent", xids=xids)
+        assert (e.reason, e.exit_code, e.detail) == (reason, code, detail), returncode
+        assert e.runtime_s == 30.0

@@ -10,7 +10,7 @@ from ibpool_runtime.service import Kit, ServiceSpec
 from . import api, state
 from .config import FabricMonitorConfig
 from .service import FabricMonitor, SourceFactory, TopologyLoader
-from .sources import CounterSource, NoSource, PerfquerySource, SimulatedSource, SysfsSource
+from .sources import AgentsSource, CounterSource, NoSource, PerfquerySource, SimulatedSource, SysfsSource
 from .topology_source import topology_loader
 
 
@@ -21,6 +21,8 @@ def source_factory(cfg: FabricMonitorConfig) -> SourceFactory:
                 return SimulatedSource(topology, cfg.seed)
             case "sysfs":
                 return SysfsSource(cfg.sysfs_root, topology)
+            case "agents":
+                return AgentsSource(topology)
             case "perfquery":
                 hosts = {h.strip() for h in cfg.perfquery_hosts.split(",") if h.strip()}
                 return PerfquerySource(cfg.perfquery_command, topology, hosts or None)
@@ -43,7 +45,7 @@ async def bootstrap(
         clock or SystemClock(),
     )
     return ServiceSpec(
-        subscriptions=[],
+        subscriptions=monitor.subscriptions(),
         migrations=state.MIGRATIONS,
         add_routes=lambda app: app.router.add_routes(api.routes(monitor)),
         tasks=[monitor.poll_loop, monitor.rediscover_loop],

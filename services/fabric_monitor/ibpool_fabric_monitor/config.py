@@ -19,7 +19,8 @@ class FabricMonitorConfig(BaseConfig, frozen=True, kw_only=True):
     rediscover_interval_s: float = 0.0
     # Instead of a file: a command whose output is an ibnetdiscover dump, e.g. "ibnetdiscover".
     discover_command: str = ""
-    counter_source: Literal["simulated", "sysfs", "perfquery", "none"] = "simulated"
+    # agents: the ports node agents read from their hosts' sysfs and report (HcaPortsReported).
+    counter_source: Literal["simulated", "sysfs", "perfquery", "agents", "none"] = "simulated"
     sysfs_root: str = "/"
     perfquery_command: str = "perfquery -G {guid} {port}"
     # Hosts whose adapters' links perfquery watches (comma-separated); empty: every link.

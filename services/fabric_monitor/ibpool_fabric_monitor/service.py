@@ -10,12 +10,14 @@ from ibpool_core.fabric.index import FabricIndex
 from ibpool_core.fabric.link_health import Expected, LinkHealth, Rules, link_events, observe
 from ibpool_core.fabric.model import LANE_GBPS, Topology, content_hash, diff
 from ibpool_proto.fabric import DiffSummary, TopologyPublished
+from ibpool_proto.node import HcaPortsReported
+from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit, sleep_unless_stopped
 
 from . import state
 from .config import FabricMonitorConfig
-from .sources import CounterSource
+from .sources import AgentsSource, CounterSource
 
 log = get_logger(__name__)
 
@@ -50,6 +52,23 @@ class FabricMonitor:
         self.source: CounterSource | None = None
         self.healths: dict[str, LinkHealth] = {}
         self.polls = 0
+
+    def subscriptions(self) -> list[Subscription]:
+        if self.cfg.counter_source != "agents":
+            return []
+        # Port reports are telemetry: the newest replaces the last, so no inbox transaction.
+        return [
+            Subscription(
+                durable=f"fabric-monitor-{self.kit.store.schema}-hca",
+                filter_subjects=(HcaPortsReported.subject_pattern(),),
+                handler=self.on_hca_report,
+                transactional=False,
+            )
+        ]
+
+    async def on_hca_report(self, report: HcaPortsReported, ctx: HandlerContext) -> None:
+        if isinstance(self.source, AgentsSource):
+            self.source.offer(report)
 
     async def start(self) -> None:
         topology = await asyncio.to_thread(self.load_topology)

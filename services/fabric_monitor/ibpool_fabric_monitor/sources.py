@@ -1,4 +1,4 @@
-"""Where port samples come from: the simulated fabric, the sysfs tree of a host's HCAs, or perfquery."""
+"""Where port samples come from: the simulated fabric, HCAs in sysfs (read here or by node agents), or perfquery."""
 
 from __future__ import annotations
 
@@ -8,15 +8,11 @@ import subprocess
 from pathlib import Path
 from typing import Protocol
 
-from ibpool_core.fabric.counters import (
-    CounterParseError,
-    parse_node_guid,
-    parse_perfquery,
-    parse_rate,
-    parse_state,
-)
+from ibpool_core.fabric.counters import CounterParseError, parse_perfquery
 from ibpool_core.fabric.link_health import PortSample
 from ibpool_core.fabric.model import PortRef, Topology
+from ibpool_proto.node import HcaPort, HcaPortsReported
+from ibpool_runtime.hca_sysfs import read_hca_ports
 from ibpool_runtime.logs import get_logger
 from ibpool_sim.fabric_faults import SimulatedFabric
 
@@ -41,6 +37,42 @@ class SimulatedSource:
         return self.fabric.read(now)
 
 
+class _PortMap:
+    """(node GUID, port) -> link id from the topology; ports it does not know are warned about once."""
+
+    def __init__(self, topology: Topology, what: str) -> None:
+        self.link_of: dict[PortRef, str] = {}
+        for link in topology.links:
+            self.link_of[link.a] = link.link_id
+            self.link_of[link.b] = link.link_id
+        self.what = what
+        self._warned: set[str] = set()
+
+    def samples(self, ports: list[HcaPort], now: dt.datetime, where: str) -> list[PortSample]:
+        out = []
+        for p in ports:
+            link_id = self.link_of.get(PortRef(p.node_guid, p.port))
+            if link_id is None:
+                self.warn(f"{where} {p.device}/{p.port}", f"port {p.node_guid}:{p.port} is not in the topology")
+                continue
+            out.append(
+                PortSample(
+                    link_id=link_id,
+                    at=now,
+                    up=p.state == "ACTIVE",
+                    width=p.width,
+                    lane_gbps=p.lane_gbps,
+                    counters=p.counters,
+                )
+            )
+        return out
+
+    def warn(self, where: str, what: str) -> None:
+        if where not in self._warned:
+            self._warned.add(where)
+            log.warning(f"{self.what} port skipped", path=where, reason=what)
+
+
 class SysfsSource:
     """`<root>/sys/class/infiniband/<dev>/ports/<n>/{state,rate,counters/*}` of the local HCAs.
 
@@ -51,50 +83,40 @@ class SysfsSource:
     name = "sysfs"
 
     def __init__(self, root: str | Path, topology: Topology) -> None:
-        self.base = Path(root) / "sys" / "class" / "infiniband"
-        self.link_of: dict[PortRef, str] = {}
-        for link in topology.links:
-            self.link_of[link.a] = link.link_id
-            self.link_of[link.b] = link.link_id
-        self._warned: set[str] = set()
+        self.root = root
+        self.ports = _PortMap(topology, "sysfs")
 
     def read(self, now: dt.datetime) -> list[PortSample]:
-        out = []
-        for dev in sorted(self.base.glob("*")):
-            try:
-                guid = parse_node_guid((dev / "node_guid").read_text())
-            except (OSError, ValueError) as e:
-                self._warn(str(dev), f"cannot read node_guid: {e}")
-                continue
-            for port_dir in sorted((dev / "ports").glob("*")):
-                where = str(port_dir)
-                try:
-                    ref = PortRef(guid, int(port_dir.name))
-                    link_id = self.link_of.get(ref)
-                    if link_id is None:
-                        self._warn(where, f"port {guid}:{ref.port} is not in the topology")
-                        continue
-                    _, state = parse_state((port_dir / "state").read_text())
-                    width, lane = parse_rate((port_dir / "rate").read_text())
-                    counters = {}
-                    for f in sorted((port_dir / "counters").glob("*")):
-                        text = f.read_text().strip()
-                        if text.isdigit():
-                            counters[f.name] = int(text)
-                except (OSError, ValueError, CounterParseError) as e:
-                    self._warn(where, str(e))
-                    continue
-                out.append(
-                    PortSample(
-                        link_id=link_id, at=now, up=state == "ACTIVE", width=width, lane_gbps=lane, counters=counters
-                    )
-                )
-        return out
+        ports, problems = read_hca_ports(self.root)
+        for where, what in problems:
+            self.ports.warn(where, what)
+        return self.ports.samples(ports, now, "sysfs")
 
-    def _warn(self, where: str, what: str) -> None:
-        if where not in self._warned:
-            self._warned.add(where)
-            log.warning("sysfs port skipped", path=where, reason=what)
+
+class AgentsSource:
+    """The ports node agents read from their own hosts' sysfs and report (`HcaPortsReported`).
+
+    For clusters without a fabric manager the monitor sees: each poll returns what the agents
+    reported since the previous poll, the newest report per port; a port no agent reported
+    stays unjudged (the rules act on samples, so silence is not taken for a link going down).
+    """
+
+    name = "agents"
+
+    def __init__(self, topology: Topology) -> None:
+        self.ports = _PortMap(topology, "agent-reported")
+        self.pending: dict[tuple[str, str, int], tuple[str, HcaPort]] = {}
+
+    def offer(self, report: HcaPortsReported) -> None:
+        for p in report.ports:
+            self.pending[(report.node_id, p.device, p.port)] = (report.node_id, p)
+
+    def read(self, now: dt.datetime) -> list[PortSample]:
+        taken, self.pending = self.pending, {}
+        out = []
+        for node_id, port in taken.values():
+            out += self.ports.samples([port], now, f"node {node_id}")
+        return out
 
 
 class PerfquerySource:

@@ -29,6 +29,10 @@ class AgentView(msgspec.Struct, frozen=True, kw_only=True):
     nodes: int
     heartbeats_sent: int
     exits_by_reason: dict[str, int]
+    # Telemetry waiting for the bus, dropped because the buffer was full, and heartbeats skipped while away.
+    telemetry_pending: int = 0
+    telemetry_dropped: int = 0
+    heartbeats_skipped: int = 0
 
 
 def routes(agent: NodeAgent) -> web.RouteTableDef:
@@ -43,6 +47,9 @@ def routes(agent: NodeAgent) -> web.RouteTableDef:
                 nodes=len(agent.node_ids),
                 heartbeats_sent=agent.heartbeats_sent,
                 exits_by_reason=await state.exits_by_reason(pool),
+                telemetry_pending=len(agent.telemetry.pending),
+                telemetry_dropped=agent.telemetry.dropped,
+                heartbeats_skipped=agent.heartbeats_skipped,
             )
         )
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import psutil
 
 from ibpool_core.gpu_model import SimulatedGpus
 from ibpool_proto.node import GpuInfo, GpuSample, HostSample
+from ibpool_runtime.logs import get_logger
 
 from .config import NodeAgentConfig
 from .enforcers import Enforcer, NvmlEnforcer, SimulatedEnforcer
+
+log = get_logger(__name__)
 
 
 class GpuBackend(Protocol):
@@ -68,21 +71,51 @@ class SimulatedBackend:
         )
 
 
+# NVML clock event (throttle) reason bits -> the names telemetry uses; idle and app-clock settings are not problems.
+THROTTLE_REASONS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+}
+
+
 class NvmlBackend:
-    """Reads real GPUs through NVML (nvidia-ml-py): inventory and telemetry; enforces grants (MIG, MPS)."""
+    """Reads real GPUs through NVML (nvidia-ml-py) and enforces grants on them (MIG, MPS).
+
+    Inventory: UUID, model, memory, MIG mode, NVLink (a GPU with an active NVLink is in the host's
+    NVLink domain). Telemetry: utilisation, memory, temperature, power, volatile and aggregate
+    uncorrected ECC, retired pages (or remapped rows on GPUs that remap instead of retiring),
+    throttle reasons, and the XIDs NVML reported since the last sample (an event set, read without
+    waiting). A figure a GPU does not support is left at its default. `nvml` is the nvidia-ml-py
+    module; tests pass a stand-in.
+    """
 
     name = "nvml"
 
-    def __init__(self, node_id: str) -> None:
-        import pynvml
-
-        self.nvml = pynvml
-        pynvml.nvmlInit()
+    def __init__(self, node_id: str, nvml: Any = None) -> None:
+        if nvml is None:
+            import pynvml as nvml
+        self.nvml = nvml
+        nvml.nvmlInit()
         self.node_id = node_id
         self.hostname = socket.gethostname()
-        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        self.enforcer: Enforcer = NvmlEnforcer(pynvml, self.handles, self.inventory())
+        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        self.events = self._xid_events()
+        self.enforcer: Enforcer = NvmlEnforcer(nvml, self.handles, self.inventory())
         self.host_meter = HostMeter()
+
+    def _xid_events(self) -> Any:
+        n = self.nvml
+        try:
+            events = n.nvmlEventSetCreate()
+            for h in self.handles:
+                n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, events)
+            return events
+        except n.NVMLError as e:  # e.g. not supported in a container without the right caps
+            log.warning("XID events unavailable: telemetry carries no XIDs", error=str(e))
+            return None
 
     def inventory(self) -> list[GpuInfo]:
         n = self.nvml
@@ -92,34 +125,35 @@ class NvmlBackend:
                 mig_capable = n.nvmlDeviceGetMigMode(h)[1] is not None
             except n.NVMLError:
                 mig_capable = False
-            name = n.nvmlDeviceGetName(h)
             out.append(
                 GpuInfo(
                     index=i,
                     uuid=_text(n.nvmlDeviceGetUUID(h)),
-                    model=_text(name),
+                    model=_text(n.nvmlDeviceGetName(h)),
                     memory_mib=int(n.nvmlDeviceGetMemoryInfo(h).total // (1 << 20)),
                     mig_capable=mig_capable,
+                    nvlink_domain=self.hostname if self._nvlink_active(h) else None,
                 )
             )
         return out
 
-    def host(self, load: dict[int, int]) -> HostSample:
-        return self.host_meter.sample()
+    def _nvlink_active(self, h: Any) -> bool:
+        n = self.nvml
+        for link in range(n.NVML_NVLINK_MAX_LINKS):
+            try:
+                if n.nvmlDeviceGetNvLinkState(h, link) == n.NVML_FEATURE_ENABLED:
+                    return True
+            except n.NVMLError:
+                return False  # no such link: the GPU has no more
+        return False
 
     def sample(self, dt_s: float, load: dict[int, int]) -> list[GpuSample]:
         n = self.nvml
+        xids = self._pending_xids()
         out = []
         for i, h in enumerate(self.handles):
             util = n.nvmlDeviceGetUtilizationRates(h)
             mem = n.nvmlDeviceGetMemoryInfo(h)
-            try:
-                ecc_v = int(n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC))
-                ecc_a = int(
-                    n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC)
-                )
-            except n.NVMLError:
-                ecc_v = ecc_a = 0
             out.append(
                 GpuSample(
                     index=i,
@@ -128,10 +162,61 @@ class NvmlBackend:
                     memory_used_mib=int(mem.used // (1 << 20)),
                     temperature_c=float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
                     power_w=n.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                    ecc_volatile=ecc_v,
-                    ecc_aggregate=ecc_a,
+                    ecc_volatile=self._ecc(h, n.NVML_VOLATILE_ECC),
+                    ecc_aggregate=self._ecc(h, n.NVML_AGGREGATE_ECC),
+                    retired_pages=self._retired(h),
+                    xids=xids.get(i, []),
+                    throttle_reasons=self._throttle(h),
                 )
             )
+        return out
+
+    def _ecc(self, h: Any, counter: int) -> int:
+        n = self.nvml
+        try:
+            return int(n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter))
+        except n.NVMLError:
+            return 0
+
+    def _retired(self, h: Any) -> int:
+        n = self.nvml
+        try:
+            return sum(
+                len(n.nvmlDeviceGetRetiredPages(h, cause))
+                for cause in (
+                    n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+                    n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+                )
+            )
+        except n.NVMLError:
+            pass
+        try:  # A100 and later remap rows instead of retiring pages
+            corrected, uncorrected, _pending, _failed = n.nvmlDeviceGetRemappedRows(h)
+            return int(corrected + uncorrected)
+        except n.NVMLError:
+            return 0
+
+    def _throttle(self, h: Any) -> list[str]:
+        n = self.nvml
+        try:
+            mask = int(n.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+        except n.NVMLError:
+            return []
+        return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+
+    def _pending_xids(self) -> dict[int, list[int]]:
+        """GPU index -> XID codes NVML reported since the last call (never waits)."""
+        n = self.nvml
+        out: dict[int, list[int]] = {}
+        if self.events is None:
+            return out
+        for _ in range(1000):  # bounded: a storm of XIDs must not stall telemetry
+            try:
+                data = n.nvmlEventSetWait_v2(self.events, 0)
+            except n.NVMLError:  # NVML_ERROR_TIMEOUT: nothing more pending
+                break
+            if data.eventType & n.nvmlEventTypeXidCriticalError:
+                out.setdefault(int(n.nvmlDeviceGetIndex(data.device)), []).append(int(data.eventData))
         return out
 
 
@@ -178,7 +263,13 @@ def nvml_gpu_count() -> int:
 
 
 def node_ids(cfg: NodeAgentConfig) -> list[str]:
-    return [f"{cfg.node_prefix}-{i:03d}" for i in range(cfg.first_node, cfg.first_node + cfg.nodes)]
+    prefix = node_prefix(cfg)
+    return [f"{prefix}-{i:03d}" for i in range(cfg.first_node, cfg.first_node + cfg.nodes)]
+
+
+def node_prefix(cfg: NodeAgentConfig) -> str:
+    """The configured prefix, with "{hostname}" replaced: replicas of one container spec get their own ids."""
+    return cfg.node_prefix.replace("{hostname}", socket.gethostname().split(".")[0])
 
 
 def make_backends(cfg: NodeAgentConfig) -> list[GpuBackend]:

@@ -10,6 +10,7 @@ from ibpool_runtime.config import BaseConfig
 class NodeAgentConfig(BaseConfig, frozen=True, kw_only=True):
     # How many nodes this process hosts (simulated backend only; NVML hosts its own node).
     nodes: int = 1
+    # "{hostname}" in it becomes the host's name (e.g. "{hostname}-gpu" for replicas of one container spec).
     node_prefix: str = "node"
     first_node: int = 1
     backend: Literal["auto", "simulated", "nvml"] = "auto"
@@ -25,3 +26,15 @@ class NodeAgentConfig(BaseConfig, frozen=True, kw_only=True):
     # Simulated fault rates per telemetry sample (0 turns them off).
     sim_ecc_rate: float = 2e-4
     sim_xid_rate: float = 2e-5
+    # Report this host's InfiniBand ports (sysfs) for the fabric monitor: auto = on NVML hosts that have them.
+    hca_ports: Literal["auto", "sysfs", "off"] = "auto"
+    # Run grants' commands as processes (the process launcher); off: such grants are refused.
+    allow_commands: bool = False
+    # Where processes run, one directory per allocation (empty: <tmp>/ibpool-node-agent/<source>).
+    work_dir: str = ""
+    # SIGTERM, then SIGKILL after this long, when an allocation is taken back.
+    stop_grace_s: float = 10.0
+    # Telemetry samples kept through a bus outage (oldest dropped first when full).
+    telemetry_buffer: int = 10_000
+    # Where /sys is (tests point it at a fake tree).
+    sysfs_root: str = "/"

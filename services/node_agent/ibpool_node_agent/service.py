@@ -7,22 +7,28 @@ are published directly (a lost sample is replaced by the next one).
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import tempfile
 import time
+from pathlib import Path
 
 import msgspec
 
 from ibpool_core import workload as core
 from ibpool_core.clock import Clock
-from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
+from ibpool_proto.node import HcaPortsReported, NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked, Enforcement
 from ibpool_runtime.consumer import HandlerContext, Subscription
+from ibpool_runtime.hca_sysfs import read_hca_ports
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit, sleep_unless_stopped
+from ibpool_runtime.telemetry_buffer import TelemetryBuffer
 
 from . import state
-from .backends import GpuBackend
+from .backends import GpuBackend, node_prefix
 from .config import NodeAgentConfig
 from .enforcers import EnforcementError
+from .launcher import LaunchError, ProcessLauncher
 
 log = get_logger(__name__)
 
@@ -40,6 +46,20 @@ class NodeAgent:
         # node id -> allocation ids running there, refreshed from the store by the workload loop
         self.running: dict[str, list[str]] = {n: [] for n in self.backends}
         self._load: dict[str, dict[int, int]] = {n: {} for n in self.backends}
+        self.reports_hca_ports = self.cfg.hca_ports == "sysfs" or (
+            self.cfg.hca_ports == "auto"
+            and any(b.name == "nvml" for b in backends)
+            and Path(self.cfg.sysfs_root, "sys/class/infiniband").is_dir()
+        )
+        self._hca_problems: set[str] = set()
+        # Samples wait here through a bus outage (bounded, oldest dropped first); exits use the outbox.
+        self.telemetry = TelemetryBuffer(kit.bus.publish, lambda: kit.bus.connected, capacity=self.cfg.telemetry_buffer)
+        self.heartbeats_skipped = 0
+        work_dir = Path(self.cfg.work_dir or Path(tempfile.gettempdir()) / "ibpool-node-agent" / kit.source)
+        self.launcher = ProcessLauncher(work_dir.expanduser(), stop_grace_s=self.cfg.stop_grace_s)
+        # node id -> GPU index -> (when, XID code) seen in telemetry: a process that dies after an XID
+        # on its GPUs exits with reason "xid".
+        self.xids: dict[str, dict[int, list[tuple[dt.datetime, int]]]] = {n: {} for n in self.backends}
 
     @property
     def node_ids(self) -> list[str]:
@@ -54,7 +74,7 @@ class NodeAgent:
                 AllocationReleased.subject(n),
                 AllocationExpired.subject(n),
             ]
-        durable = f"node-agent-{self.cfg.node_prefix}-{self.cfg.first_node}-{self.cfg.nodes}"
+        durable = f"node-agent-{node_prefix(self.cfg)}-{self.cfg.first_node}-{self.cfg.nodes}"
         return [Subscription(durable=durable, filter_subjects=tuple(filters), handler=self.on_allocation_event)]
 
     async def on_allocation_event(self, event: object, ctx: HandlerContext) -> None:
@@ -70,6 +90,7 @@ class NodeAgent:
                     now=now,
                     source=self.kit.source,
                     default_runtime_s=self.cfg.default_runtime_s,
+                    allow_commands=self.cfg.allow_commands,
                 )
                 match decision:
                     case core.GrantAdmitted(workload=w, started=started):
@@ -81,6 +102,16 @@ class NodeAgent:
                             await ctx.emit(core.refuse_grant(event, now=now, source=self.kit.source, detail=detail))
                             return
                         w = msgspec.structs.replace(w, env=applied.env, mig_instances=applied.mig_instances)
+                        if w.launcher == "process":
+                            try:
+                                env = w.env | {"IBPOOL_ALLOCATION_ID": w.allocation_id, "IBPOOL_NODE_ID": w.node_id}
+                                pid = await self.launcher.start(_work_key(w), w.command, env)
+                            except LaunchError as e:
+                                self.backends[event.node_id].enforcer.release(w.allocation_id)
+                                await ctx.emit(core.refuse_grant(event, now=now, source=self.kit.source, detail=str(e)))
+                                return
+                            w = msgspec.structs.replace(w, pid=pid)
+                            started = msgspec.structs.replace(started, pid=pid)
                         await state.insert_workload(ctx.tx.conn, w)
                         await ctx.emit(started)
                     case core.GrantRefused(exited=exited):
@@ -88,19 +119,25 @@ class NodeAgent:
                     case core.GrantIgnored(reason=reason):
                         log.info("grant ignored", allocation_id=event.allocation_id, reason=reason)
             case AllocationRevoked() | AllocationReleased() | AllocationExpired():
-                w = await state.running_one(ctx.tx.conn, event.allocation_id)
+                w = await state.running_one(ctx.tx.conn, event.allocation_id, event.node_id)
                 if w is None:
                     log.info("ended allocation is not running here", allocation_id=event.allocation_id)
                     return
                 exited = core.stop_revoked(w, event, now=now, source=self.kit.source)
                 await state.mark_exited(ctx.tx.conn, exited)
                 await ctx.emit(exited)
+                self.launcher.stop(_work_key(w))
                 self.backends[w.node_id].enforcer.release(w.allocation_id)
             case _:
                 log.warning("unexpected event for the node agent", type=type(event).__name__)
 
     async def register(self) -> None:
-        """Announce every hosted node (on start; the outbox makes it survive a crash)."""
+        """On start: announce every hosted node, put running work's limits back, re-announce after reconnects."""
+        await self.announce(reapply=True)
+        self.kit.bus.on_reconnect(self.announce)
+
+    async def announce(self, reapply: bool = False) -> None:
+        """Announce every hosted node and its inventory (the outbox makes it survive a crash)."""
         now = self.clock.now()
         async with self.kit.store.transaction() as tx:
             for b in self.backends.values():
@@ -120,11 +157,14 @@ class NodeAgent:
                         labels={"ibpool.io/gpu-model": gpus[0].model if gpus else ""},
                     )
                 )
-            self.reapply(await state.running(tx.conn, self.node_ids))
+            if reapply:
+                self.reapply(await state.running(tx.conn, self.node_ids))
 
     def reapply(self, work: list[core.Workload]) -> None:
         """Put the limits of work that ran before a restart back in force (the enforcers start empty)."""
         for w in work:
+            if w.launcher == "process" and w.pid is not None:
+                self.launcher.adopt(_work_key(w), w.pid)  # gone already: reported by the workload loop
             again = Enforcement(env=w.env, mig_instances=w.mig_instances, memory_limit_mib=w.memory_limit_mib)
             try:
                 self.backends[w.node_id].enforcer.apply(w.allocation_id, again)
@@ -147,6 +187,10 @@ class NodeAgent:
         while not stop.is_set():
             seq += 1
             now = self.clock.now()
+            if not self.kit.bus.connected:  # a late heartbeat says nothing about now: skip, do not queue
+                self.heartbeats_skipped += len(self.node_ids)
+                await sleep_unless_stopped(stop, interval)
+                continue
             for n in self.node_ids:
                 await self.kit.bus.publish_unacked(
                     NodeHeartbeat(
@@ -178,8 +222,29 @@ class NodeAgent:
                 sample = TelemetryReported(
                     source=self.kit.source, key=n, occurred_at=now, node_id=n, gpus=gpus, host=host
                 )
-                await self.kit.bus.publish_unacked(sample)
+                self.telemetry.offer(sample)
+                for g in gpus:
+                    if g.xids:
+                        seen = self.xids[n].setdefault(g.index, [])
+                        seen.extend((now, code) for code in g.xids)
+                        del seen[:-32]  # the recent ones are what explains an exit
+            if self.reports_hca_ports:
+                await self.report_hca_ports()
+            await self.telemetry.flush()
             await sleep_unless_stopped(stop, self.cfg.telemetry_interval_s)
+
+    async def report_hca_ports(self) -> None:
+        """This host's InfiniBand ports, for the fabric monitor's link health (telemetry, buffered like samples)."""
+        ports, problems = await asyncio.to_thread(read_hca_ports, self.cfg.sysfs_root)
+        for where, why in problems:
+            if where not in self._hca_problems:  # once per path, not every interval
+                self._hca_problems.add(where)
+                log.warning("HCA port not read", path=where, reason=why)
+        now = self.clock.now()
+        for n in self.node_ids:
+            self.telemetry.offer(
+                HcaPortsReported(source=self.kit.source, key=n, occurred_at=now, node_id=n, ports=ports)
+            )
 
     async def workload_loop(self, stop: asyncio.Event) -> None:
         """Finish simulated work whose time has come and keep the in-memory view current."""
@@ -195,13 +260,20 @@ class NodeAgent:
         async with self.kit.store.transaction() as tx:
             work = await state.running(tx.conn, self.node_ids)
             due = core.finish_due(work, now=now, source=self.kit.source)
+            ended = dict(self.launcher.exited())
+            for w in work:
+                key = _work_key(w)
+                if w.launcher == "process" and (key in ended or not self.launcher.watches(key)):
+                    code = ended.get(key)
+                    xids = [c for i in w.gpu_indices for t, c in self.xids[w.node_id].get(i, []) if t >= w.started_at]
+                    due.append((w, core.process_exited(w, code, now=now, source=self.kit.source, xids=xids)))
             for _, exited in due:
                 if await state.mark_exited(tx.conn, exited):
                     await tx.outbox(exited)
-        finished = {w.allocation_id for w, _ in due}
+        finished = {_work_key(w) for w, _ in due}
         for w, _ in due:
             self.backends[w.node_id].enforcer.release(w.allocation_id)
-        still = [w for w in work if w.allocation_id not in finished]
+        still = [w for w in work if _work_key(w) not in finished]
         self.running = {n: [w.allocation_id for w in still if w.node_id == n] for n in self.node_ids}
         load: dict[str, dict[int, int]] = {n: {} for n in self.node_ids}
         for w in still:
@@ -210,3 +282,8 @@ class NodeAgent:
                 load[w.node_id][i] = load[w.node_id].get(i, 0) + per_gpu
         self._load = load
         return len(due)
+
+
+def _work_key(w: core.Workload) -> str:
+    """One gang member's work: the members of a gang on nodes of this agent share the allocation id."""
+    return f"{w.allocation_id}@{w.node_id}"

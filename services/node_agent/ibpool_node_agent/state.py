@@ -57,7 +57,7 @@ async def nodes(conn: asyncpg.Connection | asyncpg.Pool) -> list[NodeRow]:
 async def insert_workload(conn: asyncpg.Connection, w: Workload) -> None:
     await conn.execute(
         "INSERT INTO workloads (allocation_id, job_id, node_id, body, started_at, ends_at)"
-        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (allocation_id) DO NOTHING",
+        " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (allocation_id, node_id) DO NOTHING",
         w.allocation_id,
         w.job_id,
         w.node_id,
@@ -78,9 +78,11 @@ async def running(conn: asyncpg.Connection | asyncpg.Pool, node_ids: list[str] |
     return [_workload.decode(r["body"]) for r in rows]
 
 
-async def running_one(conn: asyncpg.Connection, allocation_id: str) -> Workload | None:
+async def running_one(conn: asyncpg.Connection, allocation_id: str, node_id: str) -> Workload | None:
     body = await conn.fetchval(
-        "SELECT body FROM workloads WHERE allocation_id = $1 AND exited_at IS NULL FOR UPDATE", allocation_id
+        "SELECT body FROM workloads WHERE allocation_id = $1 AND node_id = $2 AND exited_at IS NULL FOR UPDATE",
+        allocation_id,
+        node_id,
     )
     return None if body is None else _workload.decode(body)
 
@@ -89,11 +91,12 @@ async def mark_exited(conn: asyncpg.Connection, exited: JobExited) -> bool:
     """Record an exit once; False if the workload had already exited (or never ran here)."""
     status = await conn.execute(
         "UPDATE workloads SET exited_at = $2, exit_code = $3, exit_reason = $4"
-        " WHERE allocation_id = $1 AND exited_at IS NULL",
+        " WHERE allocation_id = $1 AND node_id = $5 AND exited_at IS NULL",
         exited.allocation_id,
         exited.occurred_at,
         exited.exit_code,
         exited.reason,
+        exited.node_id,
     )
     return bool(status.endswith(" 1"))
 

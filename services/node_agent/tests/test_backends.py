@@ -1,7 +1,8 @@
 import psutil
 
-from ibpool_node_agent.backends import HostMeter, SimulatedBackend, make_backends, node_ids, nvml_gpu_count
+from ibpool_node_agent.backends import HostMeter, NvmlBackend, SimulatedBackend, make_backends, node_ids, nvml_gpu_count
 from ibpool_node_agent.config import NodeAgentConfig
+from services.node_agent.tests.fake_nvml import FakeNvml
 
 
 def test_simulated_backend_hosts_the_configured_nodes() -> None:
@@ -35,3 +36,40 @@ def test_host_meter_reads_this_machine() -> None:
     assert 0 < sample.memory_used_mib <= total_mib
     assert sample.net_rx_bps >= 0.0 and sample.net_tx_bps >= 0.0
     assert 0.0 < sample.disk_used_pct <= 100.0
+
+
+def test_nvml_backend_reads_inventory_and_telemetry_with_xids_and_throttling() -> None:
+    nvml = FakeNvml(gpus=2)
+    b = NvmlBackend("gpu-node-1", nvml=nvml)
+    inv = b.inventory()
+    assert [g.uuid for g in inv] == ["GPU-fake-0", "GPU-fake-1"]
+    assert inv[0].model == "NVIDIA A100-SXM4-80GB" and inv[0].memory_mib == 81920 and inv[0].mig_capable
+    assert inv[0].nvlink_domain == b.hostname and nvml.registered == {0, 1}
+    gpu1 = nvml.gpus[1]
+    gpu1.util, gpu1.used_mib, gpu1.temperature, gpu1.power_mw = 97, 70_000, 88, 395_500
+    gpu1.ecc, gpu1.retired, gpu1.throttle = {0: 2, 1: 5}, [0x1000, 0x2000], 0x20 | 0x4 | 0x1
+    nvml.event_queue = [(1, 79), (1, 48), (0, 13)]
+    s0, s1 = b.sample(5.0, {})
+    assert (s1.utilization_pct, s1.memory_used_mib, s1.temperature_c, s1.power_w) == (97.0, 70_000, 88.0, 395.5)
+    assert (s1.ecc_volatile, s1.ecc_aggregate, s1.retired_pages) == (2, 5, 2)
+    assert s1.throttle_reasons == ["sw_power_cap", "sw_thermal_slowdown"]  # idle (0x1) is not a problem
+    assert s1.xids == [79, 48] and s0.xids == [13]
+    assert b.sample(5.0, {})[1].xids == []  # each XID reported once
+
+
+def test_nvml_backend_falls_back_to_remapped_rows_and_works_without_events() -> None:
+    nvml = FakeNvml(events_supported=False)
+    nvml.gpus[0].retired, nvml.gpus[0].remapped, nvml.gpus[0].nvlinks = None, (3, 1, 0, 0), 0
+    b = NvmlBackend("gpu-node-1", nvml=nvml)
+    [g] = b.inventory()
+    assert g.nvlink_domain is None
+    [s] = b.sample(5.0, {})
+    assert s.retired_pages == 4 and s.xids == []
+
+
+def test_hostname_in_the_prefix_gives_each_replica_its_own_node_ids() -> None:
+    import socket
+
+    cfg = NodeAgentConfig(nodes=2, node_prefix="{hostname}-sim", backend="simulated")
+    host = socket.gethostname().split(".")[0]
+    assert node_ids(cfg) == [f"{host}-sim-001", f"{host}-sim-002"]

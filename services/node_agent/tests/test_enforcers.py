@@ -1,13 +1,10 @@
 """Enforcers: the simulated one checks MIG layouts as the hardware would; the NVML one drives NVML's MIG calls.
 
-The NVML enforcer is exercised against `FakeNvml`, a small in-memory stand-in for the part of
-nvidia-ml-py it calls (no GPU here), which refuses overlapping GPU instances as the driver does.
+The NVML enforcer is exercised against `FakeNvml` (fake_nvml.py: no GPU here), which refuses
+overlapping GPU instances as the driver does.
 """
 
 from __future__ import annotations
-
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -15,6 +12,7 @@ from ibpool_core.gpu_model import SimulatedGpus
 from ibpool_node_agent.enforcers import EnforcementError, NvmlEnforcer, SimulatedEnforcer
 from ibpool_proto.node import GpuInfo
 from ibpool_proto.pool import Enforcement
+from services.node_agent.tests.fake_nvml import FakeNvml
 
 A100 = "NVIDIA A100-SXM4-80GB"
 
@@ -70,92 +68,6 @@ def test_fraction_limits_become_the_workload_environment_and_apply_is_idempotent
     first = e.apply("f", Enforcement(env=env, visible_devices=[inventory[1].uuid], memory_limit_mib=8000))
     assert first.env == env and first.memory_limit_mib == 8000 and first.mig_devices == []
     assert e.apply("f", Enforcement()) is first
-
-
-class FakeNvmlError(Exception):
-    pass
-
-
-class FakeNvml:
-    """The NVML calls the enforcer makes, on one A100 80GB in MIG mode, keeping GPU instances in memory."""
-
-    NVMLError = FakeNvmlError
-    NVML_DEVICE_MIG_ENABLE = 1
-    NVML_GPU_INSTANCE_PROFILE_COUNT = 18
-    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
-    NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE = 0
-    NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE = 1
-    NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE = 2
-    NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE = 3
-    NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE = 4
-    # profile id -> (compute slices, memory MB): 1g.10gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb, 1g.10gb+me, 1g.20gb
-    PROFILES = {0: (1, 9856), 1: (2, 19968), 2: (3, 40192), 3: (4, 40192), 4: (7, 80384), 7: (1, 9856), 9: (1, 19968)}
-    MEMORY_SLICES = {0: 1, 1: 2, 2: 4, 3: 4, 4: 8, 7: 1, 9: 2}
-
-    class c_nvmlGpuInstancePlacement_t:
-        start = 0
-        size = 0
-
-    def __init__(self, mig_enabled: bool = True) -> None:
-        self.mig_mode = 1 if mig_enabled else 0
-        self.instances: dict[int, tuple[int, int, int]] = {}  # gi id -> (profile, start, size)
-        self.compute: dict[int, int] = {}  # ci handle -> gi id
-        self.next_id = 1
-        self.fail_compute = False
-
-    def nvmlDeviceGetMigMode(self, h: Any) -> tuple[int, int]:
-        return self.mig_mode, self.mig_mode
-
-    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: Any, pid: int) -> Any:
-        if pid not in self.PROFILES:
-            raise FakeNvmlError("Not Supported")
-        slices, mb = self.PROFILES[pid]
-        return SimpleNamespace(id=pid, sliceCount=slices, memorySizeMB=mb)
-
-    def nvmlDeviceCreateGpuInstanceWithPlacement(self, h: Any, pid: int, p: Any) -> int:
-        assert p.size == self.MEMORY_SLICES[pid]
-        span = set(range(p.start, p.start + p.size))
-        for _, start, size in self.instances.values():
-            if span & set(range(start, start + size)):
-                raise FakeNvmlError("Insufficient Resources")
-        gi = self.next_id
-        self.next_id += 1
-        self.instances[gi] = (pid, p.start, p.size)
-        return gi
-
-    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: int, profile: int, eng: int) -> Any:
-        return SimpleNamespace(id=profile)
-
-    def nvmlGpuInstanceCreateComputeInstance(self, gi: int, pid: int) -> int:
-        if self.fail_compute:
-            raise FakeNvmlError("Unknown Error")
-        ci = 1000 + gi
-        self.compute[ci] = gi
-        return ci
-
-    def nvmlGpuInstanceGetInfo(self, gi: int) -> Any:
-        return SimpleNamespace(id=gi)
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
-        return 7
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, i: int) -> int:
-        live = sorted(self.compute.values())
-        if i >= len(live):
-            raise FakeNvmlError("Not Found")
-        return live[i]
-
-    def nvmlDeviceGetGpuInstanceId(self, mh: int) -> int:
-        return mh
-
-    def nvmlDeviceGetUUID(self, mh: int) -> bytes:
-        return f"MIG-fake-{mh}".encode()
-
-    def nvmlComputeInstanceDestroy(self, ci: int) -> None:
-        del self.compute[ci]
-
-    def nvmlGpuInstanceDestroy(self, gi: int) -> None:
-        del self.instances[gi]
 
 
 def test_nvml_creates_the_granted_instance_at_its_placement_and_destroys_it_on_release() -> None:
