@@ -1,0 +1,615 @@
+"""The failover decision: `decide(FailoverRequest) -> FailoverReply`, data in and data out.
+
+A request is the controller's whole picture (`HealthState`: nodes with their GPUs and cordons, the
+links and what depends on them, who holds which GPUs, jobs hit by hardware), the observations that
+arrived since the last decision (bus events, in arrival order), `now` and the config. The reply is
+the new state and the events to publish. The same function runs on every batch of observations and
+on a timer with none: heartbeats that do not arrive are a signal only the clock can see.
+
+Verdicts and their actions:
+
+- Node: late heartbeats -> `suspect` (NodeSuspected); lost heartbeats, or an XID that needs a
+  reboot -> `failed` (NodeFailed, Cordoned node, DrainRequested, RequeueRequested for the work
+  there). A suspected node is cleared (NodeRecovered) after `clear_after_beats` intervals on time; a
+  failed one after the stable window (NodeRecovered, Uncordoned), which doubles with each failure
+  inside `flap_memory_s` (up to `max_hold_s`), so a flapping node is held longer each time. A node
+  failed by an XID waits for a re-registration (a reboot) before its window starts.
+- GPU: an XID that needs a reset, retired pages or lifetime ECC errors at their limit -> GpuFailed
+  and Cordoned gpu, and the work holding that GPU is requeued; the node's other GPUs keep working.
+  Volatile ECC errors and heat -> Cordoned gpu only, lifted (Uncordoned) once the GPU looked fine
+  for the stable window. A re-registration (reboot, GPU reset) clears the GPU verdicts.
+- Link: a host's cable down/flapping (or degraded, by config) -> Cordoned rail of that host; a leaf
+  uplink -> Cordoned leaf for each host under the leaf (multi-node work only). Lifted when the fabric
+  monitor reports the problem gone (it applies its own hysteresis).
+- Jobs: each hardware hit counts against the job; RequeueRequested carries the attempt and an
+  exponential `retry_after_s`; at `flag_after_failures` JobFlagged (once); past `max_requeues` no
+  more requeues are asked for.
+- A node that deregistered left cleanly: it is forgotten, and beats or registrations it sent before
+  it left (still in flight) are ignored. A heartbeat or sample older than the fail window from a
+  node not known (the controller starts and reads the newest beat of every node ever seen) says
+  nothing about now and is ignored. A node first seen through a recent observation gets a full
+  heartbeat window.
+- Split brain: heartbeat failures are declared only while the failed nodes stay within
+  `max(min_failed_allowed, floor(max_failed_fraction * nodes))`. Past that, nothing is failed, the
+  unreachable nodes stay suspected and ClusterDegraded is raised (once); ClusterRestored when the
+  count is back within the limit. Failures reported by a node itself (XID 79) are not held back.
+
+Pure: no I/O, no wall clock; ids come from `ibpool_proto.new_id`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterable, Sequence
+from typing import Literal, TypedDict
+
+import msgspec
+
+from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged
+from ibpool_proto.health import (
+    ClusterDegraded,
+    ClusterRestored,
+    Cordoned,
+    CordonScope,
+    DrainRequested,
+    GpuFailed,
+    JobFlagged,
+    NodeFailed,
+    NodeRecovered,
+    NodeSuspected,
+    RequeueRequested,
+    Uncordoned,
+)
+from ibpool_proto.job import JobExited
+from ibpool_proto.message import Event
+from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
+from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
+
+from .gpu_signals import GpuRules, judge_gpu
+from .heartbeat import HeartbeatRules, clear_after_s, liveness
+from .job_exits import RetryRules, blame, flagged, may_requeue, requeue_backoff_s
+from .link_signals import LinkTarget, cordoning_problems
+from .xid import XidAction
+
+Observation = (
+    NodeRegistered
+    | NodeDeregistered
+    | NodeHeartbeat
+    | TelemetryReported
+    | LinkStateChanged
+    | LinkDegraded
+    | LinkFlapping
+    | LinkRecovered
+    | JobExited
+    | AllocationGranted
+    | AllocationReleased
+    | AllocationRevoked
+    | AllocationExpired
+)
+OBSERVATIONS: tuple[type[Event], ...] = Observation.__args__
+
+NodeStatus = Literal["healthy", "suspect", "failed"]
+
+
+class GpuHealth(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    failed: bool = False
+    cordoned: bool = False
+    reason: str = ""
+    xid: int | None = None
+    # Since when the GPU has looked fine while cordoned (the cordon lifts after the stable window).
+    fine_since: dt.datetime | None = None
+
+
+class NodeHealth(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    status: NodeStatus = "healthy"
+    reason: str = ""
+    # When the status was entered.
+    since: dt.datetime | None = None
+    interval_s: float = 1.0
+    last_beat: dt.datetime | None = None
+    # While suspected or failed: since when every signal has been good.
+    healthy_since: dt.datetime | None = None
+    # Failed by an XID that needs a reboot: recovery waits for a re-registration.
+    needs_reboot: bool = False
+    cordoned: bool = False
+    # Failures inside the flap memory, the last one's time and the stable window it earned.
+    failures: int = 0
+    last_failed_at: dt.datetime | None = None
+    hold_s: float = 0.0
+    gpus: dict[int, GpuHealth] = {}
+    # rail -> ids of the links that keep it cordoned; ids of the leaf uplinks that cordon the node.
+    rail_cordons: dict[int, list[str]] = {}
+    leaf_cordons: list[str] = []
+
+
+class Holding(msgspec.Struct, frozen=True, kw_only=True):
+    """An allocation's GPUs on one node."""
+
+    allocation_id: str
+    job_id: str
+    node_id: str
+    gpu_indices: list[int]
+
+
+class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A job hit by hardware: how often, where, and the allocations already counted."""
+
+    job_id: str
+    failures: int = 0
+    flagged: bool = False
+    node_ids: list[str] = []
+    counted: list[str] = []
+
+
+class HealthState(msgspec.Struct, frozen=True, kw_only=True):
+    nodes: dict[str, NodeHealth] = {}
+    links: dict[str, LinkTarget] = {}
+    topology_version: int = 0
+    # link id -> its active problems, as the fabric monitor reported them
+    link_problems: dict[str, list[str]] = {}
+    # "<allocation id>/<node id>" -> the GPUs it holds there
+    holdings: dict[str, Holding] = {}
+    jobs: dict[str, JobRecord] = {}
+    degraded: bool = False
+    # node id -> when it deregistered: its beats from before then (still in flight) are its last words
+    departed: dict[str, dt.datetime] = {}
+
+
+class FailoverConfig(msgspec.Struct, frozen=True, kw_only=True):
+    source: str = "failover_controller"
+    # The subject key of cluster-wide events.
+    cluster: str = "cluster"
+    heartbeat: HeartbeatRules = msgspec.field(default_factory=HeartbeatRules)
+    gpu: GpuRules = msgspec.field(default_factory=GpuRules)
+    retry: RetryRules = msgspec.field(default_factory=RetryRules)
+    xid_overrides: dict[int, XidAction] = {}
+    # A failed node (or a cordoned GPU) must look healthy this long before it is put back.
+    stable_window_s: float = 30.0
+    max_hold_s: float = 3600.0
+    # Failures closer together than this count as flapping (the window doubles each time).
+    flap_memory_s: float = 3600.0
+    max_failed_fraction: float = 0.2
+    min_failed_allowed: int = 1
+    cordon_degraded_links: bool = True
+
+
+class FailoverRequest(msgspec.Struct, frozen=True, kw_only=True):
+    state: HealthState
+    now: dt.datetime
+    observations: list[Observation] = []
+    config: FailoverConfig = msgspec.field(default_factory=FailoverConfig)
+
+
+class FailoverReply(msgspec.Struct, frozen=True, kw_only=True):
+    state: HealthState
+    events: list[Event] = []
+    # What was seen and deliberately not acted on (unknown links, application XIDs ...), for logs.
+    notes: list[str] = []
+
+
+def decide(request: FailoverRequest) -> FailoverReply:
+    """Apply the observations in order, then judge every node against the clock. See the module docstring."""
+    d = _Decision(request)
+    for obs in request.observations:
+        d.observe(obs)
+    d.judge_nodes()
+    return FailoverReply(state=d.state(), events=d.events, notes=d.notes)
+
+
+def restart_grace(state: HealthState, now: dt.datetime) -> HealthState:
+    """A controller that (re)starts gives every node a fresh heartbeat window from `now`.
+
+    It did not listen while it was down, so an old last beat says nothing about the node.
+    """
+    nodes = {
+        k: n if n.last_beat is None or n.last_beat >= now else msgspec.structs.replace(n, last_beat=now)
+        for k, n in state.nodes.items()
+    }
+    return msgspec.structs.replace(state, nodes=nodes)
+
+
+def pool_size(nodes: Iterable[NodeHealth]) -> int:
+    """Nodes that ever beat; fabric hosts without an agent are not part of the pool."""
+    return sum(1 for n in nodes if n.last_beat is not None)
+
+
+def max_failed_nodes(nodes: Iterable[NodeHealth], config: FailoverConfig) -> int:
+    """How many nodes may be failed by missing heartbeats at once (the split-brain guard)."""
+    return max(config.min_failed_allowed, math.floor(config.max_failed_fraction * pool_size(nodes)))
+
+
+def with_topology(state: HealthState, targets: dict[str, LinkTarget], version: int) -> HealthState:
+    """The state with the link map of a new topology version (cordons already applied stay)."""
+    return msgspec.structs.replace(state, links=dict(targets), topology_version=version)
+
+
+class _Envelope(TypedDict):
+    source: str
+    key: str
+    occurred_at: dt.datetime
+
+
+class _Decision:
+    def __init__(self, request: FailoverRequest) -> None:
+        s = request.state
+        self.cfg = request.config
+        self.now = request.now
+        self.nodes = dict(s.nodes)
+        self.links = s.links
+        self.topology_version = s.topology_version
+        self.link_problems = dict(s.link_problems)
+        self.holdings = dict(s.holdings)
+        self.jobs = dict(s.jobs)
+        self.degraded = s.degraded
+        self.departed = dict(s.departed)
+        self.events: list[Event] = []
+        self.notes: list[str] = []
+
+    def state(self) -> HealthState:
+        return HealthState(
+            nodes=self.nodes,
+            links=self.links,
+            topology_version=self.topology_version,
+            link_problems=self.link_problems,
+            holdings=self.holdings,
+            jobs=self.jobs,
+            degraded=self.degraded,
+            departed=self.departed,
+        )
+
+    # -- envelope --------------------------------------------------------------------------------
+
+    def env(self, key: str) -> _Envelope:
+        return {"source": self.cfg.source, "key": key, "occurred_at": self.now}
+
+    def emit(self, *events: Event) -> None:
+        self.events.extend(events)
+
+    def node(self, node_id: str, *, seen: bool = True) -> NodeHealth:
+        """The node's health, created when first met; `seen=False` (a fabric host) starts no heartbeat window."""
+        n = self.nodes.get(node_id)
+        if n is None:
+            n = NodeHealth(node_id=node_id, since=self.now, last_beat=self.now if seen else None)
+            self.nodes[node_id] = n
+        elif seen and n.last_beat is None:
+            n = self.put(msgspec.structs.replace(n, last_beat=self.now))
+        return n
+
+    def put(self, n: NodeHealth) -> NodeHealth:
+        self.nodes[n.node_id] = n
+        return n
+
+    def seen_at(self, at: dt.datetime) -> dt.datetime:
+        # A node whose clock runs ahead cannot push its last beat into our future.
+        return min(at, self.now)
+
+    # -- observations ----------------------------------------------------------------------------
+
+    def observe(self, obs: Observation) -> None:
+        match obs:
+            case NodeHeartbeat() | TelemetryReported() | NodeRegistered() if self.said_before_leaving(obs):
+                self.notes.append(f"{obs.node_id}: {type(obs).__name__} from before it deregistered")
+            case NodeHeartbeat() | TelemetryReported() if self.stale_news_of_unknown(obs):
+                self.notes.append(f"{obs.node_id}: an old {type(obs).__name__} of an unknown node says nothing now")
+            case NodeHeartbeat():
+                n = self.node(obs.node_id)
+                at = self.seen_at(obs.occurred_at)
+                last = n.last_beat if n.last_beat is not None and n.last_beat > at else at
+                self.put(msgspec.structs.replace(n, last_beat=last, interval_s=obs.interval_s or n.interval_s))
+            case NodeRegistered():
+                self.departed.pop(obs.node_id, None)
+                self.registered(obs)
+            case NodeDeregistered():
+                # It left cleanly: not a failure; the pool removes it, so do we.
+                self.nodes.pop(obs.node_id, None)
+                self.departed[obs.node_id] = obs.occurred_at
+            case TelemetryReported():
+                self.telemetry(obs)
+            case LinkStateChanged() | LinkDegraded() | LinkFlapping() | LinkRecovered():
+                self.link_news(obs)
+            case JobExited():
+                self.job_exited(obs)
+            case AllocationGranted():
+                gpus = sorted(a.gpu_index for a in obs.assignments if a.node_id == obs.node_id)
+                self.holdings[f"{obs.allocation_id}/{obs.node_id}"] = Holding(
+                    allocation_id=obs.allocation_id, job_id=obs.job_id, node_id=obs.node_id, gpu_indices=gpus
+                )
+            case AllocationReleased() | AllocationRevoked() | AllocationExpired():
+                self.holdings.pop(f"{obs.allocation_id}/{obs.node_id}", None)
+
+    def said_before_leaving(self, obs: NodeHeartbeat | TelemetryReported | NodeRegistered) -> bool:
+        left = self.departed.get(obs.node_id)
+        return left is not None and obs.occurred_at <= left
+
+    def stale_news_of_unknown(self, obs: NodeHeartbeat | TelemetryReported) -> bool:
+        """A beat older than the fail window from a node not known (any more): a departed node's last word."""
+        if obs.node_id in self.nodes:
+            return False
+        rules = self.cfg.heartbeat
+        interval = obs.interval_s if isinstance(obs, NodeHeartbeat) else 0.0
+        window = max(rules.fail_after_s, rules.suspect_after_intervals * interval)
+        return (self.now - obs.occurred_at).total_seconds() > window
+
+    def registered(self, reg: NodeRegistered) -> None:
+        n = self.node(reg.node_id)
+        at = self.seen_at(reg.occurred_at)
+        last = n.last_beat if n.last_beat is not None and n.last_beat > at else at
+        gpus = dict(n.gpus)
+        # A registration follows a restart of the agent or a reboot: GPU verdicts start afresh.
+        for index, g in sorted(n.gpus.items()):
+            if g.cordoned or g.failed:
+                self.emit(Uncordoned(**self.env(n.node_id), node_id=n.node_id, scope="gpu", gpu_index=index))
+            gpus.pop(index)
+        rebooted = n.needs_reboot and (n.since is None or at >= n.since)
+        self.put(
+            msgspec.structs.replace(
+                n, last_beat=last, gpus=gpus, needs_reboot=n.needs_reboot and not rebooted, healthy_since=None
+            )
+        )
+
+    def telemetry(self, t: TelemetryReported) -> None:
+        n = self.node(t.node_id)
+        at = self.seen_at(t.occurred_at)
+        if n.last_beat is None or at > n.last_beat:
+            n = self.put(msgspec.structs.replace(n, last_beat=at))
+        for sample in t.gpus:
+            j = judge_gpu(sample, self.cfg.gpu, self.cfg.xid_overrides)
+            g = n.gpus.get(sample.index) or GpuHealth(index=sample.index)
+            match j.verdict:
+                case "node_reboot":
+                    self.fail_node(n.node_id, f"GPU {sample.index}: {j.reason}", needs_reboot=True)
+                    n = self.nodes[n.node_id]
+                    continue
+                case "failed" if not g.failed:
+                    self.emit(
+                        GpuFailed(
+                            **self.env(n.node_id), node_id=n.node_id, gpu_index=g.index, reason=j.reason, xid=j.xid
+                        )
+                    )
+                    if not g.cordoned:
+                        self.emit(self.cordoned(n.node_id, "gpu", j.reason, gpu_index=g.index))
+                    g = GpuHealth(index=g.index, failed=True, cordoned=True, reason=j.reason, xid=j.xid)
+                    self.requeue([h for h in self.on_node(n.node_id) if g.index in h.gpu_indices], j.reason)
+                case "cordon" if not g.cordoned:
+                    self.emit(self.cordoned(n.node_id, "gpu", j.reason, gpu_index=g.index))
+                    g = GpuHealth(index=g.index, cordoned=True, reason=j.reason)
+                case "cordon" | "failed":
+                    if g.fine_since is not None:
+                        g = msgspec.structs.replace(g, fine_since=None)
+                case "ok" | "application":
+                    if j.verdict == "application":
+                        self.notes.append(f"{n.node_id} GPU {g.index}: {j.reason} is the application's")
+                    if g.cordoned and not g.failed and j.cool and g.fine_since is None:
+                        g = msgspec.structs.replace(g, fine_since=at)
+            if g != n.gpus.get(sample.index) and (g.cordoned or g.failed or sample.index in n.gpus):
+                n = self.put(msgspec.structs.replace(n, gpus={**n.gpus, g.index: g}))
+
+    def link_news(self, news: LinkStateChanged | LinkDegraded | LinkFlapping | LinkRecovered) -> None:
+        problems = set(self.link_problems.get(news.link_id, ()))
+        match news:
+            case LinkStateChanged(state="down"):
+                problems.add("down")
+            case LinkStateChanged(state="flapping"):
+                problems.add("flapping")
+            case LinkStateChanged():  # up or degraded: neither down nor flapping any more
+                problems -= {"down", "flapping"}
+            case LinkDegraded():
+                problems.add(news.problem or "errors")
+            case LinkFlapping():
+                problems.add("flapping")
+            case LinkRecovered():
+                problems.discard(news.problem)
+        if problems:
+            self.link_problems[news.link_id] = sorted(problems)
+        else:
+            self.link_problems.pop(news.link_id, None)
+        target = self.links.get(news.link_id)
+        if target is None:
+            self.notes.append(f"link {news.link_id} is not a host cable or leaf uplink of the known topology")
+            return
+        out = cordoning_problems(problems, self.cfg.cordon_degraded_links)
+        reason = f"link {news.link_id} {'/'.join(out)}"
+        for node_id in target.node_ids:
+            n = self.node(node_id, seen=False)
+            if target.kind == "host_rail" and target.rail is not None:
+                rail = target.rail
+                before = n.rail_cordons.get(rail, [])
+                after = sorted(set(before) | {news.link_id}) if out else [x for x in before if x != news.link_id]
+                rails = (
+                    {**n.rail_cordons, rail: after} if after else {r: v for r, v in n.rail_cordons.items() if r != rail}
+                )
+                if after and not before:
+                    self.emit(self.cordoned(node_id, "rail", reason, rail=rail))
+                elif before and not after:
+                    self.emit(Uncordoned(**self.env(node_id), node_id=node_id, scope="rail", rail=rail))
+                self.put(msgspec.structs.replace(n, rail_cordons=rails))
+            elif target.kind == "leaf_uplink":
+                before = n.leaf_cordons
+                after = sorted(set(before) | {news.link_id}) if out else [x for x in before if x != news.link_id]
+                if after and not before:
+                    self.emit(self.cordoned(node_id, "leaf", f"{reason} (leaf {target.leaf})"))
+                elif before and not after:
+                    self.emit(Uncordoned(**self.env(node_id), node_id=node_id, scope="leaf"))
+                self.put(msgspec.structs.replace(n, leaf_cordons=after))
+
+    def job_exited(self, e: JobExited) -> None:
+        holding = self.holdings.pop(f"{e.allocation_id}/{e.node_id}", None)
+        if blame(e.reason) != "hardware":
+            return
+        held = [holding] if holding is not None else []
+        if not held:
+            held = [Holding(allocation_id=e.allocation_id, job_id=e.job_id, node_id=e.node_id, gpu_indices=[])]
+        # The job ended by itself: count the hit, but the scheduler learns of the exit from JobExited.
+        self.count_hits(held, f"job exited: {e.reason} {e.detail}".strip(), requeue=False)
+
+    # -- actions ---------------------------------------------------------------------------------
+
+    def cordoned(
+        self, node_id: str, scope: CordonScope, reason: str, *, gpu_index: int | None = None, rail: int | None = None
+    ) -> Cordoned:
+        return Cordoned(
+            **self.env(node_id), node_id=node_id, scope=scope, reason=reason, gpu_index=gpu_index, rail=rail
+        )
+
+    def on_node(self, node_id: str) -> list[Holding]:
+        return [h for _, h in sorted(self.holdings.items()) if h.node_id == node_id]
+
+    def requeue(self, held: Sequence[Holding], reason: str) -> None:
+        self.count_hits(held, reason, requeue=True)
+
+    def count_hits(self, held: Sequence[Holding], reason: str, *, requeue: bool) -> None:
+        rules = self.cfg.retry
+        seen: set[str] = set()
+        for h in held:
+            if h.allocation_id in seen:
+                continue  # a gang member on another node of the same allocation
+            seen.add(h.allocation_id)
+            job = self.jobs.get(h.job_id) or JobRecord(job_id=h.job_id)
+            if h.allocation_id in job.counted:
+                continue
+            job = JobRecord(
+                job_id=job.job_id,
+                failures=job.failures + 1,
+                flagged=job.flagged,
+                node_ids=sorted({*job.node_ids, h.node_id}),
+                counted=[*job.counted, h.allocation_id],
+            )
+            if requeue and may_requeue(job.failures, rules):
+                self.emit(
+                    RequeueRequested(
+                        **self.env(h.job_id),
+                        job_id=h.job_id,
+                        allocation_id=h.allocation_id,
+                        reason=reason,
+                        attempt=job.failures,
+                        retry_after_s=requeue_backoff_s(job.failures, rules),
+                        node_id=h.node_id,
+                    )
+                )
+            if flagged(job.failures, rules) and not job.flagged:
+                job = msgspec.structs.replace(job, flagged=True)
+                why = f"hit by failing hardware {job.failures} times; last: {reason}"
+                if not may_requeue(job.failures + 1, rules):
+                    why += f"; no requeue after {rules.max_requeues}"
+                self.emit(
+                    JobFlagged(
+                        **self.env(h.job_id), job_id=h.job_id, failures=job.failures, reason=why, node_ids=job.node_ids
+                    )
+                )
+            self.jobs[h.job_id] = job
+
+    def suspect(self, n: NodeHealth, reason: str) -> NodeHealth:
+        self.emit(NodeSuspected(**self.env(n.node_id), node_id=n.node_id, reason=reason))
+        return self.put(msgspec.structs.replace(n, status="suspect", reason=reason, since=self.now, healthy_since=None))
+
+    def fail_node(self, node_id: str, reason: str, *, needs_reboot: bool = False) -> None:
+        n = self.node(node_id)
+        if n.status == "failed":
+            if needs_reboot and not n.needs_reboot:
+                self.put(msgspec.structs.replace(n, needs_reboot=True, healthy_since=None))
+            return
+        cfg = self.cfg
+        recent = n.last_failed_at is not None and (self.now - n.last_failed_at).total_seconds() <= cfg.flap_memory_s
+        failures = n.failures + 1 if recent else 1
+        hold = min(cfg.stable_window_s * 2 ** (failures - 1), cfg.max_hold_s)
+        self.emit(NodeFailed(**self.env(node_id), node_id=node_id, reason=reason))
+        if not n.cordoned:
+            self.emit(self.cordoned(node_id, "node", reason))
+        self.emit(DrainRequested(**self.env(node_id), node_id=node_id, reason=reason))
+        self.put(
+            msgspec.structs.replace(
+                n,
+                status="failed",
+                reason=reason,
+                since=self.now,
+                healthy_since=None,
+                needs_reboot=needs_reboot,
+                cordoned=True,
+                failures=failures,
+                last_failed_at=self.now,
+                hold_s=hold,
+            )
+        )
+        self.requeue(self.on_node(node_id), f"node {node_id} failed: {reason}")
+
+    def recover(self, n: NodeHealth) -> None:
+        self.emit(NodeRecovered(**self.env(n.node_id), node_id=n.node_id))
+        if n.cordoned:
+            self.emit(Uncordoned(**self.env(n.node_id), node_id=n.node_id, scope="node"))
+        self.put(
+            msgspec.structs.replace(n, status="healthy", reason="", since=self.now, healthy_since=None, cordoned=False)
+        )
+
+    # -- the clock -------------------------------------------------------------------------------
+
+    def judge_nodes(self) -> None:
+        cfg, now = self.cfg, self.now
+        for node_id, left in list(self.departed.items()):
+            if (now - left).total_seconds() > cfg.flap_memory_s:
+                del self.departed[node_id]
+        lost: list[NodeHealth] = []
+        for node_id in sorted(self.nodes):
+            n = self.lift_gpu_cordons(self.nodes[node_id])
+            last_beat = n.last_beat
+            if last_beat is None:
+                continue
+            live = liveness(last_beat, n.interval_s, now, cfg.heartbeat)
+            gap = (now - last_beat).total_seconds()
+            if live != "alive" and n.status == "healthy":
+                n = self.suspect(n, f"no heartbeat for {gap:.1f}s (interval {n.interval_s:g}s)")
+            if live == "lost" and n.status == "suspect":
+                lost.append(n)
+                continue
+            if n.status == "healthy" or n.needs_reboot:
+                continue
+            if live != "alive":
+                if n.healthy_since is not None:
+                    self.put(msgspec.structs.replace(n, healthy_since=None))
+                continue
+            since = n.healthy_since or last_beat
+            if n.healthy_since is None:
+                n = self.put(msgspec.structs.replace(n, healthy_since=since))
+            window = clear_after_s(n.interval_s, cfg.heartbeat) if n.status == "suspect" else n.hold_s
+            if (now - since).total_seconds() >= window:
+                self.recover(n)
+        self.guard_split_brain(lost)
+
+    def lift_gpu_cordons(self, n: NodeHealth) -> NodeHealth:
+        gpus = dict(n.gpus)
+        for index, g in sorted(n.gpus.items()):
+            if g.cordoned and not g.failed and g.fine_since is not None:
+                if (self.now - g.fine_since).total_seconds() >= self.cfg.stable_window_s:
+                    self.emit(Uncordoned(**self.env(n.node_id), node_id=n.node_id, scope="gpu", gpu_index=index))
+                    del gpus[index]
+        return n if gpus == n.gpus else self.put(msgspec.structs.replace(n, gpus=gpus))
+
+    def max_failed(self) -> int:
+        return max_failed_nodes(self.nodes.values(), self.cfg)
+
+    def guard_split_brain(self, lost: list[NodeHealth]) -> None:
+        failed = sum(1 for n in self.nodes.values() if n.status == "failed")
+        limit = self.max_failed()
+        if lost and failed + len(lost) > limit:
+            if not self.degraded:
+                self.degraded = True
+                self.emit(
+                    ClusterDegraded(
+                        **self.env(self.cfg.cluster),
+                        unreachable=len(lost),
+                        failed=failed,
+                        nodes=pool_size(self.nodes.values()),
+                        max_failed=limit,
+                        node_ids=[n.node_id for n in lost],
+                    )
+                )
+            return
+        for n in lost:
+            gap = (self.now - n.last_beat).total_seconds() if n.last_beat is not None else math.inf
+            self.fail_node(n.node_id, f"no heartbeat for {gap:.1f}s")
+        if self.degraded:
+            self.degraded = False
+            nodes = pool_size(self.nodes.values())
+            self.emit(ClusterRestored(**self.env(self.cfg.cluster), unreachable=len(lost), nodes=nodes))

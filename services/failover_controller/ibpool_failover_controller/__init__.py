@@ -1,0 +1,1 @@
+"""ibpool failover controller: health verdicts and the cordons, drains and requeues they cause."""

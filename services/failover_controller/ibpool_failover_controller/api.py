@@ -1,0 +1,130 @@
+"""The failover controller's HTTP API: node verdicts, the verdict history, the cluster summary."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import msgspec
+from aiohttp import web
+
+from ibpool_core.health.decide import NodeHealth, NodeStatus, max_failed_nodes
+from ibpool_runtime.http import BadBody, json_response
+
+from . import state
+from .service import FailoverController
+
+STATUSES: tuple[NodeStatus, ...] = ("healthy", "suspect", "failed")
+MAX_LIMIT = 1000
+
+
+class GpuView(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    failed: bool
+    cordoned: bool
+    reason: str
+    xid: int | None
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    status: NodeStatus
+    reason: str
+    since: dt.datetime | None
+    last_beat: dt.datetime | None
+    cordoned: bool
+    needs_reboot: bool
+    failures: int
+    hold_s: float
+    gpus: list[GpuView]
+    rails_cordoned: list[int]
+    leaf_cordoned: bool
+
+
+class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
+    nodes: dict[str, int]
+    degraded: bool
+    max_failed: int
+    topology_version: int
+    links_with_problems: int
+    flagged_jobs: list[str]
+    deciding: bool
+    leader_term: int | None
+
+
+def node_view(n: NodeHealth) -> NodeView:
+    return NodeView(
+        node_id=n.node_id,
+        status=n.status,
+        reason=n.reason,
+        since=n.since,
+        last_beat=n.last_beat,
+        cordoned=n.cordoned,
+        needs_reboot=n.needs_reboot,
+        failures=n.failures,
+        hold_s=n.hold_s,
+        gpus=[
+            GpuView(index=g.index, failed=g.failed, cordoned=g.cordoned, reason=g.reason, xid=g.xid)
+            for _, g in sorted(n.gpus.items())
+        ],
+        rails_cordoned=sorted(n.rail_cordons),
+        leaf_cordoned=bool(n.leaf_cordons),
+    )
+
+
+def _limit(request: web.Request) -> int:
+    raw = request.query.get("limit", "100")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadBody(f"query parameter `limit` must be an integer, got {raw!r}", "?limit") from None
+    if not 1 <= value <= MAX_LIMIT:
+        raise BadBody(f"query parameter `limit` must be between 1 and {MAX_LIMIT}, got {value}", "?limit")
+    return value
+
+
+def routes(controller: FailoverController) -> web.RouteTableDef:
+    r = web.RouteTableDef()
+
+    @r.get("/health/nodes")
+    async def list_nodes(request: web.Request) -> web.Response:
+        wanted = request.query.get("status")
+        if wanted is not None and wanted not in STATUSES:
+            raise BadBody(f"status must be one of {', '.join(STATUSES)}, got {wanted!r}", "?status")
+        nodes = controller.state.nodes
+        return json_response([node_view(n) for _, n in sorted(nodes.items()) if wanted is None or n.status == wanted])
+
+    @r.get("/health/nodes/{node_id}")
+    async def get_node(request: web.Request) -> web.Response:
+        n = controller.state.nodes.get(request.match_info["node_id"])
+        if n is None:
+            detail = f"no node {request.match_info['node_id']!r} is known to the failover controller"
+            return json_response({"error": "not found", "detail": detail}, status=404)
+        return json_response(node_view(n))
+
+    @r.get("/health/verdicts")
+    async def list_verdicts(request: web.Request) -> web.Response:
+        rows = await state.verdicts(
+            controller.kit.store.pool, _limit(request), request.query.get("type"), request.query.get("key")
+        )
+        return json_response(rows)
+
+    @r.get("/health/cluster")
+    async def cluster(_: web.Request) -> web.Response:
+        s = controller.state
+        counts: dict[str, int] = {status: 0 for status in STATUSES}
+        for n in s.nodes.values():
+            counts[n.status] += 1
+        return json_response(
+            ClusterView(
+                nodes=counts,
+                degraded=s.degraded,
+                max_failed=max_failed_nodes(s.nodes.values(), controller.core),
+                topology_version=s.topology_version,
+                links_with_problems=len(s.link_problems),
+                flagged_jobs=sorted(j.job_id for j in s.jobs.values() if j.flagged),
+                deciding=controller.deciding,
+                leader_term=controller.leadership.term if controller.leadership is not None else None,
+            )
+        )
+
+    return r

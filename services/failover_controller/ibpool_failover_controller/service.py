@@ -1,0 +1,296 @@
+"""The failover controller: observations -> ibpool_core.health.decide -> verdict events out, on every tick.
+
+Heartbeats and telemetry are telemetry-class (the next one replaces a lost one): an ephemeral
+consumer per kind starts at the newest message of every node (`LAST_PER_SUBJECT`), never at a
+backlog that would make live nodes look silent while it is read, and keeps the newest beat per node
+and the recent GPU samples in memory. Everything that must not be lost (registrations, link events,
+job exits, allocations) is taken in by durable transactional consumers, recorded in
+`pending_observations` with its inbox row, and handed to the next decision.
+A published topology is fetched from the fabric monitor and turned into the link map right away.
+
+Every `tick_interval_s` one transaction takes the decider lock, reads the pending observations,
+decides with the buffered beats and `now`, and writes the new state, the verdict history and the
+events to the outbox. A tick runs even when nothing arrived: a heartbeat that does not come is the
+signal. Replicas elect the one that decides over NATS KV (`ibpool_runtime.leader`); its term fences every
+commit, so a deposed leader that has not noticed yet cannot overwrite a newer one's decisions.
+Standbys follow the beats too, so a new leader starts with a warm picture of who is alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+
+import aiohttp
+import msgspec
+import nats.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ibpool_core.clock import Clock
+from ibpool_core.fabric.model import Topology
+from ibpool_core.health.decide import (
+    OBSERVATIONS,
+    FailoverConfig,
+    FailoverReply,
+    FailoverRequest,
+    HealthState,
+    Observation,
+    decide,
+    restart_grace,
+    with_topology,
+)
+from ibpool_core.health.link_signals import link_targets
+from ibpool_proto import DecodeError, Message, decode
+from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged, TopologyPublished
+from ibpool_proto.job import JobExited
+from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
+from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
+from ibpool_runtime.config import ConfigError
+from ibpool_runtime.consumer import HandlerContext, Subscription
+from ibpool_runtime.leader import Leadership
+from ibpool_runtime.logs import get_logger
+from ibpool_runtime.service import Kit, sleep_unless_stopped
+from ibpool_runtime.streams import stream_for_subject
+
+from . import state
+from .config import FailoverControllerConfig, core_config
+
+log = get_logger(__name__)
+
+BEATS = (NodeHeartbeat, TelemetryReported)
+NODE_NEWS = (NodeRegistered, NodeDeregistered)
+FABRIC_NEWS = (TopologyPublished, LinkStateChanged, LinkDegraded, LinkFlapping, LinkRecovered)
+JOB_NEWS = (JobExited,)
+POOL_NEWS = (AllocationGranted, AllocationReleased, AllocationRevoked, AllocationExpired)
+
+# Beats fetched at once; the ephemeral beat consumers vanish this long after the controller stops.
+BEAT_BATCH = 256
+BEAT_CONSUMER_INACTIVE_S = 10.0
+# Telemetry samples buffered between two ticks, at most (the oldest go first).
+TELEMETRY_BUFFER = 10_000
+# The state is written at least this often even when only heartbeat times moved.
+SAVE_EVERY_S = 5.0
+
+
+class FailoverController:
+    def __init__(self, kit: Kit[FailoverControllerConfig], clock: Clock) -> None:
+        self.kit = kit
+        self.cfg = kit.config
+        self.clock = clock
+        try:
+            self.core: FailoverConfig = core_config(self.cfg, kit.source)
+        except ValueError as e:
+            raise ConfigError(f"invalid failover_controller config: {e}") from None
+        self.state = HealthState()
+        self.beats: dict[str, NodeHeartbeat] = {}
+        self.samples: deque[TelemetryReported] = deque(maxlen=TELEMETRY_BUFFER)
+        self.ticks = 0
+        self.deciding = False
+        self._last_save = 0.0
+        self._lock = asyncio.Lock()
+        self.leadership: Leadership | None = None
+        if self.cfg.leader_election:
+            self.leadership = Leadership(
+                kit.bus, self.cfg.leader_key, kit.source, self.cfg.leader_ttl_s, self.cfg.stream_replicas
+            )
+        registry = kit.metrics.registry
+        self.verdicts = Counter("ibpool_failover_verdicts", "Verdict events published", ["type"], registry=registry)
+        self.decide_seconds = Histogram(
+            "ibpool_failover_tick_seconds",
+            "Lock, read pending observations, decide and write one tick",
+            registry=registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+        )
+        registry.register(_HealthCollector(self))
+
+    def subscriptions(self) -> list[Subscription]:
+        p = self.cfg.durable_prefix
+
+        def sub(name: str, types: tuple[type[Message], ...]) -> Subscription:
+            return Subscription(f"{p}-{name}", tuple(t.subject_pattern() for t in types), self.on_news)
+
+        return [
+            sub("nodes", NODE_NEWS),
+            sub("fabric", FABRIC_NEWS),
+            sub("jobs", JOB_NEWS),
+            sub("pool", POOL_NEWS),
+        ]
+
+    async def beats_loop(self, stop: asyncio.Event) -> None:
+        """Follow heartbeats and telemetry from the newest of every node on, until `stop`."""
+        await asyncio.gather(*(self._follow(kind.subject_pattern(), stop) for kind in BEATS))
+
+    async def _follow(self, pattern: str, stop: asyncio.Event) -> None:
+        sub = None
+        while not stop.is_set():
+            try:
+                if sub is None:
+                    sub = await self.kit.bus.js.pull_subscribe(
+                        pattern,
+                        stream=stream_for_subject(pattern),
+                        config=ConsumerConfig(
+                            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                            ack_policy=AckPolicy.NONE,
+                            inactive_threshold=BEAT_CONSUMER_INACTIVE_S,
+                        ),
+                    )
+                msgs = await sub.fetch(BEAT_BATCH, timeout=0.5)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+                break
+            except Exception as e:  # the server dropped the consumer (reconnect, inactivity): start anew
+                log.warning("following beats failed; resubscribing", subject=pattern, error=str(e) or type(e).__name__)
+                sub = None
+                await sleep_unless_stopped(stop, 0.5)
+                continue
+            for m in msgs:
+                try:
+                    message = decode(m.data)
+                except DecodeError as e:
+                    log.warning("undecodable beat dropped", subject=m.subject, error=str(e))
+                    continue
+                if isinstance(message, NodeHeartbeat | TelemetryReported):
+                    self.on_beat(message)
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    def on_beat(self, message: NodeHeartbeat | TelemetryReported) -> None:
+        match message:
+            case NodeHeartbeat():
+                old = self.beats.get(message.node_id)
+                if old is None or message.occurred_at >= old.occurred_at:
+                    self.beats[message.node_id] = message
+            case TelemetryReported():
+                self.samples.append(message)
+
+    async def on_news(self, message: object, ctx: HandlerContext) -> None:
+        assert ctx.tx is not None
+        if isinstance(message, TopologyPublished):
+            await self.take_topology(message, ctx)
+        elif isinstance(message, OBSERVATIONS):
+            await state.add_pending(ctx.tx.conn, message)  # type: ignore[arg-type]
+
+    async def take_topology(self, published: TopologyPublished, ctx: HandlerContext) -> None:
+        """Fetch the published topology and store its link map; a failed fetch is retried (nak)."""
+        assert ctx.tx is not None
+        if published.url is None:
+            log.warning("topology published without a URL; link verdicts keep the old map", version=published.version)
+            return
+        timeout = aiohttp.ClientTimeout(total=self.cfg.topology_fetch_timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as http, http.get(published.url) as r:
+            r.raise_for_status()
+            topology = msgspec.json.decode(await r.read(), type=Topology)
+        targets = await asyncio.to_thread(link_targets, topology)
+        await state.save_link_targets(ctx.tx.conn, published.version, targets)
+        log.info("link map updated", version=published.version, links=len(targets))
+
+    def take_buffer(self) -> list[Observation]:
+        beats: list[Observation] = [*self.samples, *self.beats.values()]
+        self.samples.clear()
+        self.beats = {}
+        return beats
+
+    def give_back(self, buffered: list[Observation]) -> None:
+        for o in buffered:
+            if isinstance(o, NodeHeartbeat):
+                old = self.beats.get(o.node_id)
+                if old is None or o.occurred_at > old.occurred_at:
+                    self.beats[o.node_id] = o
+            elif isinstance(o, TelemetryReported):
+                self.samples.appendleft(o)
+
+    async def tick_once(self) -> FailoverReply | None:
+        """One decision over what arrived and the clock; None when another replica holds the lock."""
+        if self.leadership is not None and not self.leadership.is_leader:
+            self.deciding = False  # standing by: beats keep arriving, the leader decides
+            return None
+        async with self._lock:
+            started = time.perf_counter()
+            buffered = self.take_buffer()
+            try:
+                reply = await self._decide_and_commit(buffered)
+            except BaseException:
+                self.give_back(buffered)
+                raise
+            self.decide_seconds.observe(time.perf_counter() - started)
+            return reply
+
+    async def _decide_and_commit(self, buffered: list[Observation]) -> FailoverReply | None:
+        async with self.kit.store.transaction() as tx:
+            if not await state.lock(tx.conn, self.kit.store.schema):
+                self.deciding = False
+                return None
+            term = self.leadership.term if self.leadership is not None else None
+            if self.leadership is not None and (term is None or not await state.fence(tx.conn, term)):
+                self.leadership.step_down("a newer leader has decided (fenced)")
+                self.deciding = False
+                return None
+            if not self.deciding:
+                # Taking over (start, or another replica stopped): the picture as last committed.
+                self.state = restart_grace(await state.load_state(tx.conn), self.clock.now())
+                self.deciding = True
+            base = self.state
+            newer = await state.link_targets_after(tx.conn, base.topology_version)
+            if newer is not None:
+                base = with_topology(base, newer[1], newer[0])
+            pending, last_seq = await state.take_pending(tx.conn)
+            now = self.clock.now()
+            reply = decide(FailoverRequest(state=base, now=now, observations=[*pending, *buffered], config=self.core))
+            if last_seq is not None:
+                await state.drop_pending(tx.conn, last_seq)
+            due = time.monotonic() - self._last_save >= SAVE_EVERY_S
+            if reply.events or pending or newer is not None or due:
+                await state.save_state(tx.conn, reply.state, now)
+            if reply.events:
+                await tx.outbox(*reply.events)
+                await state.record_verdicts(tx.conn, reply.events, self.cfg.verdict_history)
+        if reply.events or pending or newer is not None or due:
+            self._last_save = time.monotonic()
+        self.state = reply.state
+        self.ticks += 1
+        for e in reply.events:
+            self.verdicts.labels(type(e).__name__).inc()
+            log.info("verdict", type=type(e).__name__, key=e.key, reason=getattr(e, "reason", ""))
+        for note in reply.notes:
+            log.info("observed, no action", note=note)
+        return reply
+
+    async def leader_loop(self, stop: asyncio.Event) -> None:
+        if self.leadership is not None:
+            await self.leadership.run(stop)
+
+    async def tick_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.tick_once()
+            except Exception as e:  # a store hiccup must not end the verdicts
+                log.warning("tick failed", error=str(e) or type(e).__name__)
+            await sleep_unless_stopped(stop, self.cfg.tick_interval_s)
+
+
+class _HealthCollector(Collector):
+    """Nodes per verdict and the split-brain guard, read from memory at scrape time."""
+
+    def __init__(self, controller: FailoverController) -> None:
+        self.controller = controller
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        nodes = GaugeMetricFamily("ibpool_failover_nodes", "Nodes per health verdict", labels=["status"])
+        counts = {"healthy": 0, "suspect": 0, "failed": 0}
+        for n in self.controller.state.nodes.values():
+            counts[n.status] += 1
+        for status, count in counts.items():
+            nodes.add_metric([status], count)
+        degraded = GaugeMetricFamily(
+            "ibpool_failover_cluster_degraded", "1 while more nodes are unreachable than may be failed at once"
+        )
+        degraded.add_metric([], 1.0 if self.controller.state.degraded else 0.0)
+        yield nodes
+        yield degraded
