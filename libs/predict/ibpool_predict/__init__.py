@@ -1,0 +1,1 @@
+"""Runtime prediction learned from finished jobs (docs/prediction.md)."""
