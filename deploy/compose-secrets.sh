@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Everything compose.yaml needs that must never be committed, under deploy/secrets/: NATS users
+# and their permissions (deploy/nats/make-auth.sh), the Postgres password, and one env file per
+# service with its own NATS credentials. Existing secrets are kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+S=deploy/secrets
+PY=${PY:-.venv/bin/python}
+deploy/nats/make-auth.sh "$S/nats"
+[[ -s "$S/postgres.password" ]] || (umask 077; "$PY" -c 'import secrets; print(secrets.token_urlsafe(24))' > "$S/postgres.password")
+mkdir -p "$S/env"
+pg=$(cat "$S/postgres.password")
+for user in admin node_agent fabric_monitor pool_allocator failover_controller scheduler autoscaler; do
+    nats_pw=$(cat "$S/nats/$user.password")
+    (umask 077; cat > "$S/env/$user.env" <<ENV
+IBPOOL_NATS_URL=nats://$user:$nats_pw@nats-1:4222,nats://$user:$nats_pw@nats-2:4222,nats://$user:$nats_pw@nats-3:4222
+IBPOOL_POSTGRES_DSN=postgresql://postgres:$pg@postgres:5432/postgres
+IBPOOL_STREAM_REPLICAS=3
+OTEL_EXPORTER_OTLP_ENDPOINT=http://trace-collector:4318
+ENV
+    )
+done
+# Mounted into containers that run as uid 10001: readable files inside directories only root may enter.
+chmod 700 "$S" "$S/env"
+chmod 644 "$S/nats/auth.conf" "$S/postgres.password"
+echo "secrets in $S" >&2

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Build every ibpool image offline: the air-gapped base, the wheelhouse, then one image per target
+# of deploy/docker/Dockerfile, tagged ibpool/<target>:<TAG> (default: dev). Unchanged inputs make
+# every step a cache hit (base by recipe hash, wheelhouse by source hash, images by docker's cache).
+#
+#   deploy/docker/images.sh [TARGET ...]     default: every target
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+TAG=${TAG:-dev}
+TARGETS=("$@")
+if [[ ${#TARGETS[@]} -eq 0 ]]; then
+    TARGETS=(nats postgres fabric-monitor pool-allocator node-agent failover-controller scheduler)
+fi
+docker info >/dev/null 2>&1 || { echo "images: no docker daemon (start dockerd, see deploy/README.md)" >&2; exit 2; }
+base=$(deploy/docker/base-image.sh)
+deploy/docker/wheels.sh build/wheelhouse
+for target in "${TARGETS[@]}"; do
+    start=$(date +%s.%N)
+    docker build --quiet --build-arg "BASE=$base" --target "$target" -t "ibpool/$target:$TAG" \
+        -f deploy/docker/Dockerfile . >/dev/null
+    printf 'ibpool/%-22s %5.1f s\n' "$target:$TAG" "$(echo "$(date +%s.%N) - $start" | bc)" >&2
+done

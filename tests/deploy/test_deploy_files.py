@@ -1,0 +1,74 @@
+"""The deployment files agree with the code: images, compose services, scrape targets, dashboard metrics.
+
+No docker here: these read the files. Building and running them is `make images` and
+`docker-compose up` (deploy/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from ibpool_runtime.bus_permissions import PUBLISHES
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = (ROOT / "deploy/docker/Dockerfile").read_text()
+COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+TARGETS = set(re.findall(r"^FROM \S+ AS (\S+)$", DOCKERFILE, flags=re.M))
+SERVICES = sorted(p.name for p in (ROOT / "services").iterdir() if (p / "pyproject.toml").exists())
+
+
+def test_every_service_has_an_image_target_running_its_module() -> None:
+    for service in SERVICES:
+        target = service.replace("_", "-")
+        assert target in TARGETS, f"no Dockerfile target {target}"
+        block = DOCKERFILE.split(f" AS {target}\n", 1)[1].split("\nFROM ", 1)[0]
+        assert f'"-m", "ibpool_{service}"' in block and f"IBPOOL_{service.upper()}_HTTP_PORT=8080" in block
+
+
+def test_images_script_builds_every_target_but_the_internal_stages() -> None:
+    script = (ROOT / "deploy/docker/images.sh").read_text()
+    match = re.search(r"\n    TARGETS=\(([^)]*)\)", script)
+    assert match is not None
+    listed = set(match.group(1).split())
+    assert listed == TARGETS - {"python", "service"}
+
+
+def test_compose_uses_only_images_we_build_and_env_files_the_secrets_script_writes() -> None:
+    secrets_script = (ROOT / "deploy/compose-secrets.sh").read_text()
+    for name, svc in COMPOSE["services"].items():
+        image = svc["image"]
+        assert image.startswith("ibpool/") and image.split("/")[1].split(":")[0] in TARGETS, (name, image)
+        for env_file in [svc["env_file"]] if isinstance(svc.get("env_file"), str) else svc.get("env_file", []):
+            user = Path(env_file).stem
+            assert user in secrets_script and (user == "admin" or user in PUBLISHES), (name, env_file)
+
+
+def test_three_nats_servers_route_to_each_other_and_sync_every_write() -> None:
+    conf = (ROOT / "deploy/nats/cluster.conf").read_text()
+    nats = [n for n in COMPOSE["services"] if n.startswith("nats-")]
+    assert len(nats) == 3
+    assert all(f"nats-route://{n}:6222" in conf for n in nats)
+    assert "sync_interval: always" in conf and "include ./auth.conf" in conf
+
+
+def test_prometheus_scrapes_every_compose_service_with_an_api() -> None:
+    prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    jobs = prom["scrape_configs"]
+    targets = {t.split(":")[0] for job in jobs for c in job.get("static_configs", []) for t in c["targets"]}
+    targets |= {n for job in jobs for c in job.get("dns_sd_configs", []) for n in c["names"]}
+    service_images = {f"ibpool/{s.replace('_', '-')}:dev" for s in SERVICES}
+    with_api = {n for n, s in COMPOSE["services"].items() if s["image"] in service_images and "entrypoint" not in s}
+    assert with_api and with_api <= targets, with_api - targets
+
+
+def test_every_metric_on_the_dashboard_is_exported_by_the_code() -> None:
+    dash = json.loads((ROOT / "deploy/grafana/dashboards/ibpool-overview.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    names = {re.sub(r"_(total|bucket|sum|count)$", "", m) for e in exprs for m in re.findall(r"\bibpool_[a-z_]+", e)}
+    code = "\n".join(p.read_text() for d in ("libs", "services") for p in (ROOT / d).rglob("*.py"))
+    exported = set(re.findall(r'"(ibpool_[a-z_]+)"', code))
+    assert names and names <= exported, names - exported
