@@ -1,0 +1,294 @@
+"""The scheduler's HTTP API: submit, list, show (with why a job waits), cancel; the queues; the scheduler itself."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Annotated
+
+import msgspec
+from aiohttp import web
+
+from ibpool_proto import new_id
+from ibpool_proto.job import JobSpec, TopologyConstraint
+from ibpool_proto.pool import GpuAssignment, ResourceRequest, WorkloadSpec
+from ibpool_runtime.http import BadBody, json_response, read_body
+
+from . import state
+from .jobs import LIVE, JobRecord, JobState
+from .service import Scheduler
+
+JobId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
+_STATES = ("queued", "proposed", "scheduled", "running", "completed", "failed", "cancelled", "killed")
+
+
+class TopologyBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`required`: a gang never spans more groups at `level` (1 = leaf) than it must; `preferred`:
+    it may after waiting `span_relax_after_s`."""
+
+    constraint: TopologyConstraint = "preferred"
+    level: Annotated[int, msgspec.Meta(ge=1, le=3)] = 1
+
+
+class JobBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """POST /v1/jobs. Either `gpus` on one host (`nodes` 1), or `nodes` x `gpus_per_node` (a gang;
+    `gpus`, when given too, must be their product), or `fraction` of one GPU."""
+
+    id: JobId | None = None
+    name: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    tenant: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    queue: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] = "default"
+    priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
+    gpus: Annotated[int, msgspec.Meta(ge=1, le=65_536)] | None = None
+    nodes: Annotated[int, msgspec.Meta(ge=1, le=8192)] = 1
+    gpus_per_node: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
+    fraction: Annotated[float, msgspec.Meta(gt=0.0, lt=1.0)] | None = None
+    memory_mib: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    topology: TopologyBody = TopologyBody()
+    dataset: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] | None = None
+    time_limit_s: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
+    workload: WorkloadSpec | None = None
+
+
+class JobView(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: str
+    name: str
+    tenant: str
+    queue: str
+    state: JobState
+    priority: int
+    gpus: int
+    nodes: int
+    gpus_per_node: int
+    milli: int
+    topology: TopologyConstraint
+    dataset: str | None
+    time_limit_s: float | None
+    submitted_at: dt.datetime
+    attempt: int
+    # Why it waits (the last cycle's explanation, or the allocator's last refusal) or how it ended.
+    reason: str
+    not_before: dt.datetime | None
+    allocation_id: str | None
+    hosts: list[str]
+    assignments: list[GpuAssignment]
+    scheduled_at: dt.datetime | None
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    exit_code: int | None
+    runtime_s: float
+
+
+class QueueView(msgspec.Struct, frozen=True, kw_only=True):
+    queue: str
+    queued: int = 0
+    proposed: int = 0
+    scheduled: int = 0
+    running: int = 0
+    waiting_gpus: int = 0
+    running_gpus: int = 0
+    oldest_wait_s: float = 0.0
+
+
+class QueuesView(msgspec.Struct, frozen=True, kw_only=True):
+    policy: str
+    backfill: str
+    served: list[str]
+    queues: list[QueueView]
+
+
+class SchedulerView(msgspec.Struct, frozen=True, kw_only=True):
+    instance: str
+    leader: bool
+    term: int | None
+    scheduler_group: str
+    ledger_version: int
+    ledger_caught_up: bool
+    nodes: int
+    cycles: int
+    last_order: str | None
+
+
+def job_view(job: JobRecord) -> JobView:
+    return JobView(
+        job_id=job.job_id,
+        name=job.name,
+        tenant=job.tenant,
+        queue=job.queue,
+        state=job.state,
+        priority=job.priority,
+        gpus=job.gpus,
+        nodes=job.hosts,
+        gpus_per_node=job.gpus_per_host,
+        milli=job.milli,
+        topology=job.topology,
+        dataset=job.dataset,
+        time_limit_s=job.time_limit_s,
+        submitted_at=job.submitted_at,
+        attempt=job.attempt,
+        reason=job.reason,
+        not_before=job.not_before,
+        allocation_id=job.allocation_id,
+        hosts=job.nodes,
+        assignments=job.assignments,
+        scheduled_at=job.scheduled_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        exit_code=job.exit_code,
+        runtime_s=job.runtime_s,
+    )
+
+
+def spec_of(body: JobBody) -> JobSpec:
+    """The JobSpec of a valid body; BadBody naming the field when the shape does not add up."""
+    if body.fraction is not None:
+        if body.nodes != 1 or (body.gpus or 1) != 1 or (body.gpus_per_node or 1) != 1:
+            raise BadBody("a fraction is a share of one GPU on one node", "$.fraction")
+        request = ResourceRequest(
+            kind="fraction", gpus=1, milli=max(1, round(body.fraction * 1000)), memory_mib=body.memory_mib
+        )
+    elif body.nodes > 1:
+        if body.gpus_per_node is None:
+            if body.gpus is None or body.gpus % body.nodes:
+                raise BadBody("a gang needs gpus_per_node (or gpus divisible by nodes)", "$.gpus_per_node")
+            per_node = body.gpus // body.nodes
+        else:
+            per_node = body.gpus_per_node
+            if body.gpus is not None and body.gpus != per_node * body.nodes:
+                raise BadBody(f"gpus {body.gpus} is not nodes x gpus_per_node = {per_node * body.nodes}", "$.gpus")
+        request = ResourceRequest(kind="gang", gpus=per_node, hosts=body.nodes)
+    else:
+        if body.gpus is not None and body.gpus_per_node is not None and body.gpus != body.gpus_per_node:
+            raise BadBody("on one node, gpus and gpus_per_node must agree", "$.gpus")
+        request = ResourceRequest(kind="whole", gpus=body.gpus or body.gpus_per_node or 1)
+    if body.memory_mib is not None and body.fraction is None:
+        raise BadBody("memory_mib goes with a fraction (whole GPUs come with all their memory)", "$.memory_mib")
+    return JobSpec(
+        name=body.name,
+        tenant=body.tenant,
+        queue=body.queue,
+        priority=body.priority,
+        request=request,
+        runtime_limit_s=body.time_limit_s,
+        workload=body.workload,
+        topology=body.topology.constraint,
+        topology_level=body.topology.level,
+        dataset=body.dataset,
+    )
+
+
+def queue_views(live: list[JobRecord], now: dt.datetime) -> list[QueueView]:
+    counts: dict[str, dict[str, float]] = {}
+    for job in live:
+        c = counts.setdefault(job.queue, {})
+        c[job.state] = c.get(job.state, 0) + 1
+        if job.state == "queued":
+            c["waiting_gpus"] = c.get("waiting_gpus", 0) + job.gpus
+            c["oldest"] = max(c.get("oldest", 0.0), (now - job.queued_at).total_seconds())
+        elif job.holding:
+            c["running_gpus"] = c.get("running_gpus", 0) + job.gpus
+    return [
+        QueueView(
+            queue=q,
+            queued=int(c.get("queued", 0)),
+            proposed=int(c.get("proposed", 0)),
+            scheduled=int(c.get("scheduled", 0)),
+            running=int(c.get("running", 0)),
+            waiting_gpus=int(c.get("waiting_gpus", 0)),
+            running_gpus=int(c.get("running_gpus", 0)),
+            oldest_wait_s=round(c.get("oldest", 0.0), 3),
+        )
+        for q, c in sorted(counts.items())
+    ]
+
+
+def _query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    if not re.fullmatch(r"\d+", text) or not low <= int(text) <= high:
+        raise BadBody(f"query parameter {name} must be an integer in {low}..{high}", None)
+    return int(text)
+
+
+def routes(scheduler: Scheduler) -> list[web.RouteDef]:
+    store = scheduler.kit.store
+
+    async def submit(request: web.Request) -> web.Response:
+        body = await read_body(request, JobBody)
+        spec = spec_of(body)
+        job_id = body.id or new_id()
+        async with store.transaction() as tx:
+            accepted = await scheduler.accept(tx, job_id, spec)
+        if isinstance(accepted, str):
+            return json_response({"error": "not accepted", "detail": accepted}, status=400)
+        return json_response(job_view(accepted), status=201)
+
+    async def list_jobs(request: web.Request) -> web.Response:
+        states = [s for s in request.query.get("state", "").split(",") if s]
+        unknown = [s for s in states if s not in _STATES]
+        if unknown:
+            raise BadBody(f"unknown state {unknown[0]!r}; known: {', '.join(_STATES)}", None)
+        if request.query.get("live") == "true":
+            states = list(LIVE)
+        found = await state.list_jobs(
+            store.pool,
+            states=states,
+            queue=request.query.get("queue"),
+            tenant=request.query.get("tenant"),
+            limit=_query_int(request, "limit", 100, 1, 10_000),
+        )
+        return json_response([job_view(j) for j in found])
+
+    async def show(request: web.Request) -> web.Response:
+        job = await state.get_job(store.pool, request.match_info["job_id"])
+        if job is None:
+            return json_response({"error": "not found", "detail": f"no job {request.match_info['job_id']}"}, 404)
+        return json_response(job_view(job))
+
+    async def cancel(request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        async with store.transaction() as tx:
+            job = await scheduler.cancel(tx, job_id, "cancelled through the API")
+        if job is None:
+            return json_response({"error": "not found", "detail": f"no job {job_id}"}, 404)
+        if job.state != "cancelled":
+            return json_response({"error": "already ended", "detail": f"job {job_id} is {job.state}"}, 409)
+        return json_response(job_view(job))
+
+    async def queues(_: web.Request) -> web.Response:
+        live = await state.live_jobs(store.pool)
+        return json_response(
+            QueuesView(
+                policy=scheduler.cfg.policy,
+                backfill=scheduler.cfg.backfill,
+                served=scheduler.cfg.queues,
+                queues=queue_views(live, scheduler.clock.now()),
+            )
+        )
+
+    async def about(_: web.Request) -> web.Response:
+        lead = scheduler.leadership
+        plan = scheduler.last_plan
+        return json_response(
+            SchedulerView(
+                instance=scheduler.kit.source,
+                leader=scheduler.is_leader,
+                term=lead.term if lead is not None else None,
+                scheduler_group=scheduler.group,
+                ledger_version=scheduler.feed.ledger.version,
+                ledger_caught_up=scheduler.feed.caught_up,
+                nodes=len(scheduler.feed.ledger.nodes),
+                cycles=scheduler.cycles,
+                last_order=plan.order if plan is not None else None,
+            )
+        )
+
+    return [
+        web.post("/v1/jobs", submit),
+        web.get("/v1/jobs", list_jobs),
+        web.get("/v1/jobs/{job_id}", show),
+        web.delete("/v1/jobs/{job_id}", cancel),
+        web.get("/v1/queues", queues),
+        web.get("/v1/scheduler", about),
+    ]

@@ -1,0 +1,142 @@
+"""A job as the scheduler keeps it (one row of `jobs`), and the transitions of its life. Pure data.
+
+    queued -> proposed -> scheduled -> running -> completed | failed | killed
+       ^         |            |           |
+       +---------+------------+-----------+   (rejected; revoked, lease expired, requeue requested, preempted)
+    any live state -> cancelled
+
+A transition returns a new record; the caller writes it and the events the handler publishes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+import msgspec
+
+from ibpool_proto.job import FinalState, TopologyConstraint
+from ibpool_proto.pool import GpuAssignment, WorkloadSpec
+
+JobState = Literal["queued", "proposed", "scheduled", "running", "completed", "failed", "cancelled", "killed"]
+LIVE: tuple[JobState, ...] = ("queued", "proposed", "scheduled", "running")
+HOLDING: tuple[JobState, ...] = ("scheduled", "running")
+
+
+class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What the scheduler knows of one job.
+
+    `gpus_per_host` x `hosts` whole GPUs, or with `milli` < 1000 one share of one GPU. `submitted_at`
+    never changes (a requeued job keeps its place); `queued_at` is when it last entered the queue.
+    `reason` says why it waits (from the last cycle that examined it) or how it ended.
+    `proposal_id`/`proposal`: the placement in flight (also the allocation id if granted).
+    """
+
+    job_id: str
+    name: str = ""
+    tenant: str
+    queue: str
+    priority: int = 0
+    gpus_per_host: int = 1
+    hosts: int = 1
+    milli: int = 1000
+    memory_mib: int | None = None
+    topology: TopologyConstraint = "preferred"
+    topology_level: int = 1
+    dataset: str | None = None
+    time_limit_s: float | None = None
+    workload: WorkloadSpec | None = None
+    submitted_at: dt.datetime
+    queued_at: dt.datetime
+    state: JobState = "queued"
+    attempt: int = 0
+    not_before: dt.datetime | None = None
+    reason: str = ""
+    proposal_id: str | None = None
+    proposal: list[GpuAssignment] = []
+    proposal_term: int | None = None
+    allocation_id: str | None = None
+    nodes: list[str] = []
+    assignments: list[GpuAssignment] = []
+    scheduled_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    exited_nodes: list[str] = []
+    finished_at: dt.datetime | None = None
+    exit_code: int | None = None
+    runtime_s: float = 0.0
+    rejections: int = 0
+
+    @property
+    def gpus(self) -> int:
+        """Whole GPUs the job holds (a fraction holds one GPU's share, counted as one)."""
+        return self.gpus_per_host * self.hosts
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE
+
+    @property
+    def holding(self) -> bool:
+        return self.state in HOLDING
+
+
+def proposed(job: JobRecord, proposal_id: str, assignments: list[GpuAssignment], term: int | None) -> JobRecord:
+    return msgspec.structs.replace(
+        job, state="proposed", proposal_id=proposal_id, proposal=assignments, proposal_term=term, reason=""
+    )
+
+
+def rejected(job: JobRecord, why: str, not_before: dt.datetime | None) -> JobRecord:
+    """Back to the queue (its place kept) after the allocator refused the proposal."""
+    return msgspec.structs.replace(
+        job,
+        state="queued",
+        proposal_id=None,
+        proposal=[],
+        proposal_term=None,
+        reason=why,
+        not_before=not_before,
+        rejections=job.rejections + 1,
+    )
+
+
+def granted(job: JobRecord, allocation_id: str, nodes: list[str], at: dt.datetime) -> JobRecord:
+    return msgspec.structs.replace(
+        job,
+        state="scheduled",
+        allocation_id=allocation_id,
+        nodes=nodes,
+        assignments=job.proposal,
+        scheduled_at=at,
+        exited_nodes=[],
+        reason="",
+    )
+
+
+def requeued(job: JobRecord, why: str, at: dt.datetime, not_before: dt.datetime | None) -> JobRecord:
+    """Its allocation is gone (failure, lost lease, preemption): waiting again, in its old place."""
+    return msgspec.structs.replace(
+        job,
+        state="queued",
+        attempt=job.attempt + 1,
+        queued_at=at,
+        not_before=not_before,
+        reason=why,
+        proposal_id=None,
+        proposal=[],
+        proposal_term=None,
+        allocation_id=None,
+        nodes=[],
+        assignments=[],
+        scheduled_at=None,
+        started_at=None,
+        exited_nodes=[],
+    )
+
+
+def finished(
+    job: JobRecord, state: FinalState, why: str, at: dt.datetime, exit_code: int | None = None, runtime_s: float = 0.0
+) -> JobRecord:
+    return msgspec.structs.replace(
+        job, state=state, reason=why, finished_at=at, exit_code=exit_code, runtime_s=runtime_s, proposal=[]
+    )

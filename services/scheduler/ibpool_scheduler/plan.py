@@ -1,0 +1,242 @@
+"""One cycle's plan: the pool as the ledger replica shows it + the live jobs -> `schedule()` -> exact GPUs. Pure.
+
+The core decides on dense host indices and GPU counts; this module builds its `ClusterView` from
+the ledger (ready nodes, whole free GPUs of ready GPUs) and maps its starts back to node ids and
+GPU indices, the exact assignment a `ProposePlacement` carries. GPUs are counted as taken when the
+ledger holds a grant on them, and also while the ledger replica has not seen yet what the
+scheduler already knows: a proposal in flight, or a grant the replica has not folded in.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from ibpool_core.pool.ledger import Ledger
+from ibpool_core.sched.backfill import reserve
+from ibpool_core.sched.cycle import CycleConfig, SchedulingReply, SchedulingRequest, schedule
+from ibpool_core.sched.jobs import ClusterView, Job, RunningJob, estimated_runtime, host_shares
+from ibpool_core.sched.placer import FreeView, LeafPlacer, min_leaf_span
+from ibpool_core.sched.queueing import QueuePolicy
+from ibpool_proto.pool import GpuAssignment
+
+from .jobs import JobRecord
+
+UNLABELLED_LEAF = ""
+# The core's reason when a cycle meets a job with no GPU free at all; it computes no reservation then.
+NO_FREE_GPUS = "no free GPUs"
+
+
+class Proposal(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: str
+    assignments: list[GpuAssignment]
+
+
+class CyclePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What to do after one cycle, by job id, on the ledger version the view was built from."""
+
+    ledger_version: int
+    proposals: list[Proposal] = []
+    preempted: list[tuple[str, str]] = []  # (victim, for whom)
+    killed: list[str] = []
+    waiting: dict[str, str] = {}
+    order: str = ""
+
+    def preempted_ids(self) -> list[str]:
+        return [victim for victim, _ in self.preempted]
+
+
+class HostView(msgspec.Struct, frozen=True, kw_only=True):
+    """The cycle's hosts: index -> node id, the free GPU indices of each, and the core's view."""
+
+    node_ids: list[str]
+    free_gpus: list[list[int]]
+    cluster: ClusterView
+    hosts_per_leaf: int
+
+
+def taken_in_flight(ledger: Ledger, jobs: Iterable[JobRecord]) -> dict[str, set[int]]:
+    """GPUs the scheduler holds that the ledger replica does not show yet, per node."""
+    taken: dict[str, set[int]] = {}
+
+    def take(assignments: Sequence[GpuAssignment]) -> None:
+        for a in assignments:
+            taken.setdefault(a.node_id, set()).add(a.gpu_index)
+
+    for job in jobs:
+        if job.state == "proposed" and job.proposal_id not in ledger.allocations:
+            take(job.proposal)
+        elif job.holding and job.allocation_id not in ledger.allocations:
+            take(job.assignments)
+    return taken
+
+
+def host_view(ledger: Ledger, taken: dict[str, set[int]], leaf_label: str) -> HostView:
+    """Ready nodes in id order; a GPU is free when it is ready, holds no grant and is not taken."""
+    node_ids: list[str] = []
+    free_gpus: list[list[int]] = []
+    capacity: list[int] = []
+    leaf_of: list[int] = []
+    leaves: dict[str, int] = {}
+    members: dict[int, int] = {}
+    for node_id in sorted(ledger.nodes):
+        node = ledger.nodes[node_id]
+        if not node.ready or not node.gpus:
+            continue
+        held = taken.get(node_id, set())
+        free = [g.index for g in node.gpus if g.ready and g.fits_whole() and not g.mig and g.index not in held]
+        leaf = leaves.setdefault(node.labels.get(leaf_label, UNLABELLED_LEAF), len(leaves))
+        members[leaf] = members.get(leaf, 0) + 1
+        node_ids.append(node_id)
+        free_gpus.append(free)
+        capacity.append(len(node.gpus))
+        leaf_of.append(leaf)
+    return HostView(
+        node_ids=node_ids,
+        free_gpus=free_gpus,
+        cluster=ClusterView(free=[len(f) for f in free_gpus], capacity=capacity, leaf_of=leaf_of),
+        hosts_per_leaf=max(members.values(), default=1),
+    )
+
+
+def core_job(job: JobRecord) -> Job:
+    return Job(
+        id=job.job_id,
+        tenant=job.tenant,
+        gpus=job.gpus,
+        nodes=job.hosts,
+        priority=job.priority,
+        submit_time=job.submitted_at.timestamp(),
+        time_limit_s=job.time_limit_s,
+        topology=job.topology,
+    )
+
+
+def running_job(job: JobRecord, index: dict[str, int], margin: float, now: float) -> RunningJob | None:
+    """The core's picture of a job holding GPUs (or proposed: they are promised to it, and it starts
+    now, so it is neither overrunning nor old enough to preempt), for backfill reservations and
+    preemption; None when one of its nodes is not in the view."""
+    per_host: dict[int, int] = {}
+    for a in job.proposal if job.state == "proposed" else job.assignments:
+        h = index.get(a.node_id)
+        if h is None:
+            return None
+        per_host[h] = per_host.get(h, 0) + 1
+    held_since = job.started_at or job.scheduled_at
+    started = now if job.state == "proposed" or held_since is None else held_since.timestamp()
+    core = core_job(job)
+    return RunningJob(
+        job=core,
+        hosts=tuple(sorted(per_host.items())),
+        started_at=started,
+        planned_end=started + estimated_runtime(core, margin),
+    )
+
+
+def plan_cycle(
+    ledger: Ledger,
+    jobs: Sequence[JobRecord],
+    now: dt.datetime,
+    policy: QueuePolicy,
+    config: CycleConfig,
+    leaf_label: str,
+) -> CyclePlan:
+    """Decide one cycle over the live `jobs` on `ledger`; see the module docstring."""
+    view = host_view(ledger, taken_in_flight(ledger, jobs), leaf_label)
+    index = {n: i for i, n in enumerate(view.node_ids)}
+    queue = [core_job(j) for j in jobs if j.state == "queued" and (j.not_before is None or j.not_before <= now)]
+    running = [
+        r
+        for j in jobs
+        if (j.holding or j.state == "proposed")
+        and (r := running_job(j, index, config.safety_margin, now.timestamp())) is not None
+    ]
+    request = SchedulingRequest(
+        now=now.timestamp(),
+        queue=queue,
+        running=running,
+        cluster=view.cluster,
+        policy=policy,
+        config=msgspec.structs.replace(config, hosts_per_leaf=view.hosts_per_leaf),
+    )
+    reply = schedule(request)
+    return CyclePlan(
+        ledger_version=ledger.version,
+        proposals=assign(reply, view, {j.job_id: j for j in jobs}),
+        preempted=[(p.job_id, p.for_job_id) for p in reply.preemptions],
+        killed=list(reply.kills),
+        waiting=explain_head(reply, request, queue),
+        order=reply.order,
+    )
+
+
+def explain_head(reply: SchedulingReply, request: SchedulingRequest, queue: Sequence[Job]) -> dict[str, str]:
+    """The reply's reasons, with an earliest estimated start for the first job told only "no free GPUs".
+
+    The core reserves for the head only when some GPU is free; a full cluster leaves the head
+    without an estimate. Here it is reserved as the core would: on the view after this cycle's
+    starts, releasing running jobs (this cycle's starts included) by their planned end.
+    """
+    waiting = dict(reply.waiting)
+    head_id = next((job_id for job_id, why in waiting.items() if why == NO_FREE_GPUS), None)
+    head = next((j for j in queue if j.id == head_id), None)
+    if head is None or reply.preemptions or reply.kills:
+        return waiting
+    by_id = {j.id: j for j in queue}
+    free = FreeView.of(request.cluster)
+    running = list(request.running)
+    for start in reply.starts:
+        free.apply(start.hosts)
+        running.append(
+            RunningJob(
+                job=by_id[start.job_id], hosts=tuple(start.hosts), started_at=request.now, planned_end=start.planned_end
+            )
+        )
+    max_leaves = None
+    if head.nodes > 1 and not (
+        head.topology == "preferred" and request.now - head.submit_time >= request.config.span_relax_after_s
+    ):
+        max_leaves = min_leaf_span(head.nodes, request.config.hosts_per_leaf)
+    found = reserve(free, running, head, request.now, LeafPlacer(), max_leaves=max_leaves)
+    if found is not None:
+        span = max_leaves or "any number of"
+        needs = (
+            f"{head.gpus} GPUs on one host"
+            if head.nodes <= 1
+            else f"{head.nodes} hosts with {host_shares(head)[0]} free GPUs under {span} leaves"
+        )
+        start_at = dt.datetime.fromtimestamp(found[0].start_at, dt.UTC).strftime("%Y-%m-%d %H:%M")
+        waiting[head.id] = f"waiting for {needs}; earliest estimated start {start_at}"
+    return waiting
+
+
+def assign(reply: SchedulingReply, view: HostView, jobs: dict[str, JobRecord]) -> list[Proposal]:
+    """The exact GPUs of every start: the lowest free indices of each host the core chose, counting
+    the GPUs of the jobs this cycle preempts or kills as free (the core gave them to the starts)."""
+    free = [list(f) for f in view.free_gpus]
+    index = {n: i for i, n in enumerate(view.node_ids)}
+    for gone in [p.job_id for p in reply.preemptions] + list(reply.kills):
+        for a in jobs[gone].assignments:
+            if (h := index.get(a.node_id)) is not None:
+                free[h].append(a.gpu_index)
+    free = [sorted(f) for f in free]
+    out: list[Proposal] = []
+    for start in reply.starts:
+        job = jobs[start.job_id]
+        fraction = job.milli < 1000
+        assignments: list[GpuAssignment] = []
+        for host, count in start.hosts:
+            picked, free[host] = free[host][:count], free[host][count:]
+            assignments.extend(
+                GpuAssignment(
+                    node_id=view.node_ids[host],
+                    gpu_index=g,
+                    milli=job.milli,
+                    memory_mib=job.memory_mib if fraction else None,
+                )
+                for g in picked
+            )
+        out.append(Proposal(job_id=job.job_id, assignments=assignments))
+    return out

@@ -1,0 +1,530 @@
+"""The scheduler: job and allocation news -> job records; on a timer and on news, one cycle -> proposals out.
+
+Handlers (every replica, durable transactional consumers) keep the job records in step with what
+happened: submissions and cancellations, the allocator's answers (granted, rejected), lost
+allocations (revoked, expired, requeue requested by the failover controller) and the node agents'
+starts and exits. They never decide where a job goes.
+
+The cycle (the elected leader only) reads the live jobs, builds the pool from its ledger replica
+(`pool_feed.py`), decides with `ibpool_core.sched.cycle.schedule` (`plan.py`) and writes, in one
+transaction, the jobs' new states and every event of the cycle to the outbox: all proposals of the
+cycle leave in one commit. The transaction takes the cycle lock and checks the leader's term
+against the stored fence, and every proposal carries the term, so a deposed leader that has not
+noticed yet can neither commit a cycle nor get a placement granted. A job's row is written only if
+it is still what the cycle read (compared whole), so a cancellation or an answer that lands during
+the cycle wins and the cycle's events for that job are dropped with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+
+import msgspec
+from prometheus_client import Counter, Histogram
+
+from ibpool_core.clock import Clock
+from ibpool_core.sched.cycle import CycleConfig
+from ibpool_core.sched.queueing import QueuePolicy, make_policy
+from ibpool_proto import Message
+from ibpool_proto.health import RequeueRequested
+from ibpool_proto.job import (
+    CancelJob,
+    JobExited,
+    JobFinished,
+    JobPreempted,
+    JobQueued,
+    JobRequeued,
+    JobScheduled,
+    JobSpec,
+    JobStarted,
+    SubmitJob,
+)
+from ibpool_proto.pool import (
+    AllocationExpired,
+    AllocationGranted,
+    AllocationRejected,
+    AllocationRevoked,
+    ProposePlacement,
+    ReleaseAllocation,
+    RenewLease,
+)
+from ibpool_runtime.config import ConfigError
+from ibpool_runtime.consumer import HandlerContext, Subscription
+from ibpool_runtime.leader import Leadership
+from ibpool_runtime.logs import get_logger
+from ibpool_runtime.service import Kit
+from ibpool_runtime.store import Transaction
+
+from . import jobs, state
+from .config import SchedulerConfig
+from .jobs import JobRecord
+from .plan import CyclePlan, plan_cycle
+from .pool_feed import PoolFeed
+
+log = get_logger(__name__)
+
+JOB_NEWS = (SubmitJob, CancelJob, JobStarted, JobExited)
+POOL_NEWS = (AllocationGranted, AllocationRejected, AllocationRevoked, AllocationExpired)
+HEALTH_NEWS = (RequeueRequested,)
+RETRY_AT_ONCE = ("conflict", "stale")
+
+CONDITIONAL_UPDATE = (
+    "UPDATE jobs SET state = u.state, updated_at = $1, body = u.body"
+    " FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS u(job_id, old_body, state, body)"
+    " WHERE jobs.job_id = u.job_id AND jobs.body = u.old_body RETURNING jobs.job_id"
+)
+
+
+def release_id(allocation_id: str) -> str:
+    """One id for every release of an allocation: the outbox and JetStream keep one of them."""
+    return f"{allocation_id}-release"
+
+
+def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord | str:
+    """The new job's record, or what is wrong with the spec."""
+    r = spec.request
+    if r.kind in ("mig", "remote") or r.mig_profile:
+        return f"request kind {r.kind!r} is not scheduled here; ask the pool allocator"
+    if r.hosts < 1 or r.gpus < 1 or not 1 <= r.milli <= 1000:
+        return "request needs hosts >= 1, gpus >= 1 and milli in 1..1000"
+    if r.milli < 1000 and (r.gpus != 1 or r.hosts != 1):
+        return "a fraction is one share of one GPU on one host"
+    return JobRecord(
+        job_id=job_id,
+        name=spec.name,
+        tenant=spec.tenant,
+        queue=spec.queue,
+        priority=spec.priority,
+        gpus_per_host=r.gpus,
+        hosts=r.hosts,
+        milli=r.milli,
+        memory_mib=r.memory_mib,
+        topology=spec.topology,
+        topology_level=spec.topology_level,
+        dataset=spec.dataset,
+        time_limit_s=spec.runtime_limit_s,
+        workload=spec.workload,
+        submitted_at=now,
+        queued_at=now,
+    )
+
+
+class Scheduler:
+    def __init__(self, kit: Kit[SchedulerConfig], clock: Clock, pool_from_seq: int | None = None) -> None:
+        self.kit = kit
+        self.cfg = cfg = kit.config
+        self.clock = clock
+        try:
+            self.policy: QueuePolicy = make_policy(cfg.policy)
+        except KeyError as e:
+            raise ConfigError(f"invalid scheduler config: field `policy`: {e.args[0]}") from None
+        self.cycle_config = CycleConfig(
+            backfill=cfg.backfill, scan_depth=cfg.scan_depth, span_relax_after_s=cfg.span_relax_after_s
+        )
+        self.feed = PoolFeed(kit.bus, pool_from_seq)
+        # Terms are only comparable within one election, so the fencing group defaults to its key.
+        self.group = cfg.scheduler_group or cfg.leader_key
+        self.leadership: Leadership | None = None
+        if cfg.leader_election:
+            self.leadership = Leadership(kit.bus, cfg.leader_key, kit.source, cfg.leader_ttl_s, cfg.stream_replicas)
+        self.wake = asyncio.Event()
+        self.last_plan: CyclePlan | None = None
+        self.cycles = 0
+        # Jobs the last cycle left queued: while none wait, a ledger change alone does not start a cycle.
+        self.backlog = 0
+        # Allocation id -> when its lease renewal was last sent (monotonic): one renewal in flight.
+        self._renewed: dict[str, float] = {}
+        self._lock = asyncio.Lock()
+        registry = kit.metrics.registry
+        self.proposed = Counter("ibpool_scheduler_proposals", "Placements proposed", registry=registry)
+        self.answers = Counter(
+            "ibpool_scheduler_answers", "Allocator answers to proposals", ["outcome"], registry=registry
+        )
+        self.requeues = Counter("ibpool_scheduler_requeues", "Jobs requeued", ["cause"], registry=registry)
+        self.cycle_seconds = Histogram(
+            "ibpool_scheduler_cycle_seconds",
+            "Read live jobs, decide, write one cycle",
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+        )
+
+    # -- news ---------------------------------------------------------------------------------
+
+    def subscriptions(self) -> list[Subscription]:
+        p = self.cfg.durable_prefix
+
+        def sub(name: str, types: tuple[type[Message], ...]) -> Subscription:
+            return Subscription(f"{p}-{name}", tuple(t.subject_pattern() for t in types), self.on_news)
+
+        return [sub("jobs", JOB_NEWS), sub("pool", POOL_NEWS), sub("health", HEALTH_NEWS)]
+
+    def serves(self, queue: str) -> bool:
+        return not self.cfg.queues or queue in self.cfg.queues
+
+    async def on_news(self, message: object, ctx: HandlerContext) -> None:
+        assert ctx.tx is not None
+        tx, now = ctx.tx, self.clock.now()
+        match message:
+            case SubmitJob():
+                accepted = await self.accept(tx, message.job_id, message.spec)
+                if isinstance(accepted, str):
+                    log.info("submission not accepted", job_id=message.job_id, why=accepted)
+            case CancelJob():
+                await self.cancel(tx, message.job_id, message.reason)
+            case JobStarted():
+                await self.on_started(tx, message, now)
+            case JobExited():
+                await self.on_exited(tx, message, now)
+            case AllocationGranted():
+                await self.on_granted(tx, message, now)
+            case AllocationRejected():
+                await self.on_rejected(tx, message, now)
+            case AllocationRevoked():
+                await self.on_lost(tx, message.job_id, message.allocation_id, f"allocation revoked: {message.reason}")
+            case AllocationExpired():
+                await self.on_lost(tx, message.job_id, message.allocation_id, "allocation lease expired")
+            case RequeueRequested():
+                not_before = now + dt.timedelta(seconds=message.retry_after_s) if message.retry_after_s > 0 else None
+                await self.on_lost(
+                    tx, message.job_id, message.allocation_id, f"requeue requested: {message.reason}", not_before
+                )
+
+    async def accept(self, tx: Transaction, job_id: str, spec: JobSpec) -> JobRecord | str:
+        """Queue a new job (JobQueued); a repeated id returns the stored job; a bad spec, why."""
+        if not self.serves(spec.queue):
+            return f"queue {spec.queue!r} is not served here (serving {', '.join(self.cfg.queues)})"
+        now = self.clock.now()
+        record = record_from_spec(job_id, spec, now)
+        if isinstance(record, str):
+            return record
+        if not await state.insert_job(tx.conn, record, now):
+            return await state.get_job(tx.conn, job_id) or record
+        await tx.outbox(
+            JobQueued(
+                source=self.kit.source,
+                key=job_id,
+                job_id=job_id,
+                tenant=record.tenant,
+                queue=record.queue,
+                priority=record.priority,
+                gpus=record.gpus,
+                hosts=record.hosts,
+            )
+        )
+        self.wake.set()
+        return record
+
+    async def cancel(self, tx: Transaction, job_id: str, reason: str) -> JobRecord | None:
+        """End a live job (its allocation released); an ended job is returned unchanged."""
+        job = await state.lock_job(tx.conn, job_id)
+        if job is None or not job.live:
+            return job
+        now = self.clock.now()
+        if job.holding and job.allocation_id is not None:
+            await tx.outbox(self.release(job.allocation_id, f"job {job_id} cancelled"))
+        done = jobs.finished(job, "cancelled", reason, now)
+        await state.save_job(tx.conn, done, now)
+        await tx.outbox(self.finished_event(done))
+        self.wake.set()
+        return done
+
+    async def current(self, tx: Transaction, job_id: str, allocation_id: str, now: dt.datetime) -> JobRecord | None:
+        """The job, locked, if `allocation_id` is its allocation. An agent's news of a proposal still
+        marked proposed means it was granted (the grant's own news is on another consumer, maybe later)."""
+        job = await state.lock_job(tx.conn, job_id)
+        if job is not None and job.state == "proposed" and job.proposal_id == allocation_id:
+            return await self.mark_granted(tx, job, allocation_id, sorted({a.node_id for a in job.proposal}), now)
+        return job if job is not None and job.holding and job.allocation_id == allocation_id else None
+
+    async def on_started(self, tx: Transaction, ev: JobStarted, now: dt.datetime) -> None:
+        job = await self.current(tx, ev.job_id, ev.allocation_id, now)
+        if job is None or job.state != "scheduled":
+            return
+        await state.save_job(tx.conn, msgspec.structs.replace(job, state="running", started_at=ev.occurred_at), now)
+
+    async def on_exited(self, tx: Transaction, ev: JobExited, now: dt.datetime) -> None:
+        job = await self.current(tx, ev.job_id, ev.allocation_id, now) if ev.reason != "revoked" else None
+        if job is None:
+            return  # not ours, not current, or revoked (the revocation requeues it)
+        exited = sorted({*job.exited_nodes, ev.node_id})
+        if ev.reason == "completed" and len(exited) < len(job.nodes):
+            await state.save_job(tx.conn, msgspec.structs.replace(job, exited_nodes=exited), now)
+            return  # a gang is done when all its members are
+        started = job.started_at or job.scheduled_at or now
+        runtime = ev.runtime_s or (now - started).total_seconds()
+        why = "completed" if ev.reason == "completed" else f"{ev.reason} on {ev.node_id}: {ev.detail}".rstrip(": ")
+        done = jobs.finished(
+            job, "completed" if ev.reason == "completed" else "failed", why, now, ev.exit_code, runtime
+        )
+        done = msgspec.structs.replace(done, exited_nodes=exited)
+        await state.save_job(tx.conn, done, now)
+        await tx.outbox(self.finished_event(done), self.release(ev.allocation_id, f"job {job.job_id} exited"))
+        self.wake.set()
+
+    async def on_granted(self, tx: Transaction, ev: AllocationGranted, now: dt.datetime) -> None:
+        job = await state.lock_job(tx.conn, ev.job_id)
+        if job is None or job.allocation_id == ev.allocation_id:
+            return  # not ours, or another member of a gang already granted
+        if job.state == "proposed" and job.proposal_id == ev.allocation_id:
+            await self.mark_granted(tx, job, ev.allocation_id, list(ev.nodes) or [ev.node_id], now)
+            return
+        # A grant the job no longer wants (cancelled meanwhile, or placed by another proposal): give it back.
+        log.warning("stray grant released", job_id=job.job_id, allocation_id=ev.allocation_id, state=job.state)
+        await tx.outbox(self.release(ev.allocation_id, f"job {job.job_id} does not hold allocation {ev.allocation_id}"))
+
+    async def mark_granted(
+        self, tx: Transaction, job: JobRecord, allocation_id: str, nodes: list[str], now: dt.datetime
+    ) -> JobRecord:
+        self.answers.labels("granted").inc()
+        done = jobs.granted(job, allocation_id, nodes, now)
+        await state.save_job(tx.conn, done, now)
+        await tx.outbox(
+            JobScheduled(
+                source=self.kit.source,
+                key=job.job_id,
+                job_id=job.job_id,
+                allocation_id=allocation_id,
+                tenant=job.tenant,
+                queue=job.queue,
+                nodes=done.nodes,
+                assignments=done.assignments,
+                waited_s=max(0.0, (now - job.queued_at).total_seconds()),
+                attempt=job.attempt,
+                scheduler_term=job.proposal_term,
+            )
+        )
+        return done
+
+    async def on_rejected(self, tx: Transaction, ev: AllocationRejected, now: dt.datetime) -> None:
+        job = await state.lock_job(tx.conn, ev.job_id)
+        if job is None or job.state != "proposed" or job.proposal_id != ev.command_id:
+            return
+        self.answers.labels(ev.reason).inc()
+        # conflict/stale: the pool moved under the proposal; place it again on fresher state at once.
+        later = None if ev.reason in RETRY_AT_ONCE else now + dt.timedelta(seconds=self.cfg.retry_after_s)
+        why = f"proposal rejected ({ev.reason}): {ev.detail}"
+        await state.save_job(tx.conn, jobs.rejected(job, why, later), now)
+        self.wake.set()
+
+    async def on_lost(
+        self, tx: Transaction, job_id: str, allocation_id: str, why: str, not_before: dt.datetime | None = None
+    ) -> None:
+        """The job's allocation is gone or must go: requeue it in its place (or fail it after max_attempts)."""
+        job = await state.lock_job(tx.conn, job_id)
+        if job is None or not job.holding or job.allocation_id != allocation_id:
+            return
+        now = self.clock.now()
+        self.requeues.labels(why.split(":", 1)[0]).inc()
+        await tx.outbox(self.release(allocation_id, f"job {job_id} requeued"))
+        if job.attempt + 1 > self.cfg.max_attempts:
+            done = jobs.finished(job, "failed", f"requeued {job.attempt} times; then {why}", now)
+            await state.save_job(tx.conn, done, now)
+            await tx.outbox(self.finished_event(done))
+            return
+        again = jobs.requeued(job, why, now, not_before)
+        await state.save_job(tx.conn, again, now)
+        await tx.outbox(
+            JobRequeued(
+                source=self.kit.source,
+                key=job_id,
+                job_id=job_id,
+                allocation_id=allocation_id,
+                reason=why,
+                attempt=again.attempt,
+                not_before=not_before,
+            )
+        )
+        self.wake.set()
+
+    def release(self, allocation_id: str, why: str) -> ReleaseAllocation:
+        return ReleaseAllocation(
+            id=release_id(allocation_id),
+            source=self.kit.source,
+            key=allocation_id,
+            allocation_id=allocation_id,
+            reason=why,
+        )
+
+    def finished_event(self, job: JobRecord) -> JobFinished:
+        assert job.state in ("completed", "failed", "cancelled", "killed")
+        return JobFinished(
+            source=self.kit.source,
+            key=job.job_id,
+            job_id=job.job_id,
+            state=job.state,
+            reason=job.reason,
+            allocation_id=job.allocation_id,
+            exit_code=job.exit_code,
+            runtime_s=job.runtime_s,
+            attempt=job.attempt,
+        )
+
+    # -- the cycle ------------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leadership is None or self.leadership.is_leader
+
+    async def cycle_once(self) -> CyclePlan | None:
+        """One scheduling decision, committed; None when not leading, not caught up, or fenced."""
+        if not self.is_leader or not self.feed.caught_up:
+            return None
+        async with self._lock:
+            started = time.perf_counter()
+            plan = await self._decide_and_commit()
+            if plan is not None:
+                self.cycle_seconds.observe(time.perf_counter() - started)
+                self.cycles += 1
+                self.last_plan = plan
+            return plan
+
+    async def _decide_and_commit(self) -> CyclePlan | None:
+        async with self.kit.store.transaction() as tx:
+            if not await state.lock_cycle(tx.conn, self.kit.store.schema):
+                return None
+            term = self.leadership.term if self.leadership is not None else None
+            if self.leadership is not None and (term is None or not await state.fence(tx.conn, term)):
+                self.leadership.step_down("a newer leader has scheduled (fenced)")
+                return None
+            live = await state.live_jobs(tx.conn)
+            now = self.clock.now()
+            ledger = self.feed.ledger
+            plan = plan_cycle(ledger, live, now, self.policy, self.cycle_config, self.cfg.leaf_label)
+            self.backlog = sum(1 for j in live if j.state == "queued") - len(plan.proposals)
+            await self._write(tx, plan, {j.job_id: j for j in live}, term, now)
+            await tx.outbox(*self.renewals(live, now))
+        return plan
+
+    async def _write(
+        self, tx: Transaction, plan: CyclePlan, live: dict[str, JobRecord], term: int | None, now: dt.datetime
+    ) -> None:
+        """The cycle's job changes, each only if the row is still what the cycle read, and their events."""
+        changes: dict[str, tuple[JobRecord, JobRecord, list[Message]]] = {}
+        for victim_id, for_id in plan.preempted:
+            victim = live[victim_id]
+            assert victim.allocation_id is not None
+            again = jobs.requeued(victim, f"preempted for {for_id}", now, None)
+            changes[victim_id] = (
+                victim,
+                again,
+                [
+                    JobPreempted(
+                        source=self.kit.source,
+                        key=victim_id,
+                        job_id=victim_id,
+                        allocation_id=victim.allocation_id,
+                        for_job_id=for_id,
+                        reason=f"priority: {for_id} ranks before it",
+                    ),
+                    self.release(victim.allocation_id, f"job {victim_id} preempted for {for_id}"),
+                    JobRequeued(
+                        source=self.kit.source,
+                        key=victim_id,
+                        job_id=victim_id,
+                        allocation_id=victim.allocation_id,
+                        reason=f"preempted for {for_id}",
+                        attempt=again.attempt,
+                    ),
+                ],
+            )
+        for killed_id in plan.killed:
+            victim = live[killed_id]
+            done = jobs.finished(victim, "killed", f"ran past its time limit of {victim.time_limit_s} s", now)
+            events: list[Message] = [self.finished_event(done)]
+            if victim.allocation_id is not None:
+                events.insert(0, self.release(victim.allocation_id, f"job {killed_id} overran its time limit"))
+            changes[killed_id] = (victim, done, events)
+        for p in plan.proposals:
+            job = live[p.job_id]
+            cmd = ProposePlacement(
+                source=self.kit.source,
+                key=job.job_id,
+                job_id=job.job_id,
+                tenant=job.tenant,
+                queue=job.queue,
+                ledger_version=plan.ledger_version,
+                assignments=p.assignments,
+                lease_s=self.cfg.lease_s,
+                workload=job.workload,
+                scheduler_group=self.group,
+                fencing_term=term,
+            )
+            changes[job.job_id] = (job, jobs.proposed(job, cmd.id, p.assignments, term), [cmd])
+        for job_id, why in plan.waiting.items():
+            waiting = live.get(job_id)
+            if waiting is not None and job_id not in changes and waiting.reason != why:
+                changes[job_id] = (waiting, msgspec.structs.replace(waiting, reason=why), [])
+        if not changes:
+            return
+        enc = msgspec.json.Encoder()
+        ordered = sorted(changes)  # one lock order for every cycle
+        written = await tx.conn.fetch(
+            CONDITIONAL_UPDATE,
+            now,
+            ordered,
+            [enc.encode(changes[j][0]).decode() for j in ordered],
+            [changes[j][1].state for j in ordered],
+            [enc.encode(changes[j][1]).decode() for j in ordered],
+        )
+        kept = {r["job_id"] for r in written}
+        out: list[Message] = []
+        # Releases and preemptions first: the allocator frees the victims' GPUs before the proposals need them.
+        for job_id in [*plan.preempted_ids(), *plan.killed, *(p.job_id for p in plan.proposals)]:
+            if job_id in kept:
+                out.extend(changes[job_id][2])
+        await tx.outbox(*out)
+        self.proposed.inc(sum(1 for p in plan.proposals if p.job_id in kept))
+
+    def renewals(self, live: list[JobRecord], now: dt.datetime) -> list[RenewLease]:
+        """Renew the leases of held allocations with less than half of `lease_s` left (once per quarter)."""
+        out: list[RenewLease] = []
+        half = dt.timedelta(seconds=self.cfg.lease_s / 2)
+        clock = time.monotonic()
+        allocations = self.feed.ledger.allocations
+        for job in live:
+            alloc = allocations.get(job.allocation_id or "") if job.holding else None
+            if alloc is None or alloc.lease_expires_at - now > half:
+                continue
+            if clock - self._renewed.get(alloc.allocation_id, -1e18) < self.cfg.lease_s / 4:
+                continue
+            self._renewed[alloc.allocation_id] = clock
+            out.append(
+                RenewLease(
+                    source=self.kit.source,
+                    key=alloc.allocation_id,
+                    allocation_id=alloc.allocation_id,
+                    holder=job.job_id,
+                    extend_s=self.cfg.lease_s,
+                )
+            )
+        return out
+
+    # -- loops ----------------------------------------------------------------------------------
+
+    async def leader_loop(self, stop: asyncio.Event) -> None:
+        if self.leadership is not None:
+            await self.leadership.run(stop)
+
+    async def cycle_loop(self, stop: asyncio.Event) -> None:
+        """A cycle every `cycle_interval_s`, and one soon after news (a submission, freed capacity)."""
+        while not stop.is_set():
+            waits = [asyncio.ensure_future(e.wait()) for e in (self.wake, self.feed.changed, stop)]
+            try:
+                await asyncio.wait(waits, timeout=self.cfg.cycle_interval_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            if stop.is_set():
+                break
+            only_the_ledger_moved = self.feed.changed.is_set() and not self.wake.is_set()
+            self.wake.clear()
+            self.feed.changed.clear()
+            if only_the_ledger_moved and self.backlog <= 0:
+                continue  # freed capacity with nobody waiting: the next timer cycle renews leases
+            await asyncio.sleep(self.cfg.cycle_debounce_s)
+            try:
+                await self.cycle_once()
+            except Exception as e:  # a store hiccup (or a deadlock victim) must not end scheduling
+                log.warning("scheduling cycle failed", error=str(e) or type(e).__name__)

@@ -1,0 +1,98 @@
+"""The scheduler's store: its jobs (live and ended) and the leader fence."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from pathlib import Path
+
+import asyncpg
+import msgspec
+
+from .jobs import LIVE, JobRecord
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+_record = msgspec.json.Decoder(JobRecord)
+_encoder = msgspec.json.Encoder()
+
+UPSERT = (
+    "INSERT INTO jobs (job_id, queue, tenant, state, submitted_at, updated_at, body)"
+    " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id) DO UPDATE SET state = $4, updated_at = $6, body = $7"
+)
+
+
+def row(job: JobRecord, now: dt.datetime) -> tuple[str, str, str, str, dt.datetime, dt.datetime, str]:
+    """The `UPSERT` parameters of `job`."""
+    return (job.job_id, job.queue, job.tenant, job.state, job.submitted_at, now, _encoder.encode(job).decode())
+
+
+async def lock_cycle(conn: asyncpg.Connection, schema: str) -> bool:
+    """Make this transaction the only scheduling cycle until it ends; False when another one runs."""
+    got: bool = await conn.fetchval("SELECT pg_try_advisory_xact_lock(hashtext($1))", f"ibpool.scheduler.{schema}")
+    return got
+
+
+async def lock_job(conn: asyncpg.Connection, job_id: str) -> JobRecord | None:
+    """The job, its row locked until the transaction ends (handlers and cycles change it one at a time)."""
+    body = await conn.fetchval("SELECT body FROM jobs WHERE job_id = $1 FOR UPDATE", job_id)
+    return None if body is None else _record.decode(body)
+
+
+async def get_job(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> JobRecord | None:
+    body = await conn.fetchval("SELECT body FROM jobs WHERE job_id = $1", job_id)
+    return None if body is None else _record.decode(body)
+
+
+async def insert_job(conn: asyncpg.Connection, job: JobRecord, now: dt.datetime) -> bool:
+    """Store a new job; False when the id is taken (a repeated submission)."""
+    done = await conn.fetchval(
+        "INSERT INTO jobs (job_id, queue, tenant, state, submitted_at, updated_at, body)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id) DO NOTHING RETURNING 1",
+        *row(job, now),
+    )
+    return done is not None
+
+
+async def save_job(conn: asyncpg.Connection, job: JobRecord, now: dt.datetime) -> None:
+    await conn.execute(UPSERT, *row(job, now))
+
+
+async def live_jobs(conn: asyncpg.Connection | asyncpg.Pool, *, lock: bool = False) -> list[JobRecord]:
+    """Every queued, proposed, scheduled or running job, in submission order; `lock` holds their rows."""
+    rows = await conn.fetch(
+        "SELECT body FROM jobs WHERE state = ANY($1::text[]) ORDER BY seq" + (" FOR UPDATE" if lock else ""),
+        list(LIVE),
+    )
+    return [_record.decode(r["body"]) for r in rows]
+
+
+async def list_jobs(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    *,
+    states: Sequence[str] = (),
+    queue: str | None = None,
+    tenant: str | None = None,
+    limit: int = 100,
+) -> list[JobRecord]:
+    """The newest jobs first, filtered by state, queue and tenant."""
+    rows = await conn.fetch(
+        "SELECT body FROM jobs WHERE (cardinality($1::text[]) = 0 OR state = ANY($1::text[]))"
+        " AND ($2::text IS NULL OR queue = $2) AND ($3::text IS NULL OR tenant = $3)"
+        " ORDER BY seq DESC LIMIT $4",
+        list(states),
+        queue,
+        tenant,
+        limit,
+    )
+    return [_record.decode(r["body"]) for r in rows]
+
+
+async def fence(conn: asyncpg.Connection, term: int) -> bool:
+    """Record `term` as the newest that decided; False when a newer term already did (we were deposed)."""
+    got = await conn.fetchval(
+        "INSERT INTO leader_fence (id, term) VALUES (1, $1)"
+        " ON CONFLICT (id) DO UPDATE SET term = $1 WHERE leader_fence.term <= $1 RETURNING term",
+        term,
+    )
+    return got is not None
