@@ -10,7 +10,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 export UV_LINK_MODE := copy
 ARGS ?=
 
-.PHONY: run test lint docs bench env clean unit integration
+.PHONY: run test lint docs bench env clean unit integration images
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -28,6 +28,7 @@ run: env
 lint: env
 	$(VENV)/bin/ruff check proto libs services tests examples
 	$(VENV)/bin/mypy --strict proto/ibpool_proto libs/core/ibpool_core
+	$(VENV)/bin/mypy --strict libs/predict/ibpool_predict
 
 docs: env
 	$(PY) -m ibpool_proto.docs docs/events
@@ -45,7 +46,12 @@ bench: env
 	$(PY) tests/bench/bench_bus.py --runs 5
 	$(PY) tests/bench/bench_fabric.py --runs 5
 	$(PY) tests/bench/bench_pool.py --runs 3
+	$(PY) tests/bench/bench_sched_place.py --runs 5
 	$(VENV)/bin/ibpool bench pack --seeds 3 --format table --plot docs/packing-openb.png --out tests/bench/results/pack-latest.json
+
+# Container images, built offline (needs a docker daemon and root for debootstrap): deploy/README.md.
+images: $(UV)
+	deploy/docker/images.sh
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .ibpool

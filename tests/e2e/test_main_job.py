@@ -43,9 +43,11 @@ def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
     shutil.rmtree(root, ignore_errors=True)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    assert "nodes registered" in out and "16/16" in out
+    assert "nodes registered" in out and "17/17" in out  # 16 on the fabric and the spare the scenario kills
     assert "all nodes heartbeating within 10 s" in out
     assert "NO" not in out.split("ibpool run: summary", 1)[1]
     assert "fabric topology published" in out and "v1, 16 hosts" in out
     assert "faulty links recovered after clearing" in out and "2/2" in out
+    assert "node-017's agent SIGKILLed: failed by the failover controller" in out
+    assert "jobs submitted to the scheduler" in out and "7 of 7" in out
     assert "stack stopped" in out

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from ibpool_runtime import devstack
 
+from . import autoscale_sim
+
 DEFAULT_STATE = Path(".ibpool/dev")
 
 
@@ -39,10 +41,22 @@ def main(argv: list[str] | None = None) -> int:
         from .topo import main as topo_main
 
         return topo_main(argv[1:])
+    if argv[:1] == ["sim"]:  # scheduling policies on job traces (docs/scheduling.md)
+        from .sim import main as sim_main
+
+        return sim_main(argv[1:])
     if argv[:2] == ["bench", "pack"]:  # the packing benchmark on pod and node lists (docs/packing.md)
         from ibpool_sim.pack_bench import main as pack_main
 
         return pack_main(argv[2:])
+    if argv[:1] == ["streams"]:  # creating the JetStream streams as the admin (deploy/README.md)
+        from .streams import main as streams_main
+
+        return streams_main(argv[1:])
+    if argv[:1] == ["predict"]:  # runtime prediction on traces (docs/prediction.md)
+        from .predict import main as predict_main
+
+        return predict_main(argv[1:])
     p = argparse.ArgumentParser(prog="ibpool", description="ibpool: the control plane of InfiniBand GPU clusters")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -61,12 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--state-dir", default=None, help="default: a fresh folder under .ibpool/")
 
     sub.add_parser("topo", help="fabric topologies: convert, show, diff, generate (ibpool topo --help)")
+    sub.add_parser("predict", help="runtime prediction on traces: `ibpool predict eval --help`")
+    sub.add_parser("streams", help="create or update the JetStream streams as the admin (ibpool streams --help)")
     bench = sub.add_parser("bench", help="benchmarks: `ibpool bench pack --help` (GPU packing policies)")
     bench.add_argument("which", choices=["pack"])
+    autoscale_sim.add_parser(sub)
 
     args = p.parse_args(argv)
     if args.command == "dev":
         return _dev(args)
+    if args.command == "autoscale-sim":
+        return autoscale_sim.main(args)
     from .run import run_main
 
     return run_main(args)

@@ -2,9 +2,10 @@
 
 Starts the embedded stack and every service that exists (each as its own process, as an
 operator would), a simulated cluster of node agents on a generated rail-optimised fabric,
-watches every event on the bus, and shows it live. The finite scenario (default) injects link
-faults into the simulated fabric, clears them, and ends with a summary and exit code 0 when
-everything held; `--serve` keeps the system up until Ctrl-C.
+watches every event on the bus, and shows it live. The finite scenario (default) asks the pool
+allocator for every kind of allocation, injects link faults into the simulated fabric and clears
+them, SIGKILLs the agent of one more node (in its own process) and starts it again, and ends with
+a summary and exit code 0 when everything held; `--serve` keeps the system up until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -23,15 +24,19 @@ from pathlib import Path
 from typing import IO
 
 import aiohttp
+import msgspec
 import nats
 from nats.aio.msg import Msg
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from ibpool_core.fabric.index import FabricIndex
+from ibpool_core.fabric.model import Topology
 from ibpool_proto import decode
 from ibpool_proto.fabric import LinkDegraded, LinkRecovered, LinkStateChanged, TopologyPublished
-from ibpool_proto.job import JobExited, JobStarted
+from ibpool_proto.health import Cordoned, NodeFailed, NodeRecovered, NodeSuspected
+from ibpool_proto.job import JobExited, JobFinished, JobQueued, JobScheduled, JobStarted
 from ibpool_proto.message import every_subject
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered
 from ibpool_runtime import devstack
@@ -75,6 +80,15 @@ class ServiceProcess:
             assert self.proc is not None
             self.proc.send_signal(signal.SIGTERM)
 
+    def kill(self) -> None:
+        """SIGKILL, as a crashed node would go: no deregistration, nothing flushed."""
+        if self.running():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+
     def wait(self, timeout_s: float = 30.0) -> int | None:
         if self.proc is None:
             return None
@@ -108,6 +122,15 @@ class Observed:
     degraded: collections.Counter[str] = field(default_factory=collections.Counter)
     recovered: set[str] = field(default_factory=set)
     link_downs: int = 0
+    # node id -> when (run seconds) the failover controller suspected, failed and recovered it
+    suspected: dict[str, float] = field(default_factory=dict)
+    failed: dict[str, float] = field(default_factory=dict)
+    recovered_nodes: dict[str, float] = field(default_factory=dict)
+    cordons: collections.Counter[str] = field(default_factory=collections.Counter)
+    # the scheduler's jobs: queued, scheduled (granted) and finished by final state
+    jobs_queued: set[str] = field(default_factory=set)
+    jobs_scheduled: set[str] = field(default_factory=set)
+    jobs_finished: dict[str, str] = field(default_factory=dict)
     total: int = 0
     undecodable: int = 0
 
@@ -155,6 +178,20 @@ def _observer(obs: Observed, expected_nodes: int):  # type: ignore[no-untyped-de
                 obs.degraded[str(ev.problem)] += 1
             case LinkRecovered():
                 obs.recovered.add(ev.link_id)
+            case NodeSuspected():
+                obs.suspected.setdefault(ev.node_id, obs.elapsed())
+            case NodeFailed():
+                obs.failed.setdefault(ev.node_id, obs.elapsed())
+            case NodeRecovered():
+                obs.recovered_nodes[ev.node_id] = obs.elapsed()
+            case Cordoned():
+                obs.cordons[ev.scope] += 1
+            case JobQueued():
+                obs.jobs_queued.add(ev.job_id)
+            case JobScheduled():
+                obs.jobs_scheduled.add(ev.job_id)
+            case JobFinished():
+                obs.jobs_finished[ev.job_id] = ev.state
             case _:
                 pass
 
@@ -181,12 +218,31 @@ def _view(obs: Observed, nodes: int, phase: str, pool: PoolSeen | None = None) -
         "links not up",
         ", ".join(f"{s} {n}" for s, n in sorted(collections.Counter(obs.links_not_up().values()).items())) or "none",
     )
+    finished = collections.Counter(obs.jobs_finished.values())
+    head.add_row(
+        "scheduler jobs queued / scheduled",
+        f"{len(obs.jobs_queued)} / {len(obs.jobs_scheduled)}",
+        "finished",
+        ", ".join(f"{k} {v}" for k, v in sorted(finished.items())) or "none",
+    )
+    head.add_row(
+        "nodes suspected / failed / recovered",
+        f"{len(obs.suspected)} / {len(obs.failed)} / {len(obs.recovered_nodes)}",
+        "cordons",
+        ", ".join(f"{k} {v}" for k, v in sorted(obs.cordons.items())) or "none",
+    )
     if pool is not None:
         head.add_row(
             "pool allocated",
             pool.utilisation(),
             "grants / rejections",
             f"{pool.granted} / {sum(pool.rejected.values())}",
+        )
+        head.add_row(
+            "pool fragmentation",
+            pool.fragmentation(),
+            "allocator's fabric",
+            "-" if pool.fabric_version is None else f"v{pool.fabric_version}, {pool.leaf_groups} leaf groups",
         )
     types = Table(title="events by type", show_edge=False)
     types.add_column("ce-type")
@@ -196,8 +252,15 @@ def _view(obs: Observed, nodes: int, phase: str, pool: PoolSeen | None = None) -
     return Group(head, types)
 
 
+GANG_JOB, REMOTE_JOB, BUSY_JOB = "job-07", "job-09", "job-03"
+SPARE_AGENT = "node_agent_spare"
+
+
 def _allocation_asks(seed: int) -> list[dict[str, object]]:
-    """What the scenario asks the pool allocator for: every kind of allocation, one over its memory."""
+    """What the scenario asks the pool allocator for: every kind of allocation, one over its memory.
+
+    The remote client is the node of the 8-GPU job-03 (filled in when it is granted): with no GPU
+    free there, the grant comes from another node, as near as the allocator finds one."""
     rng = random.Random(seed)
 
     def ask(i: int, request: dict[str, object], runtime: float, memory: int | None = None) -> dict[str, object]:
@@ -218,8 +281,30 @@ def _allocation_asks(seed: int) -> list[dict[str, object]]:
         ask(6, {"kind": "mig", "mig_profile": "3g.40gb"}, rng.uniform(8, 20)),
         ask(7, {"kind": "gang", "hosts": 2, "gpus": 8}, rng.uniform(8, 20)),
         ask(8, {"kind": "whole", "gpus": 8}, 600),  # released by the scenario while it runs
+        ask(9, {"kind": "remote", "milli": 500, "memory_mib": 20_000}, rng.uniform(8, 20)) | {"client_node_id": None},
     ]
     return asks
+
+
+def _scheduler_jobs(seed: int) -> list[dict[str, object]]:
+    """The mixed workload submitted to the scheduler: a 2-host training gang, small jobs, inference slices."""
+    rng = random.Random(seed + 1)
+
+    def job(name: str, runtime: float, **shape: object) -> dict[str, object]:
+        return {"id": name, "name": name, "tenant": "team-a", "workload": {"simulated_runtime_s": runtime}} | shape
+
+    jobs = [job("train-gang", rng.uniform(3, 5), nodes=2, gpus_per_node=8, priority=10)]
+    jobs += [job(f"small-{i}", rng.uniform(2, 4), gpus=rng.choice((1, 2, 4))) for i in range(4)]
+    jobs += [job(f"infer-{i}", rng.uniform(2, 4), fraction=0.25, memory_mib=10_000) for i in range(2)]
+    return jobs
+
+
+async def _submit_jobs(http: aiohttp.ClientSession, url: str, seed: int) -> int:
+    accepted = 0
+    for body in _scheduler_jobs(seed):
+        async with http.post(f"{url}/v1/jobs", json=body) as r:
+            accepted += r.status in (200, 201, 202)
+    return accepted
 
 
 @dataclass
@@ -233,12 +318,30 @@ class PoolSeen:
     granted: int = 0
     rejected: collections.Counter[str] = field(default_factory=collections.Counter)
     allocation_ids: dict[str, str] = field(default_factory=dict)
+    # job id -> the nodes of its grant, and a remote grant's client and hops
+    grant_nodes: dict[str, list[str]] = field(default_factory=dict)
+    remote: tuple[str, int | None] | None = None
+    free_milli: int = 0
+    fragmentation_milli: int = 0
+    fragmentation_measure: str = ""
+    fabric_version: int | None = None
+    leaf_groups: int = 0
+    # how many leaf groups of the published fabric the gang's hosts are under
+    gang_leaf_groups: int | None = None
 
     def utilisation(self) -> str:
         if not self.capacity_milli:
             return "-"
         share = self.allocated_milli / self.capacity_milli
         return f"{share:.1%} of {self.capacity_milli // 1000} GPUs (ledger v{self.ledger_version})"
+
+    def fragmentation(self) -> str:
+        if not self.capacity_milli:
+            return "-"
+        measure = {"fgd": "FGD, learned mix", "partial_free": "partly granted GPUs"}.get(
+            self.fragmentation_measure, self.fragmentation_measure
+        )
+        return f"{self.fragmentation_milli / 1000:.2f} of {self.free_milli / 1000:.2f} free GPUs ({measure})"
 
 
 async def _read_pool(http: aiohttp.ClientSession, url: str, seen: PoolSeen) -> None:
@@ -252,23 +355,47 @@ async def _read_pool(http: aiohttp.ClientSession, url: str, seen: PoolSeen) -> N
     seen.nodes = len(body["nodes"])
     seen.capacity_milli = sum(m["capacity_milli"] for m in body["models"])
     seen.allocated_milli = sum(m["allocated_milli"] for m in body["models"])
+    seen.free_milli = sum(m["free_milli"] for m in body["models"])
+    seen.fragmentation_milli = sum(m.get("fragmentation_milli", 0) for m in body["models"])
+    seen.fragmentation_measure = body.get("fragmentation_measure", "")
     seen.ledger_version = body["ledger_version"]
+    fabric = body.get("fabric")
+    if fabric is not None:
+        seen.fabric_version, seen.leaf_groups = fabric["version"], fabric["leaf_groups"]
 
 
 async def _request_allocations(http: aiohttp.ClientSession, url: str, seed: int, seen: PoolSeen) -> None:
     for ask in _allocation_asks(seed):
+        job = str(ask["job_id"])
+        if job == REMOTE_JOB:
+            ask["client_node_id"] = (seen.grant_nodes.get(BUSY_JOB) or ["node-001"])[0]
         async with http.post(f"{url}/v1/allocations", json=ask) as r:
             body = await r.json()
             if r.status == 201:
                 seen.granted += 1
-                seen.allocation_ids[str(ask["job_id"])] = body["allocation_id"]
+                seen.allocation_ids[job] = body["allocation_id"]
+                seen.grant_nodes[job] = [g["node_id"] for g in body["grants"]]
+                if job == REMOTE_JOB:
+                    seen.remote = (str(ask["client_node_id"]), body["grants"][0]["hops"])
             else:
                 seen.rejected[body.get("error", str(r.status))] += 1
+
+
+async def _leaf_groups_of(http: aiohttp.ClientSession, fabric_url: str, nodes: list[str]) -> int | None:
+    """How many leaf groups of the fabric monitor's current topology hold `nodes`."""
+    try:
+        async with http.get(f"{fabric_url}/v1/topology", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            topology = msgspec.json.decode(await r.read(), type=Topology)
+    except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError):
+        return None
+    group = {h: g.index for g in FabricIndex(topology).leaf_groups() for h in g.hosts}
+    return len({group.get(n, -1) for n in nodes}) if nodes else None
 
 
 def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -> list[ServiceProcess]:
     base = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn)
     agent_port, fabric_port, alloc_port = devstack.free_port(), devstack.free_port(), devstack.free_port()
+    failover_port, spare_port, scheduler_port = devstack.free_port(), devstack.free_port(), devstack.free_port()
     return [
         ServiceProcess(
             name="pool_allocator",
@@ -284,7 +411,8 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
                 base,
                 IBPOOL_FABRIC_MONITOR_HTTP_PORT=str(fabric_port),
                 IBPOOL_FABRIC_MONITOR_INSTANCE="run",
-                IBPOOL_FABRIC_MONITOR_GENERATE=f"rail_optimised:hosts={args.nodes}",
+                # Scalable units of 4 hosts, so a 16-node cluster has 4 leaf groups for gangs to pack into.
+                IBPOOL_FABRIC_MONITOR_GENERATE=f"rail_optimised:hosts={args.nodes},su_size=4",
                 IBPOOL_FABRIC_MONITOR_HOST_NAME_FORMAT="node-{:03d}",
                 IBPOOL_FABRIC_MONITOR_COUNTER_SOURCE="simulated",
                 IBPOOL_FABRIC_MONITOR_POLL_INTERVAL_S="1",
@@ -304,6 +432,42 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
             ),
             port=agent_port,
             log_path=state / "node_agent.log",
+        ),
+        # One more node in its own agent process: the scenario SIGKILLs it and starts it again.
+        ServiceProcess(
+            name=SPARE_AGENT,
+            argv=[
+                "ibpool_node_agent",
+                *("--nodes", "1", "--first", str(args.nodes + 1), "--seed", str(args.seed), "--prefix", "node"),
+            ],
+            env=dict(
+                base,
+                IBPOOL_NODE_AGENT_HTTP_PORT=str(spare_port),
+                IBPOOL_NODE_AGENT_BACKEND="simulated",
+                IBPOOL_NODE_AGENT_INSTANCE="spare",
+            ),
+            port=spare_port,
+            log_path=state / "node_agent_spare.log",
+        ),
+        ServiceProcess(
+            name="failover_controller",
+            argv=["ibpool_failover_controller"],
+            env=dict(
+                base,
+                IBPOOL_FAILOVER_CONTROLLER_HTTP_PORT=str(failover_port),
+                IBPOOL_FAILOVER_CONTROLLER_INSTANCE="run",
+                # Short enough to see a node come back within the scenario.
+                IBPOOL_FAILOVER_CONTROLLER_STABLE_WINDOW_S="3",
+            ),
+            port=failover_port,
+            log_path=state / "failover_controller.log",
+        ),
+        ServiceProcess(
+            name="scheduler",
+            argv=["ibpool_scheduler"],
+            env=dict(base, IBPOOL_SCHEDULER_HTTP_PORT=str(scheduler_port), IBPOOL_SCHEDULER_INSTANCE="run"),
+            port=scheduler_port,
+            log_path=state / "scheduler.log",
         ),
     ]
 
@@ -349,6 +513,11 @@ class FaultPlan:
     faults: list[dict[str, object]] = field(default_factory=list)
     injected: bool = False
     cleared: bool = False
+    # The spare agent's node: SIGKILLed at kill_at, started again at restart_at (run seconds).
+    kill_at: float = 0.0
+    restart_at: float = 0.0
+    killed_at: float | None = None
+    restarted_at: float | None = None
 
 
 async def _pick_faults(http: aiohttp.ClientSession, fabric_url: str) -> list[dict[str, object]]:
@@ -374,7 +543,7 @@ async def _scenario(
 ) -> int:
     obs = Observed()
     nc = await nats.connect(info.nats_url, name="ibpool-run")
-    await nc.subscribe(every_subject(), cb=_observer(obs, args.nodes))
+    await nc.subscribe(every_subject(), cb=_observer(obs, args.nodes + 1))
     bus = await Bus.connect(info.nats_url, name="ibpool-run")
     await bus.ensure_streams()
     http = aiohttp.ClientSession()
@@ -385,21 +554,33 @@ async def _scenario(
     by_name = {s.name: s for s in services}
     pool = PoolSeen()
     asked = released = served_printed = False
+    submitted = 0
     last_pool_read = 0.0
     alloc_url = by_name["pool_allocator"].url
-    plan = None if args.serve else FaultPlan(inject_at=0.25 * args.duration, clear_at=0.5 * args.duration)
+    plan = (
+        None
+        if args.serve
+        else FaultPlan(
+            inject_at=0.25 * args.duration,
+            clear_at=0.5 * args.duration,
+            kill_at=0.4 * args.duration,
+            restart_at=0.65 * args.duration,
+        )
+    )
+    nodes = args.nodes + 1  # the fabric's hosts and the spare
     interactive = console.is_terminal
     last_line = 0.0
     deadline = None if args.serve else time.monotonic() + args.duration
     with Live(
-        _view(obs, args.nodes, "starting"),
+        _view(obs, nodes, "starting"),
         console=console,
         refresh_per_second=4,
         transient=False,
         auto_refresh=interactive,
     ) as live:
         while not stop.is_set():
-            dead = [s.name for s in services if not s.running()]
+            killed = plan is not None and plan.killed_at is not None and plan.restarted_at is None
+            dead = [s.name for s in services if not s.running() and not (killed and s.name == SPARE_AGENT)]
             if dead:
                 console.print(f"[red]{', '.join(dead)} exited early[/]")
                 break
@@ -409,9 +590,14 @@ async def _scenario(
                 last_pool_read = time.monotonic()
                 await _read_pool(http, alloc_url, pool)
             # Once every node is heartbeating and in the ledger, ask the allocator for work.
-            if not asked and obs.all_heartbeating_after is not None and pool.nodes >= args.nodes:
+            ready = pool.nodes >= nodes and pool.fabric_version is not None
+            if not asked and obs.all_heartbeating_after is not None and ready:
                 await _request_allocations(http, alloc_url, args.seed, pool)
+                pool.gang_leaf_groups = await _leaf_groups_of(
+                    http, by_name["fabric_monitor"].url, pool.grant_nodes.get(GANG_JOB, [])
+                )
                 asked = True
+                submitted = await _submit_jobs(http, by_name["scheduler"].url, args.seed)
             if asked and not released and obs.jobs_started >= pool.granted and "job-08" in pool.allocation_ids:
                 async with http.delete(f"{alloc_url}/v1/allocations/{pool.allocation_ids['job-08']}") as r:
                     r.raise_for_status()
@@ -429,6 +615,12 @@ async def _scenario(
                         async with http.delete(f"{fabric}/v1/sim/faults/{f['link_id']}") as r:
                             r.raise_for_status()
                     plan.cleared = True
+                if plan.killed_at is None and obs.elapsed() >= plan.kill_at:
+                    by_name[SPARE_AGENT].kill()
+                    plan.killed_at = obs.elapsed()
+                if plan.killed_at is not None and plan.restarted_at is None and obs.elapsed() >= plan.restart_at:
+                    by_name[SPARE_AGENT].start()
+                    plan.restarted_at = obs.elapsed()
             if args.serve and not served_printed and obs.all_heartbeating_after is not None:
                 for s in services:
                     console.print(f"{s.name:<16} {s.url}  (/healthz /readyz /metrics, API under /v1)")
@@ -438,21 +630,24 @@ async def _scenario(
             phase = "serving (Ctrl-C to stop)" if args.serve else "scenario"
             if plan is not None and plan.injected and not plan.cleared:
                 phase += ": link faults injected"
+            if plan is not None and plan.killed_at is not None and plan.restarted_at is None:
+                phase += f": node-{nodes:03d}'s agent killed"
             if interactive:
-                live.update(_view(obs, args.nodes, phase, pool))
+                live.update(_view(obs, nodes, phase, pool))
             elif time.monotonic() - last_line >= 5:
                 last_line = time.monotonic()
                 console.print(
-                    f"[{obs.elapsed():5.1f}s] registered {len(obs.registered)}/{args.nodes}, "
+                    f"[{obs.elapsed():5.1f}s] registered {len(obs.registered)}/{nodes}, "
                     f"heartbeats/s {obs.heartbeats_per_s():.1f}, events {obs.total}, "
                     f"jobs started {obs.jobs_started} exited {sum(obs.exits.values())}, "
-                    f"links not up {len(obs.links_not_up())}, pool {pool.utilisation()}"
+                    f"links not up {len(obs.links_not_up())}, pool {pool.utilisation()}, "
+                    f"fragmentation {pool.fragmentation()}"
                 )
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.25)
             except TimeoutError:
                 pass
-        live.update(_view(obs, args.nodes, "stopping", pool))
+        live.update(_view(obs, nodes, "stopping", pool))
     # Stop the services while still watching, to see the agents deregister.
     for s in services:
         s.terminate()
@@ -464,7 +659,7 @@ async def _scenario(
     await http.close()
     await bus.close()
     await nc.drain()
-    return _summary(console, obs, args, pool, plan, services)
+    return _summary(console, obs, args, pool, plan, services, submitted)
 
 
 def _summary(
@@ -474,6 +669,7 @@ def _summary(
     pool: PoolSeen,
     plan: FaultPlan | None,
     services: list[ServiceProcess],
+    submitted: int = 0,
 ) -> int:
     t = Table(title="ibpool run: summary")
     t.add_column("check")
@@ -483,7 +679,7 @@ def _summary(
     hb = obs.by_type.get(NodeHeartbeat.ce_type(), 0)
     topo = obs.topology
     checks = [
-        ("nodes registered", f"{len(obs.registered)}/{args.nodes}", len(obs.registered) == args.nodes),
+        ("nodes registered", f"{len(obs.registered)}/{args.nodes + 1}", len(obs.registered) == args.nodes + 1),
         (
             f"all nodes heartbeating within {HEARTBEAT_DEADLINE_S:.0f} s",
             "-" if first is None else f"{first:.2f} s",
@@ -491,12 +687,33 @@ def _summary(
         ),
         ("heartbeats seen", str(hb), hb > 0),
         (
-            "allocations granted by the pool allocator (whole, fraction, MIG, gang)",
+            "allocations granted by the pool allocator (whole, fraction, MIG, gang, remote)",
             f"{pool.granted} of {len(_allocation_asks(0))}"
             + (f", rejected {dict(pool.rejected)}" if pool.rejected else ""),
             pool.granted == len(_allocation_asks(0)),
         ),
+        (
+            "gang of 2 hosts under one leaf group of the fabric",
+            "-" if pool.gang_leaf_groups is None else f"{pool.gang_leaf_groups} leaf group(s)",
+            pool.gang_leaf_groups == 1,
+        ),
+        (
+            "remote grant within max_remote_hops (4), with its distance",
+            "-" if pool.remote is None else f"client {pool.remote[0]}, {pool.remote[1]} hops",
+            pool.remote is not None and pool.remote[1] is not None and 0 < pool.remote[1] <= 4,
+        ),
+        (
+            "pool fragmentation measured for the learned mix",
+            pool.fragmentation() if pool.fragmentation_measure else "-",
+            pool.fragmentation_measure == "fgd",
+        ),
         ("jobs started on the node agents", str(obs.jobs_started), obs.jobs_started >= pool.granted > 0),
+        (
+            "jobs submitted to the scheduler (a 2-host gang, small jobs, inference slices) completed",
+            f"{sum(1 for v in obs.jobs_finished.values() if v == 'completed')} of {submitted}",
+            submitted == len(_scheduler_jobs(0))
+            and sum(1 for v in obs.jobs_finished.values() if v == "completed") == submitted,
+        ),
         (
             "jobs exited by reason (an OOM over its slice, one released while running)",
             ", ".join(f"{k} {v}" for k, v in sorted(obs.exits.items())) or "-",
@@ -522,8 +739,29 @@ def _summary(
                 not plan.cleared or faulty <= obs.recovered,
             ),
         ]
+    if plan is not None and plan.killed_at is not None:
+        spare = f"node-{args.nodes + 1:03d}"
+        failed_at, back_at = obs.failed.get(spare), obs.recovered_nodes.get(spare)
+        checks += [
+            (
+                f"{spare}'s agent SIGKILLed: failed by the failover controller",
+                "-" if failed_at is None else f"after {failed_at - plan.killed_at:.1f} s",
+                failed_at is not None and failed_at >= plan.killed_at,
+            ),
+            (
+                f"{spare} recovered after its agent restarted (stable window 3 s)",
+                "-" if back_at is None or plan.restarted_at is None else f"after {back_at - plan.restarted_at:.1f} s",
+                back_at is not None and plan.restarted_at is not None and back_at >= plan.restarted_at,
+            ),
+            (
+                "no other node failed",
+                ", ".join(sorted(set(obs.failed) - {spare})) or "none",
+                set(obs.failed) <= {spare},
+            ),
+        ]
+    nodes = args.nodes + 1
     checks += [
-        ("nodes deregistered at stop", f"{len(obs.deregistered)}/{args.nodes}", len(obs.deregistered) == args.nodes),
+        ("nodes deregistered at stop", f"{len(obs.deregistered)}/{nodes}", len(obs.deregistered) == nodes),
         ("undecodable messages", str(obs.undecodable), obs.undecodable == 0),
     ]
     for s in services:
