@@ -10,7 +10,10 @@ OUT=${1:-build/wheelhouse}
 UV=${UV:-.venv-tools/bin/uv}
 export UV_PYTHON_DOWNLOADS=never
 
-stamp=$( (git ls-files -s -- uv.lock pyproject.toml proto libs services deploy/docker/wheels.sh; git diff -- proto libs services uv.lock) | sha256sum | cut -c1-16)
+# What goes into the wheels: tracked files as staged, uncommitted changes, and new files not yet added.
+stamp=$( (git ls-files -s -- uv.lock pyproject.toml proto libs services deploy/docker/wheels.sh
+          git diff -- proto libs services uv.lock
+          git ls-files -o --exclude-standard -z -- proto libs services | xargs -0 -r sha256sum) | sha256sum | cut -c1-16)
 if [[ -f "$OUT/.stamp" && "$(cat "$OUT/.stamp")" == "$stamp" ]]; then
     echo "wheelhouse up to date ($OUT)" >&2
     exit 0
