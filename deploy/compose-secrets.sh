@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # Everything compose.yaml needs that must never be committed, under deploy/secrets/: NATS users
-# and their permissions (deploy/nats/make-auth.sh), the Postgres password, and one env file per
-# service with its own NATS credentials. Existing secrets are kept.
+# and their permissions (deploy/nats/make-auth.sh), the TLS CA and server certificate of the NATS
+# cluster (deploy/tls/make-certs.sh), the Postgres password, and one env file per service with its
+# own NATS credentials. Existing secrets are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=deploy/secrets
 PY=${PY:-.venv/bin/python}
 deploy/nats/make-auth.sh "$S/nats"
+deploy/tls/make-certs.sh "$S/tls" nats-1 nats-2 nats-3
 [[ -s "$S/postgres.password" ]] || (umask 077; "$PY" -c 'import secrets; print(secrets.token_urlsafe(24))' > "$S/postgres.password")
 mkdir -p "$S/env"
 pg=$(cat "$S/postgres.password")
 for user in admin node_agent fabric_monitor pool_allocator failover_controller scheduler autoscaler; do
     nats_pw=$(cat "$S/nats/$user.password")
     (umask 077; cat > "$S/env/$user.env" <<ENV
-IBPOOL_NATS_URL=nats://$user:$nats_pw@nats-1:4222,nats://$user:$nats_pw@nats-2:4222,nats://$user:$nats_pw@nats-3:4222
+IBPOOL_NATS_URL=tls://$user:$nats_pw@nats-1:4222,tls://$user:$nats_pw@nats-2:4222,tls://$user:$nats_pw@nats-3:4222
+IBPOOL_NATS_TLS_CA=/run/secrets/nats-ca.pem
 IBPOOL_POSTGRES_DSN=postgresql://postgres:$pg@postgres:5432/postgres
 IBPOOL_STREAM_REPLICAS=3
-OTEL_EXPORTER_OTLP_ENDPOINT=http://trace-collector:4318
+OTEL_EXPORTER_OTLP_ENDPOINT=http://trace-collector:8080
 ENV
     )
 done

@@ -3,7 +3,8 @@
 Where services connect as users that may only read their streams (deploy/README.md), this is
 how the streams come to exist: run once at deploy time, and again after an upgrade that
 declares a new stream. The address (with the admin's credentials) comes from IBPOOL_NATS_URL or
---nats-url; the replica count from IBPOOL_STREAM_REPLICAS or --replicas.
+--nats-url (and the servers' CA from IBPOOL_NATS_TLS_CA or --tls-ca); the replica count from
+IBPOOL_STREAM_REPLICAS or --replicas.
 """
 
 from __future__ import annotations
@@ -23,16 +24,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--nats-url", default=os.environ.get("IBPOOL_NATS_URL", "nats://127.0.0.1:4222"))
     p.add_argument("--replicas", type=int, default=int(os.environ.get("IBPOOL_STREAM_REPLICAS", "1")))
     p.add_argument("--attempts", type=int, default=30, help="connect attempts (the cluster may still be starting)")
+    p.add_argument("--tls-ca", default=os.environ.get("IBPOOL_NATS_TLS_CA", ""), help="CA (PEM) of the NATS servers")
     args = p.parse_args(argv)
     try:
-        return asyncio.run(_ensure(args.nats_url, args.replicas, args.attempts))
+        return asyncio.run(_ensure(args.nats_url, args.replicas, args.attempts, args.tls_ca))
     except (BusUnavailable, StreamSetupError) as e:
         print(f"ibpool streams: {e}", file=sys.stderr)
         return 1
 
 
-async def _ensure(url: str, replicas: int, attempts: int) -> int:
-    bus = await Bus.connect(url, name="ibpool-streams", attempts=attempts)
+async def _ensure(url: str, replicas: int, attempts: int, tls_ca: str) -> int:
+    bus = await Bus.connect(url, name="ibpool-streams", attempts=attempts, tls_ca=tls_ca)
     try:
         await bus.ensure_streams(replicas)
         for spec in STREAMS:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
@@ -104,12 +105,26 @@ class Bus:
 
     @classmethod
     async def connect(
-        cls, url: str, *, name: str, attempts: int = 10, backoff_s: float = 0.5, window: int = 256
+        cls,
+        url: str,
+        *,
+        name: str,
+        attempts: int = 10,
+        backoff_s: float = 0.5,
+        window: int = 256,
+        tls_ca: str = "",
     ) -> Bus:
         """Connect with bounded retries; raise BusUnavailable naming the URL when all fail.
 
         `url` may list several servers of a cluster, comma-separated; passwords in it never reach logs.
+        With `tls_ca` (a PEM file) the servers are verified against that CA over TLS.
         """
+        tls = None
+        if tls_ca:
+            try:
+                tls = ssl.create_default_context(cafile=tls_ca)
+            except (OSError, ssl.SSLError) as e:
+                raise BusUnavailable(f"cannot use {tls_ca} as the NATS CA: {e}") from None
         servers = [u.strip() for u in url.split(",") if u.strip()]
         shown = redact_url(url)
         last: Exception | None = None
@@ -141,6 +156,7 @@ class Bus:
                         reconnect_time_wait=0.5,
                         error_cb=on_error,
                         reconnected_cb=on_reconnected,
+                        tls=tls,
                     ),
                     timeout=3,
                 )

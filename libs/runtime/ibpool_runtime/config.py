@@ -24,6 +24,8 @@ class BaseConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Fields every service has. Services subclass this and add their own."""
 
     nats_url: str = "nats://127.0.0.1:4222"
+    # A CA certificate (PEM) to verify the NATS servers with; set, the connection uses TLS.
+    nats_tls_ca: str = ""
     postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     http_host: str = "127.0.0.1"
     http_port: int = 0
@@ -51,7 +53,7 @@ class BaseConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 C = TypeVar("C", bound=BaseConfig)
 
 # Fields that `ibpool dev up` writes once for every service.
-SHARED_FIELDS = ("nats_url", "postgres_dsn", "stream_replicas")
+SHARED_FIELDS = ("nats_url", "nats_tls_ca", "postgres_dsn", "stream_replicas")
 
 
 def env_name(service: str, field: str) -> str:

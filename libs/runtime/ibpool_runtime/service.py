@@ -187,6 +187,7 @@ async def connect_kit(name: str, config: C, schema: str) -> Kit[C]:
         attempts=config.connect_attempts,
         backoff_s=config.connect_backoff_s,
         window=config.outbox_window,
+        tls_ca=config.nats_tls_ca,
     )
     try:
         store = await Store.connect(
