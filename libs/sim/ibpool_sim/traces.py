@@ -135,3 +135,79 @@ def load_openb_pods(path: Path) -> list[OpenbPod]:
         except (ValueError, TypeError) as e:
             raise _fail(path, line, e) from None
     return pods
+
+
+class TraceJob(msgspec.Struct, frozen=True, kw_only=True):
+    """A job as the cluster simulator replays it: submitted `submit_s` seconds into the trace."""
+
+    id: str
+    tenant: str
+    gpus: int
+    submit_s: float
+    duration_s: float
+    priority: int = 0
+    time_limit_s: float | None = None
+    name: str | None = None
+
+
+def philly_trace_jobs(path: Path, limit: int | None = None) -> list[TraceJob]:
+    """The Philly trace in submit order, times relative to the first submission; `limit` keeps the first N."""
+    rows = sorted(load_philly(path), key=lambda j: j.submitted_at)
+    if limit is not None:
+        rows = rows[:limit]
+    if not rows:
+        return []
+    origin = rows[0].submitted_at
+    return [
+        TraceJob(
+            id=f"philly-{i}",
+            tenant=r.virtual_cluster,
+            gpus=r.num_gpus,
+            submit_s=(r.submitted_at - origin).total_seconds(),
+            duration_s=r.duration_s,
+        )
+        for i, r in enumerate(rows)
+    ]
+
+
+GENERIC_HEADER = ["submit_s", "duration_s", "num_gpus", "tenant"]
+GENERIC_OPTIONAL = ["priority", "time_limit_s", "name"]
+
+
+def load_generic_jobs(path: Path, limit: int | None = None) -> list[TraceJob]:
+    """A generic job trace: a CSV with header `submit_s,duration_s,num_gpus,tenant` and optionally
+    `priority,time_limit_s,name` after them (in that order; empty cells mean unset).
+
+    `submit_s` is seconds (any origin; times are made relative to the earliest), `duration_s` the
+    runtime the job needs, `num_gpus` >= 1, `tenant` the fair-share owner. Returned in submit order.
+    """
+    jobs: list[TraceJob] = []
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        fields = reader.fieldnames or []
+        if fields[:4] != GENERIC_HEADER or any(c not in GENERIC_OPTIONAL for c in fields[4:]):
+            raise TraceError(f"{path}: header is {fields}, expected {GENERIC_HEADER} + optional {GENERIC_OPTIONAL}")
+        for row in reader:
+            try:
+                gpus = int(row["num_gpus"])
+                if gpus < 1:
+                    raise ValueError(f"num_gpus must be >= 1, got {gpus}")
+                jobs.append(
+                    TraceJob(
+                        id=f"job-{reader.line_num - 1}",
+                        tenant=row["tenant"],
+                        gpus=gpus,
+                        submit_s=float(row["submit_s"]),
+                        duration_s=float(row["duration_s"]),
+                        priority=int(row.get("priority") or 0),
+                        time_limit_s=float(row["time_limit_s"]) if row.get("time_limit_s") else None,
+                        name=row.get("name") or None,
+                    )
+                )
+            except (ValueError, TypeError) as e:
+                raise _fail(path, reader.line_num, e) from None
+    jobs.sort(key=lambda j: j.submit_s)
+    if limit is not None:
+        jobs = jobs[:limit]
+    origin = jobs[0].submit_s if jobs else 0.0
+    return [msgspec.structs.replace(j, submit_s=j.submit_s - origin) for j in jobs]

@@ -1,0 +1,203 @@
+"""`ibpool sim`: replay a job trace through the scheduler core under every policy and compare them.
+
+    ibpool sim --trace philly --nodes 80 --policy all [--limit N] [--failures K --seed N]
+               [--plot FILE.png] [--format table|json] [--jobs P]
+
+`--trace` is `philly` (../shared/data/traces/philly/philly.csv) or the path of a generic CSV
+(traces.load_generic_jobs). The run is deterministic; `--seed` only chooses the `--failures`
+injected host failures. Exit codes: 0 ok, 1 usage error, 2 input error (unreadable trace).
+Method, cost model and results: docs/scheduling.md, docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ibpool_sim.cluster_sim import SimResult
+from ibpool_sim.sched_lineup import LineupEntry, check_floors, random_failures, run_entry, select
+from ibpool_sim.shared_data import locate
+from ibpool_sim.traces import TraceError, TraceJob, load_generic_jobs, philly_trace_jobs
+
+PHILLY = "traces/philly/philly.csv"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ibpool sim", description="compare scheduling policies on a job trace")
+    p.add_argument("--trace", default="philly", help="`philly` or a generic CSV path")
+    p.add_argument("--nodes", type=int, default=80, help="hosts of 8 GPUs, 8 hosts per leaf (default 80)")
+    p.add_argument("--policy", default="all", help="`all` or a comma list of policy labels")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs (in submit order)")
+    p.add_argument("--failures", type=int, default=0, help="inject this many random host failures (1 h each)")
+    p.add_argument("--seed", type=int, default=0, help="chooses the injected failures")
+    p.add_argument("--plot", type=Path, default=None, help="write JCT CDF plots to this PNG")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--jobs", type=int, default=1, help="policies simulated in parallel processes")
+    p.add_argument(
+        "--span-relax-h",
+        type=float,
+        default=None,
+        help="a gang that waited this many hours may span more leaves than its minimum (default: never)",
+    )
+    return p
+
+
+def load_trace(name: str, limit: int | None) -> list[TraceJob]:
+    if name == "philly":
+        path = locate(PHILLY)
+        if path is None:
+            raise FileNotFoundError(f"shared data {PHILLY} not found (set IBPOOL_SHARED_DATA)")
+        return philly_trace_jobs(path, limit)
+    return load_generic_jobs(Path(name), limit)
+
+
+def _one(args: tuple[LineupEntry, list[TraceJob], int, list[Any], float]) -> SimResult:
+    entry, trace, nodes, failures, relax = args
+    return run_entry(entry, trace, nodes=nodes, failures=failures, span_relax_s=relax)
+
+
+def run_all(
+    entries: Sequence[LineupEntry],
+    trace: list[TraceJob],
+    nodes: int,
+    failures: list[Any],
+    jobs: int,
+    quiet: bool,
+    relax: float = math.inf,
+) -> list[SimResult]:
+    console = Console(stderr=True)
+    columns = (
+        TextColumn("{task.description:<12}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, disable=quiet, transient=False) as bar:
+        tasks = {e.label: bar.add_task(e.label, total=1.0) for e in entries}
+        if jobs <= 1:
+            results = []
+            for e in entries:
+
+                def advance(fraction: float, task: Any = tasks[e.label]) -> None:
+                    bar.update(task, completed=fraction)
+
+                results.append(
+                    run_entry(e, trace, nodes=nodes, failures=failures, span_relax_s=relax, progress=advance)
+                )
+            return results
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(_one, (e, trace, nodes, failures, relax)) for e in entries]
+            results = []
+            for e, f in zip(entries, futures, strict=True):
+                results.append(f.result())
+                bar.update(tasks[e.label], completed=1.0)
+            return results
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds:,.0f}"
+
+
+def format_table(summaries: list[dict[str, Any]], floors: list[Any]) -> str:
+    head = (
+        "| policy | avg JCT s | median JCT s | p99 JCT s | avg queueing s | utilisation | makespan d |"
+        " preemptions | min leaf span | CPU s | wall s |"
+    )
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in summaries:
+        lines.append(
+            f"| {s['policy']} | {_hours(s['avg_jct_s'])} | {_hours(s['median_jct_s'])} | {_hours(s['p99_jct_s'])} |"
+            f" {_hours(s['avg_queue_s'])} | {s['utilisation']:.1%} | {s['makespan_s'] / 86400:.1f} |"
+            f" {s['preemptions']} | {s['min_span_share']:.1%} | {s['cpu_s']:.1f} | {s['wall_s']:.1f} |"
+        )
+    for f in floors:
+        verdict = "holds" if f.holds else "DOES NOT hold"
+        op = ">=" if "span" in f.name else "<="
+        lines.append(f"floor: {f.name} = {f.value:.3f} ({op} {f.limit}): {verdict}")
+    return "\n".join(lines)
+
+
+def plot_cdf(results: list[SimResult], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in results:
+        jct = sorted(max(1.0, o.end_s - o.submit_s) for o in r.outcomes)
+        n = len(jct)
+        ax.plot(jct, [(i + 1) / n for i in range(n)], label=r.label, linewidth=1.2)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (s)")
+    ax.set_ylabel("share of jobs")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as e:
+        return 0 if e.code == 0 else 1
+    try:
+        entries = select(args.policy)
+    except ValueError as e:
+        print(f"ibpool sim: {e}", file=sys.stderr)
+        return 1
+    if args.nodes < 1:
+        print("ibpool sim: --nodes must be >= 1", file=sys.stderr)
+        return 1
+    try:
+        trace = load_trace(args.trace, args.limit)
+    except (OSError, TraceError) as e:
+        print(f"ibpool sim: {e}", file=sys.stderr)
+        return 2
+    horizon = max((t.submit_s for t in trace), default=0.0)
+    failures = random_failures(args.seed, args.failures, args.nodes, horizon) if args.failures else []
+    try:
+        relax = math.inf if args.span_relax_h is None else args.span_relax_h * 3600.0
+        results = run_all(entries, trace, args.nodes, failures, args.jobs, quiet=args.format == "json", relax=relax)
+    except ValueError as e:
+        print(f"ibpool sim: {e}", file=sys.stderr)
+        return 2
+    summaries = [r.summary() for r in results]
+    floors = check_floors(summaries, args.nodes)
+    if args.format == "json":
+        out = {
+            "trace": args.trace,
+            "jobs": len(trace),
+            "nodes": args.nodes,
+            "gpus_per_node": 8,
+            "hosts_per_leaf": 8,
+            "failures": len(failures),
+            "span_relax_h": args.span_relax_h,
+            "seed": args.seed,
+            "policies": summaries,
+            "floors": [{"name": f.name, "value": f.value, "limit": f.limit, "holds": f.holds} for f in floors],
+        }
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{args.trace}: {len(trace)} jobs on {args.nodes} nodes x 8 GPUs (8 nodes per leaf)")
+        print(format_table(summaries, floors))
+    if args.plot is not None:
+        plot_cdf(results, args.plot, f"JCT CDF, {args.trace} ({len(trace)} jobs), {args.nodes} nodes x 8 GPUs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

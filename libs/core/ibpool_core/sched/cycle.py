@@ -1,0 +1,295 @@
+"""One scheduling cycle as one pure function: `schedule(SchedulingRequest) -> SchedulingReply`.
+
+The request carries the waiting queue, the running jobs, the free capacity per host, the time and
+the policy; the reply says which jobs start where, which are preempted or killed, the reservation
+held for the blocked head, and why each examined job waits. The service and the simulator call the
+same function; nothing here does I/O or keeps state between calls.
+
+One cycle, in order:
+1. Kill running jobs past their time limit (their GPUs count as free for this cycle).
+2. Walk the queue in the policy's order (re-sorting only when the caller's `queue_order` is not the
+   order the policy chooses now), at most `scan_depth` jobs, and start what fits:
+   `backfill="none"` stops at the first job that does not fit (strict order), `"greedy"` starts
+   every job that fits, `"easy"` reserves for the first job that does not fit and then starts only
+   jobs that do not delay that reservation (see backfill.py).
+3. Preemptive policies: for up to `preempt_depth` jobs still waiting, in order, preempt the cheapest
+   eligible victim set (see preemption.py) and start the job on the freed GPUs.
+Gangs are placed whole or not at all by the placer; a gang waits for its minimal leaf span until it
+waited `span_relax_after_s` (topology "preferred"), then takes any span.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import msgspec
+
+from .backfill import Backfill, Reservation, reserve
+from .jobs import ClusterView, Job, QueueStats, RunningJob, estimated_runtime, host_shares
+from .placer import FreeView, LeafPlacer, Placement, Placer, leaves_spanned, min_leaf_span
+from .preemption import choose_victims
+from .queueing import QueuePolicy
+
+BackfillMode = Literal["none", "greedy", "easy"]
+
+
+class CycleConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Knobs of one cycle; defaults are the ones the simulator's table uses.
+
+    `scan_depth` caps the queue positions examined per cycle (what keeps a cycle O(depth) on a queue
+    of thousands); `safety_margin` multiplies p90 predictions for backfill; `min_runtime_s` protects
+    a just-started job from preemption; `hosts_per_leaf` is used for the minimal leaf span.
+    """
+
+    backfill: BackfillMode = "easy"
+    scan_depth: int = 128
+    safety_margin: float = 1.5
+    preempt_depth: int = 2
+    min_runtime_s: float = 300.0
+    span_relax_after_s: float = 86_400.0
+    hosts_per_leaf: int = 8
+    explain: bool = True
+
+
+class Start(msgspec.Struct, frozen=True, kw_only=True):
+    """Start `job_id` on `hosts`; `planned_end` is what the caller puts in its `RunningJob`."""
+
+    job_id: str
+    hosts: list[tuple[int, int]]
+    leaves: int
+    min_leaves: int
+    planned_end: float
+
+
+class Preemption(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: str
+    for_job_id: str
+
+
+class SchedulingRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one cycle decides from.
+
+    `queue`: waiting jobs; if `queue_order` names the order the policy chooses for `stats`, the
+    caller guarantees they are sorted by that order's key and the cycle does not sort (O(scan_depth)
+    instead of O(Q log Q)). `fairshare`: tenant -> factor in [0, 1] (fairshare.py), read by the
+    priority policy. `placer`: None means `LeafPlacer`. `running_sorted_by_end`: the caller keeps
+    `running` sorted by `planned_end`, so the reservation needs no sort.
+    """
+
+    now: float
+    queue: Sequence[Job]
+    running: Sequence[RunningJob]
+    cluster: ClusterView
+    policy: QueuePolicy
+    config: CycleConfig = CycleConfig()
+    stats: QueueStats = QueueStats()
+    queue_order: str | None = None
+    fairshare: Mapping[str, float] = {}
+    placer: Placer | None = None
+    running_sorted_by_end: bool = False
+
+
+class SchedulingReply(msgspec.Struct, frozen=True, kw_only=True):
+    """What to do now. `waiting` has a reason for every examined job that does not start (when
+    `config.explain`); jobs further back were not examined this cycle."""
+
+    order: str
+    starts: list[Start] = []
+    preemptions: list[Preemption] = []
+    kills: list[str] = []
+    reservation: Reservation | None = None
+    waiting: dict[str, str] = {}
+
+
+def _clock(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _needs(job: Job) -> str:
+    if job.nodes <= 1:
+        return f"{job.gpus} GPUs on one host"
+    return f"{job.nodes} hosts with {host_shares(job)[0]} free GPUs"
+
+
+class _Cycle:
+    def __init__(self, request: SchedulingRequest) -> None:
+        self.req = request
+        self.cfg = request.config
+        self.now = request.now
+        self.placer: Placer = request.placer if request.placer is not None else LeafPlacer()
+        self.view = FreeView.of(request.cluster)
+        self.starts: list[Start] = []
+        self.started_ids: set[str] = set()
+        self.waiting: dict[str, str] = {}
+        self.kills: list[str] = []
+        self.running: Sequence[RunningJob] = request.running
+
+    def max_leaves(self, job: Job) -> int | None:
+        if job.nodes <= 1:
+            return None
+        relaxed = job.topology == "preferred" and self.now - job.submit_time >= self.cfg.span_relax_after_s
+        return None if relaxed else min_leaf_span(job.nodes, self.cfg.hosts_per_leaf)
+
+    def kill_overruns(self) -> None:
+        now = self.now
+        over = [r for r in self.running if r.job.time_limit_s is not None and now >= r.started_at + r.job.time_limit_s]
+        if not over:
+            return
+        for run in over:
+            self.kills.append(run.job.id)
+            for host, gpus in run.hosts:
+                self.view.give(host, gpus)
+        killed = set(self.kills)
+        self.running = [r for r in self.running if r.job.id not in killed]
+
+    def start(self, job: Job, placement: Placement) -> None:
+        self.view.apply(placement)
+        self.starts.append(
+            Start(
+                job_id=job.id,
+                hosts=placement,
+                leaves=leaves_spanned(placement, self.view.leaf_of),
+                min_leaves=min_leaf_span(job.nodes, self.cfg.hosts_per_leaf),
+                planned_end=self.now + estimated_runtime(job, self.cfg.safety_margin),
+            )
+        )
+        self.started_ids.add(job.id)
+
+    def try_place(self, view: FreeView, job: Job) -> Placement | None:
+        if job.gpus > view.total_free:
+            return None
+        return self.placer.place(view, job, self.max_leaves(job))
+
+    def explain(self, job: Job, why: str) -> None:
+        if self.cfg.explain:
+            self.waiting[job.id] = why
+
+    def fill(self, queue: Sequence[Job]) -> tuple[Reservation | None, list[Job]]:
+        """Step 2; returns the reservation (easy) and the examined jobs still waiting."""
+        cfg = self.cfg
+        backfill: Backfill | None = None
+        left: list[Job] = []
+        for position, job in enumerate(queue):
+            if position >= cfg.scan_depth:
+                break
+            if self.view.total_free == 0 and not self.req.policy.preemptive:
+                if cfg.explain:
+                    self.explain(job, "no free GPUs")
+                    continue
+                break
+            if backfill is None:
+                placement = self.try_place(self.view, job)
+                if placement is not None:
+                    self.start(job, placement)
+                    continue
+                left.append(job)
+                if cfg.backfill == "none":
+                    self.explain(job, f"waiting for {_needs(job)}")
+                    break
+                if cfg.backfill == "easy":
+                    backfill = self.reserve_head(job)
+                    if backfill is None:
+                        continue
+                else:
+                    self.explain(job, f"waiting for {_needs(job)}")
+                continue
+            if job.gpus > self.view.total_free:
+                left.append(job)
+                self.explain(job, "waiting behind the reservation of " + backfill.reservation.job_id)
+                continue
+            outlasts = not backfill.ends_before_shadow(job, self.now, cfg.safety_margin)
+            placement = self.try_place(backfill.restricted if outlasts else self.view, job)
+            if placement is None:
+                left.append(job)
+                why = "would delay the reservation of " if outlasts else "waiting behind the reservation of "
+                self.explain(job, why + backfill.reservation.job_id)
+                continue
+            self.start(job, placement)
+            backfill.record(placement, self.view, outlasts)
+        return (backfill.reservation if backfill is not None else None), left
+
+    def reserve_head(self, job: Job) -> Backfill | None:
+        found = reserve(
+            self.view,
+            self.running,
+            job,
+            self.now,
+            self.placer,
+            max_leaves=self.max_leaves(job),
+            sorted_by_end=self.req.running_sorted_by_end,
+        )
+        if found is None:
+            self.explain(job, f"waiting for {_needs(job)}; never fits the current hosts")
+            return None
+        reservation, free_at_shadow = found
+        span = "" if job.nodes <= 1 else f" under {self.max_leaves(job) or 'any number of'} leaves"
+        self.explain(job, f"waiting for {_needs(job)}{span}; earliest estimated start {_clock(reservation.start_at)}")
+        return Backfill(reservation, free_at_shadow, self.view)
+
+    def preempt(self, waiting: list[Job]) -> list[Preemption]:
+        policy, now = self.req.policy, self.now
+        # Ranks of the running jobs old enough to be victims, computed once per cycle.
+        ranks = {
+            r.job.id: policy.running_rank(r, now) for r in self.running if now - r.started_at >= self.cfg.min_runtime_s
+        }
+        if not ranks:
+            return []
+        worst = max(ranks.values())
+        preemptions: list[Preemption] = []
+        gone: set[str] = set()
+        for job in waiting[: self.cfg.preempt_depth]:
+            rank = policy.waiting_rank(job)
+            if rank >= worst:
+                continue
+
+            def eligible(run: RunningJob, rank: float = rank) -> bool:
+                return run.job.id not in gone and ranks.get(run.job.id, -math.inf) > rank
+
+            chosen = choose_victims(
+                job,
+                self.running,
+                self.view,
+                self.now,
+                eligible=eligible,
+                placer=self.placer,
+                hosts_per_leaf=self.cfg.hosts_per_leaf,
+            )
+            if chosen is None:
+                continue
+            victims, placement = chosen
+            for run in victims:
+                gone.add(run.job.id)
+                preemptions.append(Preemption(job_id=run.job.id, for_job_id=job.id))
+                for host, gpus in run.hosts:
+                    self.view.give(host, gpus)
+            self.start(job, placement)
+            self.waiting.pop(job.id, None)
+        return preemptions
+
+
+def ordered_queue(request: SchedulingRequest, order: str) -> Sequence[Job]:
+    """The queue in `order`: as given when the caller says it is already so, else sorted."""
+    if request.queue_order == order:
+        return request.queue
+    policy, fairshare = request.policy, request.fairshare
+    return sorted(request.queue, key=lambda job: policy.order_key(order, job, fairshare))
+
+
+def schedule(request: SchedulingRequest) -> SchedulingReply:
+    """Decide one cycle; see the module docstring for the steps and `SchedulingRequest` for inputs."""
+    order = request.policy.choose_order(request.stats)
+    cycle = _Cycle(request)
+    cycle.kill_overruns()
+    reservation, left = cycle.fill(ordered_queue(request, order))
+    preemptions = cycle.preempt(left) if request.policy.preemptive and left else []
+    return SchedulingReply(
+        order=order,
+        starts=cycle.starts,
+        preemptions=preemptions,
+        kills=cycle.kills,
+        reservation=reservation,
+        waiting=cycle.waiting,
+    )

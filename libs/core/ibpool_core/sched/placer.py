@@ -1,0 +1,134 @@
+"""Where a job goes inside one scheduling cycle: a scratch free-capacity view and the `Placer` protocol.
+
+`FreeView` is the cycle's private, mutable copy of `ClusterView.free`, bucketed by free GPU count so
+that "does a job of g GPUs fit anywhere?" costs O(GPUs per host), not O(hosts). The default
+`LeafPlacer` is leaf-aware; the full filter/score plugin framework can be adapted to `Placer` later.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .jobs import ClusterView, Job, host_shares
+
+Placement = list[tuple[int, int]]  # (host index, GPUs) per gang member
+
+
+class FreeView:
+    """Free GPUs per host, with hosts bucketed by their free count and grouped by leaf.
+
+    Invariant: host h is in `by_free[free[h]]`. Only `take` and `give` change the free counts.
+    """
+
+    __slots__ = ("by_free", "free", "leaf_of", "leaves", "total_free")
+
+    def __init__(self, free: list[int], leaf_of: list[int], max_gpus: int) -> None:
+        self.free = list(free)
+        self.leaf_of = leaf_of
+        self.by_free: list[set[int]] = [set() for _ in range(max_gpus + 1)]
+        leaves: dict[int, list[int]] = {}
+        for h, f in enumerate(self.free):
+            self.by_free[f].add(h)
+            leaves.setdefault(leaf_of[h], []).append(h)
+        self.leaves = leaves
+        self.total_free = sum(self.free)
+
+    @classmethod
+    def of(cls, cluster: ClusterView) -> FreeView:
+        return cls(cluster.free, cluster.leaf_of, max(cluster.capacity, default=0))
+
+    def copy(self) -> FreeView:
+        other = FreeView.__new__(FreeView)
+        other.free = list(self.free)
+        other.leaf_of = self.leaf_of
+        other.by_free = [set(b) for b in self.by_free]
+        other.leaves = self.leaves
+        other.total_free = self.total_free
+        return other
+
+    def hosts_with_at_least(self, gpus: int) -> int:
+        return sum(len(b) for b in self.by_free[gpus:])
+
+    def take(self, host: int, gpus: int) -> None:
+        f = self.free[host]
+        self.by_free[f].discard(host)
+        self.free[host] = f - gpus
+        self.by_free[f - gpus].add(host)
+        self.total_free -= gpus
+
+    def give(self, host: int, gpus: int) -> None:
+        f = self.free[host]
+        self.by_free[f].discard(host)
+        self.free[host] = f + gpus
+        self.by_free[f + gpus].add(host)
+        self.total_free += gpus
+
+    def apply(self, placement: Placement) -> None:
+        for host, gpus in placement:
+            self.take(host, gpus)
+
+
+class Placer(Protocol):
+    """Chooses hosts for one job on a free view.
+
+    Contract: return None, or one (host, GPUs) per gang member such that every host has that many
+    GPUs free in `view` and the GPUs sum to `job.gpus` — the whole gang or nothing. `max_leaves` caps
+    the number of distinct leaves the placement may span (None: no cap). Must not mutate `view`.
+    """
+
+    def place(self, view: FreeView, job: Job, max_leaves: int | None) -> Placement | None: ...
+
+
+def min_leaf_span(nodes: int, hosts_per_leaf: int) -> int:
+    """The fewest leaves a gang of `nodes` hosts can span."""
+    return max(1, -(-nodes // max(1, hosts_per_leaf)))
+
+
+class LeafPlacer:
+    """Best fit on one host; gangs on the fewest leaves.
+
+    A single-host job takes the host with the fewest free GPUs that still fits (lowest index on
+    ties), which keeps whole hosts free for gangs. A gang needs `nodes` hosts each with its share
+    free; it goes to the single leaf with the fewest eligible hosts that can hold it (best fit), else
+    to leaves taken in decreasing number of eligible hosts until the gang is complete (fewest leaves).
+    """
+
+    def place(self, view: FreeView, job: Job, max_leaves: int | None) -> Placement | None:
+        if job.gpus > view.total_free:
+            return None
+        if job.nodes <= 1:
+            by_free = view.by_free
+            for f in range(job.gpus, len(by_free)):
+                if by_free[f]:
+                    return [(min(by_free[f]), job.gpus)]
+            return None
+        shares = host_shares(job)
+        need = shares[0]  # the largest share: every member host must hold it (shares differ by at most 1)
+        if view.hosts_with_at_least(need) < job.nodes:
+            return None
+        eligible_by_leaf: list[tuple[int, int, list[int]]] = []
+        free = view.free
+        for leaf, hosts in view.leaves.items():
+            eligible = [h for h in hosts if free[h] >= need]
+            if eligible:
+                eligible_by_leaf.append((len(eligible), leaf, eligible))
+        fitting = [e for e in eligible_by_leaf if e[0] >= job.nodes]
+        if fitting:
+            chosen = min(fitting)[2]
+            chosen.sort(key=lambda h: (free[h], h))
+            hosts = chosen[: job.nodes]
+        else:
+            eligible_by_leaf.sort(key=lambda e: (-e[0], e[1]))
+            hosts = []
+            for used, (_, _, eligible) in enumerate(eligible_by_leaf, start=1):
+                if max_leaves is not None and used > max_leaves:
+                    return None
+                eligible.sort(key=lambda h: (free[h], h))
+                hosts.extend(eligible[: job.nodes - len(hosts)])
+                if len(hosts) == job.nodes:
+                    break
+        return list(zip(hosts, shares, strict=True))
+
+
+def leaves_spanned(placement: Placement, leaf_of: list[int]) -> int:
+    return len({leaf_of[h] for h, _ in placement})

@@ -1,0 +1,514 @@
+"""A discrete-event cluster simulator that drives the scheduler's pure core (`ibpool_core.sched`).
+
+Jobs arrive from a trace (traces.py) and wait in the queue; at every instant where something
+happened (arrivals, ends, a LAS queue demotion, a failure, a priority refresh) the simulator builds a
+`SchedulingRequest` and applies the `SchedulingReply` of the same `schedule()` the service calls.
+
+The cluster: `nodes` hosts x `gpus_per_node` GPUs, `hosts_per_leaf` hosts under each leaf switch
+(defaults 8 x 8: 80 nodes are 10 leaves), leaves joined by a spine. A job of more GPUs than a host
+is a gang over ceil(gpus / gpus_per_node) hosts.
+
+Cost model. The trace's duration is taken as the runtime at the best placement (the minimal leaf
+span). A gang's step is compute plus a ring allreduce of S bytes over n hosts, which takes
+t = (S / B) * 2(n - 1) / n with B the placement's bottleneck bandwidth per host: `host_link_gbps`
+inside one leaf, and `host_link_gbps / spine_oversubscription` once the ring crosses the spine.
+With `comm_fraction` the share of the step spent in allreduce at the best placement, a placement
+of bandwidth B runs (1 - f) + f * B_best / B times as long (S and n cancel in the ratio).
+Defaults: 200 Gb/s per host (one HDR port), 2:1 spine oversubscription, f = 0.3: a gang that fits
+one leaf but is spread over two runs 1.3x longer; gangs that cannot fit one leaf pay nothing extra.
+A preempted job is charged `checkpoint_restore_s` (default 60 s) when it restarts and resumes
+where it stopped; a job on a failing host restarts from its last start (no checkpoint), plus the
+restore cost.
+
+Speed: the queue is kept sorted per policy order (bisect inserts), so a cycle costs O(scan depth)
+plus the running set, not O(queue); the free-capacity view is one list updated in place; cycles run
+only when a job could start (free GPUs, or a preemptive policy with something waiting).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from ibpool_core.sched.cycle import CycleConfig, SchedulingRequest, schedule
+from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors
+from ibpool_core.sched.jobs import ClusterView, Job, QueueStats, RunningJob
+from ibpool_core.sched.queueing import LeastAttainedService, QueuePolicy, SortKey, make_policy
+from ibpool_core.sched.runtime import JobFeatures, RecentMedianEstimator, RuntimeEstimator
+
+from .traces import TraceJob
+
+_FINISH, _FAIL, _RECOVER, _ARRIVE, _DEMOTE, _REFRESH = range(6)
+
+
+class CostModel(msgspec.Struct, frozen=True, kw_only=True):
+    host_link_gbps: float = 200.0
+    spine_oversubscription: float = 2.0
+    comm_fraction: float = 0.3
+    checkpoint_restore_s: float = 60.0
+
+    def bottleneck_gbps(self, leaves: int) -> float:
+        return self.host_link_gbps if leaves <= 1 else self.host_link_gbps / self.spine_oversubscription
+
+    def allreduce_s(self, size_bytes: float, hosts: int, leaves: int) -> float:
+        """Ring allreduce time t = (S / B) * 2(n - 1) / n, B in bytes/s."""
+        bandwidth = self.bottleneck_gbps(leaves) * 1e9 / 8
+        return size_bytes / bandwidth * 2 * (hosts - 1) / hosts
+
+    def stretch(self, hosts: int, leaves: int, min_leaves: int) -> float:
+        """How much longer a gang runs on `leaves` leaves than on its minimal span."""
+        if hosts <= 1 or leaves <= min_leaves:
+            return 1.0
+        ratio = self.allreduce_s(1.0, hosts, leaves) / self.allreduce_s(1.0, hosts, min_leaves)
+        return (1.0 - self.comm_fraction) + self.comm_fraction * ratio
+
+
+class HostFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """Host `host` goes down at `at_s` for `down_s` seconds; its jobs are requeued."""
+
+    host: int
+    at_s: float
+    down_s: float
+
+
+class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
+    nodes: int = 80
+    gpus_per_node: int = 8
+    hosts_per_leaf: int = 8
+    policy: str = "fifo"
+    policy_params: dict[str, Any] = {}
+    cycle: CycleConfig = CycleConfig()
+    cost: CostModel = CostModel()
+    failures: list[HostFailure] = []
+    fairshare_half_life_s: float = 7 * 86_400.0
+    label: str | None = None
+
+
+class JobOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    gpus: int
+    nodes: int
+    submit_s: float
+    first_start_s: float
+    end_s: float
+    duration_s: float
+    preemptions: int
+    leaves: int
+    min_leaves: int
+    killed: bool = False
+
+
+class SimResult(msgspec.Struct, frozen=True, kw_only=True):
+    label: str
+    outcomes: list[JobOutcome]
+    busy_gpu_s: float
+    total_gpus: int
+    cycles: int
+    wall_s: float
+    cpu_s: float
+    multi_node_starts: int
+    minimal_span_starts: int
+
+    @property
+    def makespan_s(self) -> float:
+        if not self.outcomes:
+            return 0.0
+        return max(o.end_s for o in self.outcomes) - min(o.submit_s for o in self.outcomes)
+
+    def summary(self) -> dict[str, float | int | str]:
+        """The table row: JCT statistics, queueing delay, utilisation, makespan, leaf-span share."""
+        jct = sorted(o.end_s - o.submit_s for o in self.outcomes)
+        waits = [o.first_start_s - o.submit_s for o in self.outcomes]
+        makespan = self.makespan_s
+        n = len(jct)
+        return {
+            "policy": self.label,
+            "jobs": n,
+            "avg_jct_s": statistics.fmean(jct) if jct else 0.0,
+            "median_jct_s": statistics.median(jct) if jct else 0.0,
+            "p99_jct_s": jct[min(n - 1, math.ceil(0.99 * n) - 1)] if jct else 0.0,
+            "avg_queue_s": statistics.fmean(waits) if waits else 0.0,
+            "utilisation": self.busy_gpu_s / (self.total_gpus * makespan) if makespan > 0 else 0.0,
+            "makespan_s": makespan,
+            "preemptions": sum(o.preemptions for o in self.outcomes),
+            "min_span_share": self.minimal_span_starts / self.multi_node_starts if self.multi_node_starts else 1.0,
+            "cycles": self.cycles,
+            "wall_s": self.wall_s,
+            "cpu_s": self.cpu_s,
+        }
+
+
+class _Active(msgspec.Struct, kw_only=True):
+    run: RunningJob
+    generation: int
+    stretch: float
+    restore_s: float
+    leaves: int
+    min_leaves: int
+
+
+class _Progress(msgspec.Struct, kw_only=True):
+    trace: TraceJob
+    remaining_s: float
+    generation: int = 0
+    first_start_s: float | None = None
+    preemptions: int = 0
+    restarts: int = 0
+    leaves: int = 0
+    min_leaves: int = 1
+
+
+class _SortedQueues:
+    """The waiting jobs, kept sorted once per policy order (bisect inserts and deletes)."""
+
+    def __init__(self, policy: QueuePolicy) -> None:
+        self.policy = policy
+        self.keys: dict[str, list[SortKey]] = {o: [] for o in policy.orders}
+        self.jobs: dict[str, list[Job]] = {o: [] for o in policy.orders}
+        self.key_of: dict[str, dict[str, SortKey]] = {o: {} for o in policy.orders}
+        self.fairshare: dict[str, float] = {}
+
+    def add(self, job: Job) -> None:
+        for order in self.policy.orders:
+            key = self.policy.order_key(order, job, self.fairshare)
+            keys = self.keys[order]
+            i = bisect.bisect_left(keys, key)
+            keys.insert(i, key)
+            self.jobs[order].insert(i, job)
+            self.key_of[order][job.id] = key
+
+    def remove(self, job_id: str) -> Job:
+        job: Job | None = None
+        for order in self.policy.orders:
+            key = self.key_of[order].pop(job_id)
+            keys = self.keys[order]
+            i = bisect.bisect_left(keys, key)
+            del keys[i]
+            job = self.jobs[order].pop(i)
+        assert job is not None and job.id == job_id
+        return job
+
+    def rekey(self, fairshare: dict[str, float]) -> None:
+        self.fairshare = fairshare
+        for order in self.policy.orders:
+            pairs = sorted((self.policy.order_key(order, j, fairshare), j) for j in self.jobs[order])
+            self.keys[order] = [k for k, _ in pairs]
+            self.jobs[order] = [j for _, j in pairs]
+            self.key_of[order] = {j.id: k for k, j in pairs}
+
+
+def gang_nodes(gpus: int, gpus_per_node: int) -> int:
+    return max(1, -(-gpus // gpus_per_node))
+
+
+def simulate(
+    trace: Sequence[TraceJob],
+    config: SimConfig,
+    *,
+    estimator: RuntimeEstimator | None = None,
+    policy: QueuePolicy | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> SimResult:
+    """Replay `trace` (in submit order) on the configured cluster under one policy; deterministic.
+
+    `estimator` predicts runtimes at submit and learns at each end (default: a fresh
+    `RecentMedianEstimator`); `policy` overrides `config.policy`. `progress` is called with the
+    fraction of jobs finished, at most every 1% of them.
+    """
+    started_wall = time.perf_counter()
+    started_cpu = time.process_time()
+    estimator = estimator if estimator is not None else RecentMedianEstimator()
+    policy = policy if policy is not None else make_sim_policy(config, trace)
+    cost = config.cost
+    cycle_cfg = msgspec.structs.replace(config.cycle, hosts_per_leaf=config.hosts_per_leaf, explain=False)
+    free = [config.gpus_per_node] * config.nodes
+    cluster = ClusterView(
+        free=free,
+        capacity=[config.gpus_per_node] * config.nodes,
+        leaf_of=[h // config.hosts_per_leaf for h in range(config.nodes)],
+    )
+    total_gpus = config.gpus_per_node * config.nodes
+    too_big = [t.id for t in trace if gang_nodes(t.gpus, config.gpus_per_node) > config.nodes]
+    if too_big:
+        raise ValueError(f"{len(too_big)} jobs need more hosts than the cluster has, e.g. {too_big[0]}")
+
+    events: list[tuple[float, int, int, str, int]] = []
+    seq = 0
+
+    def push(at: float, kind: int, key: str = "", generation: int = 0) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (at, kind, seq, key, generation))
+
+    for t in trace:
+        push(t.submit_s, _ARRIVE, t.id)
+    for i, failure in enumerate(config.failures):
+        push(failure.at_s, _FAIL, str(i))
+    refresh_s = policy.refresh_s
+    if refresh_s is not None and trace:
+        push(trace[0].submit_s + refresh_s, _REFRESH)
+
+    by_id = {t.id: t for t in trace}
+    progress_of: dict[str, _Progress] = {}
+    queues = _SortedQueues(policy)
+    active: dict[str, _Active] = {}
+    running_keys: list[tuple[float, str]] = []  # (planned end, id), sorted; running_list in the same order
+    running_list: list[RunningJob] = []
+    on_host: list[set[str]] = [set() for _ in range(config.nodes)]
+    down: set[int] = set()
+    outcomes: list[JobOutcome] = []
+    busy_gpu_s = 0.0
+    cycles = multi_node_starts = minimal_span_starts = 0
+    waiting_gpus = 0
+    oldest: list[tuple[float, str]] = []  # (submit, id) of waiting jobs; lazily cleaned
+    recent_waits: deque[float] = deque(maxlen=256)
+    wait_p90 = 0.0
+    starts_since_p90 = 0
+    fairshare = FairShareState()
+    thresholds = policy.thresholds if isinstance(policy, LeastAttainedService) else ()
+    report_every = max(1, len(trace) // 100)
+    n_total = len(trace)
+
+    def features(t: TraceJob) -> JobFeatures:
+        return JobFeatures(
+            tenant=t.tenant, num_gpus=t.gpus, submit_time=t.submit_s, requested_limit_s=t.time_limit_s, name=t.name
+        )
+
+    def enqueue(job: Job) -> None:
+        nonlocal waiting_gpus
+        queues.add(job)
+        waiting_gpus += job.gpus
+        heapq.heappush(oldest, (job.submit_time, job.id))
+
+    def release(job_id: str, now: float) -> _Active:
+        nonlocal busy_gpu_s
+        act = active.pop(job_id)
+        i = bisect.bisect_left(running_keys, (act.run.planned_end, job_id))
+        del running_keys[i]
+        del running_list[i]
+        for host, gpus in act.run.hosts:
+            on_host[host].discard(job_id)
+            if host not in down:
+                free[host] += gpus
+        busy_gpu_s += act.run.job.gpus * (now - act.run.started_at)
+        return act
+
+    def requeue(job_id: str, now: float, *, checkpointed: bool) -> None:
+        act = release(job_id, now)
+        prog = progress_of[job_id]
+        ran = now - act.run.started_at
+        if checkpointed:
+            prog.remaining_s = max(0.0, prog.remaining_s - max(0.0, ran - act.restore_s) / act.stretch)
+        prog.generation += 1
+        prog.restarts += 1
+        job = msgspec.structs.replace(
+            act.run.job,
+            attained_gpu_s=act.run.job.attained_gpu_s + act.run.job.gpus * ran,
+            true_runtime_s=prog.remaining_s,
+        )
+        enqueue(job)
+
+    def finish(job_id: str, now: float, *, killed: bool = False) -> None:
+        act = release(job_id, now)
+        prog = progress_of.pop(job_id)
+        t = prog.trace
+        assert prog.first_start_s is not None
+        outcomes.append(
+            JobOutcome(
+                id=t.id,
+                gpus=t.gpus,
+                nodes=act.run.job.nodes,
+                submit_s=t.submit_s,
+                first_start_s=prog.first_start_s,
+                end_s=now,
+                duration_s=t.duration_s,
+                preemptions=prog.preemptions,
+                leaves=prog.leaves,
+                min_leaves=prog.min_leaves,
+                killed=killed,
+            )
+        )
+        if not killed:
+            estimator.observe(features(t), t.duration_s)
+        if progress is not None and len(outcomes) % report_every == 0:
+            progress(len(outcomes) / n_total)
+
+    def start(
+        job_id: str, hosts: list[tuple[int, int]], leaves: int, min_leaves: int, planned_end: float, now: float
+    ) -> None:
+        nonlocal waiting_gpus, multi_node_starts, minimal_span_starts, starts_since_p90
+        job = queues.remove(job_id)
+        waiting_gpus -= job.gpus
+        prog = progress_of[job_id]
+        if prog.first_start_s is None:
+            prog.first_start_s = now
+            recent_waits.append(now - job.submit_time)
+            starts_since_p90 += 1
+        prog.leaves, prog.min_leaves = leaves, min_leaves
+        if job.nodes > 1:
+            multi_node_starts += 1
+            minimal_span_starts += leaves <= min_leaves
+        stretch = cost.stretch(job.nodes, leaves, min_leaves)
+        restore = cost.checkpoint_restore_s if prog.restarts else 0.0
+        run = RunningJob(job=job, hosts=tuple(hosts), started_at=now, planned_end=planned_end)
+        i = bisect.bisect_left(running_keys, (planned_end, job_id))
+        running_keys.insert(i, (planned_end, job_id))
+        running_list.insert(i, run)
+        active[job_id] = _Active(
+            run=run,
+            generation=prog.generation,
+            stretch=stretch,
+            restore_s=restore,
+            leaves=leaves,
+            min_leaves=min_leaves,
+        )
+        for host, gpus in hosts:
+            free[host] -= gpus
+            on_host[host].add(job_id)
+        push(now + restore + prog.remaining_s * stretch, _FINISH, job_id, prog.generation)
+        for threshold in thresholds:
+            if threshold > job.attained_gpu_s:
+                push(now + restore + (threshold - job.attained_gpu_s) / job.gpus, _DEMOTE, job_id, prog.generation)
+                break
+
+    def stats(now: float) -> QueueStats:
+        nonlocal wait_p90, starts_since_p90
+        while oldest and oldest[0][1] not in queues.key_of[policy.orders[0]]:
+            heapq.heappop(oldest)
+        if starts_since_p90 >= 16 and recent_waits:
+            ordered = sorted(recent_waits)
+            wait_p90 = ordered[int(0.9 * (len(ordered) - 1))]
+            starts_since_p90 = 0
+        return QueueStats(
+            queue_len=len(queues.key_of[policy.orders[0]]),
+            waiting_gpus=waiting_gpus,
+            utilisation=1.0 - sum(free) / total_gpus,
+            oldest_wait_s=now - oldest[0][0] if oldest else 0.0,
+            recent_wait_p90_s=wait_p90,
+        )
+
+    dynamic = len(policy.orders) > 1
+    first_order = policy.orders[0]
+    while events:
+        now = events[0][0]
+        cycle_wanted = False
+        while events and events[0][0] == now:
+            _, kind, _, key, generation = heapq.heappop(events)
+            if kind == _ARRIVE:
+                t = by_id[key]
+                progress_of[key] = _Progress(trace=t, remaining_s=t.duration_s)
+                enqueue(
+                    Job(
+                        id=t.id,
+                        tenant=t.tenant,
+                        gpus=t.gpus,
+                        nodes=gang_nodes(t.gpus, config.gpus_per_node),
+                        priority=t.priority,
+                        submit_time=t.submit_s,
+                        time_limit_s=t.time_limit_s,
+                        predicted=estimator.predict(features(t)),
+                        true_runtime_s=t.duration_s,
+                    )
+                )
+                cycle_wanted = True
+            elif kind == _FINISH:
+                if key in active and active[key].generation == generation:
+                    finish(key, now)
+                    cycle_wanted = True
+            elif kind == _DEMOTE:
+                if key in active and active[key].generation == generation:
+                    act = active[key]
+                    attained = act.run.job.attained_gpu_s + act.run.job.gpus * (now - act.run.started_at)
+                    for threshold in thresholds:
+                        if threshold > attained + 1e-6:
+                            push(now + (threshold - attained) / act.run.job.gpus, _DEMOTE, key, generation)
+                            break
+                    cycle_wanted = True
+            elif kind == _FAIL:
+                failure = config.failures[int(key)]
+                for job_id in sorted(on_host[failure.host]):
+                    progress_of[job_id].preemptions += 1
+                    requeue(job_id, now, checkpointed=False)
+                down.add(failure.host)
+                free[failure.host] = 0
+                push(now + failure.down_s, _RECOVER, key)
+                cycle_wanted = True
+            elif kind == _RECOVER:
+                host = config.failures[int(key)].host
+                down.discard(host)
+                free[host] = config.gpus_per_node - sum(
+                    g for j in on_host[host] for h, g in active[j].run.hosts if h == host
+                )
+                cycle_wanted = True
+            elif kind == _REFRESH:
+                by_tenant: dict[str, int] = {}
+                for act in active.values():
+                    by_tenant[act.run.job.tenant] = by_tenant.get(act.run.job.tenant, 0) + act.run.job.gpus
+                fairshare = accrue(fairshare, now, by_tenant, config.fairshare_half_life_s)
+                queues.rekey(fairshare_factors(fairshare, sorted({t.tenant for t in trace})))
+                if refresh_s is not None and (queues.key_of[first_order] or active or len(outcomes) < n_total):
+                    push(now + refresh_s, _REFRESH)
+                cycle_wanted = True
+        if not cycle_wanted or not queues.key_of[first_order]:
+            continue
+        if not policy.preemptive and sum(free) == 0:
+            continue
+        queue_stats = stats(now) if dynamic else QueueStats()
+        order = policy.choose_order(queue_stats)
+        reply = schedule(
+            SchedulingRequest(
+                now=now,
+                queue=queues.jobs[order],
+                running=running_list,
+                running_sorted_by_end=True,
+                cluster=cluster,
+                policy=policy,
+                config=cycle_cfg,
+                stats=queue_stats,
+                queue_order=order,
+                fairshare=queues.fairshare,
+            )
+        )
+        cycles += 1
+        for job_id in reply.kills:
+            finish(job_id, now, killed=True)
+        for p in reply.preemptions:
+            progress_of[p.job_id].preemptions += 1
+            requeue(p.job_id, now, checkpointed=True)
+        for s in reply.starts:
+            start(s.job_id, s.hosts, s.leaves, s.min_leaves, s.planned_end, now)
+
+    if progress is not None:
+        progress(1.0)
+    return SimResult(
+        label=config.label or config.policy,
+        outcomes=sorted(outcomes, key=lambda o: o.id),
+        busy_gpu_s=busy_gpu_s,
+        total_gpus=total_gpus,
+        cycles=cycles,
+        wall_s=time.perf_counter() - started_wall,
+        cpu_s=time.process_time() - started_cpu,
+        multi_node_starts=multi_node_starts,
+        minimal_span_starts=minimal_span_starts,
+    )
+
+
+def gittins_samples(trace: Sequence[TraceJob], share: float = 0.1) -> list[float]:
+    """GPU-times of the first `share` of the trace: the history a Gittins policy learns its distribution from."""
+    head = trace[: max(1, int(len(trace) * share))]
+    return sorted(t.gpus * t.duration_s for t in head)
+
+
+def make_sim_policy(config: SimConfig, trace: Sequence[TraceJob]) -> QueuePolicy:
+    """The configured policy; `gittins` and `dynamic` without samples get the trace's first 10% as history."""
+    if config.policy in ("gittins", "dynamic") and "samples" not in config.policy_params:
+        return make_policy(config.policy, samples=gittins_samples(trace), **config.policy_params)
+    return make_policy(config.policy, **config.policy_params)

@@ -1,0 +1,132 @@
+"""The policies `ibpool sim --policy all` compares on one trace, and the floors of issue 6 checked on them.
+
+Every entry is (label, queue policy, backfill mode). Baselines: `fifo` (strict order), `fifo+easy`
+(EASY backfill on predicted runtimes), `oracle-sjf` (true durations, non-preemptive, starts any job
+that fits in order) and `oracle-srtf` (true remaining time, preemptive). The ibpool policies use the
+online `RecentMedianEstimator` and no future knowledge.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+
+import msgspec
+
+from ibpool_core.sched.cycle import BackfillMode, CycleConfig
+
+from .cluster_sim import HostFailure, SimConfig, SimResult, simulate
+from .traces import TraceJob
+
+
+class LineupEntry(msgspec.Struct, frozen=True, kw_only=True):
+    label: str
+    policy: str
+    backfill: BackfillMode
+    baseline: bool = False
+    oracle: bool = False
+
+
+LINEUP: tuple[LineupEntry, ...] = (
+    LineupEntry(label="fifo", policy="fifo", backfill="none", baseline=True),
+    LineupEntry(label="fifo+easy", policy="fifo", backfill="easy", baseline=True),
+    LineupEntry(label="sjf", policy="sjf", backfill="easy"),
+    LineupEntry(label="priority", policy="priority", backfill="easy"),
+    LineupEntry(label="predictive", policy="predictive", backfill="easy"),
+    LineupEntry(label="las", policy="las", backfill="greedy"),
+    LineupEntry(label="gittins", policy="gittins", backfill="greedy"),
+    LineupEntry(label="dynamic", policy="dynamic", backfill="greedy"),
+    LineupEntry(label="oracle-sjf", policy="oracle-sjf", backfill="greedy", baseline=True, oracle=True),
+    LineupEntry(label="oracle-srtf", policy="oracle-srtf", backfill="greedy", baseline=True, oracle=True),
+)
+
+
+def select(names: str) -> list[LineupEntry]:
+    """`all`, or a comma list of labels from `LINEUP`; ValueError names the known labels."""
+    if names == "all":
+        return list(LINEUP)
+    by_label = {e.label: e for e in LINEUP}
+    unknown = [n for n in names.split(",") if n not in by_label]
+    if unknown:
+        raise ValueError(f"unknown policy {unknown[0]!r}; known: all, {', '.join(by_label)}")
+    return [by_label[n] for n in names.split(",")]
+
+
+def random_failures(seed: int, count: int, nodes: int, horizon_s: float, down_s: float = 3600.0) -> list[HostFailure]:
+    """`count` host failures at uniform times over the trace, each down `down_s`; the same for a seed."""
+    rng = random.Random(seed)
+    return sorted(
+        (HostFailure(host=rng.randrange(nodes), at_s=rng.uniform(0.0, horizon_s), down_s=down_s) for _ in range(count)),
+        key=lambda f: f.at_s,
+    )
+
+
+def config_for(
+    entry: LineupEntry, *, nodes: int, failures: Sequence[HostFailure] = (), span_relax_s: float = math.inf
+) -> SimConfig:
+    """The simulator config of one line-up entry; by default gangs wait for their minimal leaf span."""
+    return SimConfig(
+        nodes=nodes,
+        policy=entry.policy,
+        cycle=CycleConfig(backfill=entry.backfill, span_relax_after_s=span_relax_s),
+        failures=list(failures),
+        label=entry.label,
+    )
+
+
+def run_entry(
+    entry: LineupEntry,
+    trace: Sequence[TraceJob],
+    *,
+    nodes: int,
+    failures: Sequence[HostFailure] = (),
+    span_relax_s: float = math.inf,
+    progress: Callable[[float], None] | None = None,
+) -> SimResult:
+    config = config_for(entry, nodes=nodes, failures=failures, span_relax_s=span_relax_s)
+    return simulate(trace, config, progress=progress)
+
+
+class FloorCheck(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    value: float
+    limit: float
+    holds: bool
+
+
+def check_floors(summaries: Sequence[dict[str, float | int | str]], nodes: int) -> list[FloorCheck]:
+    """Issue 6's floors on one run: best non-oracle ibpool policy vs oracle SJF and FIFO+EASY; leaf span."""
+    by_label = {str(s["policy"]): s for s in summaries}
+    ours = [s for s in summaries if not _entry(str(s["policy"])).baseline]
+    checks: list[FloorCheck] = []
+    if not ours:
+        return checks
+    best = min(ours, key=lambda s: float(s["avg_jct_s"]))
+    best_jct = float(best["avg_jct_s"])
+    if "oracle-sjf" in by_label:
+        ratio = best_jct / float(by_label["oracle-sjf"]["avg_jct_s"])
+        checks.append(
+            FloorCheck(name=f"{best['policy']} avg JCT / oracle-sjf", value=ratio, limit=1.25, holds=ratio <= 1.25)
+        )
+    if "fifo+easy" in by_label:
+        limit = 0.5 if nodes >= 80 else 0.3
+        ratio = best_jct / float(by_label["fifo+easy"]["avg_jct_s"])
+        checks.append(
+            FloorCheck(name=f"{best['policy']} avg JCT / fifo+easy", value=ratio, limit=limit, holds=ratio <= limit)
+        )
+    for s in ours:
+        share = float(s["min_span_share"])
+        checks.append(
+            FloorCheck(
+                name=f"{s['policy']} multi-node starts at minimal leaf span",
+                value=share,
+                limit=0.95,
+                holds=share >= 0.95,
+            )
+        )
+    return checks
+
+
+def _entry(label: str) -> LineupEntry:
+    return next((e for e in LINEUP if e.label == label), LineupEntry(label=label, policy=label, backfill="easy"))
