@@ -48,7 +48,7 @@ from .pool import (
     RequestAllocation,
     SetQuota,
 )
-from .scale import ScaleDecided
+from .scale import DeploymentMetricsReported, ScaleDecided
 
 AnyMessage = (
     NodeRegistered
@@ -84,6 +84,7 @@ AnyMessage = (
     | JobRequeued
     | JobFinished
     | ScaleDecided
+    | DeploymentMetricsReported
     | NodeSuspected
     | NodeFailed
     | NodeRecovered

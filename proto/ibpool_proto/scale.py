@@ -15,3 +15,18 @@ class ScaleDecided(Event, frozen=True, kw_only=True, tag="io.ibpool.scale.deploy
     current_replicas: int
     target_replicas: int
     reason: str
+
+
+class DeploymentMetricsReported(Event, frozen=True, kw_only=True, tag="io.ibpool.scale.deployment.metrics.v1"):
+    key_name: ClassVar[str] = "deployment"
+    summary: ClassVar[str] = (
+        "Whatever serves a deployment (an ingress, a load generator) reports its load over the last interval."
+    )
+
+    deployment: str
+    # None: not measured by this reporter. Rates and lengths are the deployment's totals, not per replica.
+    requests_per_s: float | None = None
+    queue_length: float | None = None
+    p99_latency_ms: float | None = None
+    # Mean over the serving replicas, 0..1.
+    gpu_utilization: float | None = None

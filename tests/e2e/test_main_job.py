@@ -34,7 +34,7 @@ def test_dev_up_status_down() -> None:
 def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
     root = stack_dir()
     r = subprocess.run(
-        [*CLI, "run", "--nodes", "16", "--duration", "20", "--state-dir", str(root / "run")],
+        [*CLI, "run", "--nodes", "16", "--duration", "30", "--state-dir", str(root / "run")],
         capture_output=True,
         text=True,
         timeout=180,
@@ -50,4 +50,5 @@ def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
     assert "faulty links recovered after clearing" in out and "2/2" in out
     assert "node-017's agent SIGKILLed: failed by the failover controller" in out
     assert "jobs submitted to the scheduler" in out and "7 of 7" in out
+    assert "inference deployment scaled up with the load and back down" in out
     assert "stack stopped" in out

@@ -31,6 +31,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from ibpool_autoscaler.loadgen import LoadRamp
 from ibpool_core.fabric.index import FabricIndex
 from ibpool_core.fabric.model import Topology
 from ibpool_proto import decode
@@ -39,6 +40,7 @@ from ibpool_proto.health import Cordoned, NodeFailed, NodeRecovered, NodeSuspect
 from ibpool_proto.job import JobExited, JobFinished, JobQueued, JobScheduled, JobStarted
 from ibpool_proto.message import every_subject
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered
+from ibpool_proto.scale import ScaleDecided
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus
 
@@ -131,6 +133,8 @@ class Observed:
     jobs_queued: set[str] = field(default_factory=set)
     jobs_scheduled: set[str] = field(default_factory=set)
     jobs_finished: dict[str, str] = field(default_factory=dict)
+    # the inference deployment's replica targets, in the order the autoscaler chose them
+    replica_targets: list[int] = field(default_factory=list)
     total: int = 0
     undecodable: int = 0
 
@@ -192,6 +196,8 @@ def _observer(obs: Observed, expected_nodes: int):  # type: ignore[no-untyped-de
                 obs.jobs_scheduled.add(ev.job_id)
             case JobFinished():
                 obs.jobs_finished[ev.job_id] = ev.state
+            case ScaleDecided():
+                obs.replica_targets.append(ev.target_replicas)
             case _:
                 pass
 
@@ -226,6 +232,12 @@ def _view(obs: Observed, nodes: int, phase: str, pool: PoolSeen | None = None) -
         ", ".join(f"{k} {v}" for k, v in sorted(finished.items())) or "none",
     )
     head.add_row(
+        "inference replicas (autoscaler)",
+        " -> ".join(map(str, obs.replica_targets[-6:])) or "-",
+        "",
+        "",
+    )
+    head.add_row(
         "nodes suspected / failed / recovered",
         f"{len(obs.suspected)} / {len(obs.failed)} / {len(obs.recovered_nodes)}",
         "cordons",
@@ -254,6 +266,16 @@ def _view(obs: Observed, nodes: int, phase: str, pool: PoolSeen | None = None) -
 
 GANG_JOB, REMOTE_JOB, BUSY_JOB = "job-07", "job-09", "job-03"
 SPARE_AGENT = "node_agent_spare"
+# An inference deployment the autoscaler sizes to the load ramp the scenario publishes (5 -> 35 -> 5 req/s,
+# 10 req/s per replica), with short windows so the scale-down shows within the run.
+DEMO_DEPLOYMENT = {
+    "tenant": "demo",
+    "min_replicas": 1,
+    "max_replicas": 4,
+    "gpus": 1,
+    "targets": {"requests_per_s": 10},
+    "reactive": {"metric_window_s": 5, "scale_down_window_s": 5, "down_percent": 100, "down_period_s": 2},
+}
 
 
 def _allocation_asks(seed: int) -> list[dict[str, object]]:
@@ -396,6 +418,7 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
     base = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn)
     agent_port, fabric_port, alloc_port = devstack.free_port(), devstack.free_port(), devstack.free_port()
     failover_port, spare_port, scheduler_port = devstack.free_port(), devstack.free_port(), devstack.free_port()
+    autoscaler_port = devstack.free_port()
     return [
         ServiceProcess(
             name="pool_allocator",
@@ -468,6 +491,18 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
             env=dict(base, IBPOOL_SCHEDULER_HTTP_PORT=str(scheduler_port), IBPOOL_SCHEDULER_INSTANCE="run"),
             port=scheduler_port,
             log_path=state / "scheduler.log",
+        ),
+        ServiceProcess(
+            name="autoscaler",
+            argv=["ibpool_autoscaler"],
+            env=dict(
+                base,
+                IBPOOL_AUTOSCALER_HTTP_PORT=str(autoscaler_port),
+                IBPOOL_AUTOSCALER_INSTANCE="run",
+                IBPOOL_AUTOSCALER_INTERVAL_S="1",
+            ),
+            port=autoscaler_port,
+            log_path=state / "autoscaler.log",
         ),
     ]
 
@@ -555,6 +590,8 @@ async def _scenario(
     pool = PoolSeen()
     asked = released = served_printed = False
     submitted = 0
+    ramp_task: asyncio.Task[None] | None = None
+    ramp_stop = asyncio.Event()
     last_pool_read = 0.0
     alloc_url = by_name["pool_allocator"].url
     plan = (
@@ -598,6 +635,11 @@ async def _scenario(
                 )
                 asked = True
                 submitted = await _submit_jobs(http, by_name["scheduler"].url, args.seed)
+                async with http.put(f"{by_name['autoscaler'].url}/v1/deployments/chat", json=DEMO_DEPLOYMENT) as r:
+                    r.raise_for_status()
+                ramp_length = 120.0 if args.serve else 0.75 * args.duration
+                ramp = LoadRamp(bus, "chat", duration_s=ramp_length, base=5, peak=35)
+                ramp_task = asyncio.create_task(ramp.run(ramp_stop))
             if asked and not released and obs.jobs_started >= pool.granted and "job-08" in pool.allocation_ids:
                 async with http.delete(f"{alloc_url}/v1/allocations/{pool.allocation_ids['job-08']}") as r:
                     r.raise_for_status()
@@ -648,6 +690,9 @@ async def _scenario(
             except TimeoutError:
                 pass
         live.update(_view(obs, nodes, "stopping", pool))
+    ramp_stop.set()
+    if ramp_task is not None:
+        await ramp_task
     # Stop the services while still watching, to see the agents deregister.
     for s in services:
         s.terminate()
@@ -708,6 +753,13 @@ def _summary(
             pool.fragmentation_measure == "fgd",
         ),
         ("jobs started on the node agents", str(obs.jobs_started), obs.jobs_started >= pool.granted > 0),
+        (
+            "inference deployment scaled up with the load and back down",
+            " -> ".join(map(str, obs.replica_targets)) or "-",
+            bool(obs.replica_targets)
+            and max(obs.replica_targets) >= 3
+            and obs.replica_targets[-1] < max(obs.replica_targets),
+        ),
         (
             "jobs submitted to the scheduler (a 2-host gang, small jobs, inference slices) completed",
             f"{sum(1 for v in obs.jobs_finished.values() if v == 'completed')} of {submitted}",

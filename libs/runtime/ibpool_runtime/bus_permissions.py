@@ -85,6 +85,8 @@ PUBLISHES: dict[str, tuple[type[Message], ...]] = {
         pool.ReleaseAllocation,
         pool.RenewLease,
         pool.SetQuota,
+        # The load of an inference deployment, reported by whatever serves it (an ingress, a load generator).
+        scale.DeploymentMetricsReported,
     ),
     # Other systems that only subscribe to ibpool's events.
     "subscriber": (),
@@ -103,7 +105,7 @@ CONSUMES: dict[str, tuple[str, ...]] = {
 }
 
 # Services that elect a leader over the NATS KV bucket.
-ELECTS_LEADER = ("failover_controller", "scheduler")
+ELECTS_LEADER = ("failover_controller", "scheduler", "autoscaler")
 
 
 class Permissions(dict[str, dict[str, list[str]]]):

@@ -1,0 +1,1 @@
+"""ibpool autoscaler: inference deployments kept at the replica count their load needs."""

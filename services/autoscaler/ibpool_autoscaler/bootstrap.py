@@ -1,0 +1,28 @@
+"""Wiring: adapters in (bus, store, clock), a ready ServiceSpec out."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ibpool_core.clock import Clock
+from ibpool_runtime.clock import SystemClock
+from ibpool_runtime.service import Kit, ServiceSpec
+
+from . import api, state
+from .config import AutoscalerConfig
+from .service import Autoscaler
+
+
+async def bootstrap(kit: Kit[AutoscalerConfig], clock: Clock | None = None) -> ServiceSpec:
+    autoscaler = Autoscaler(kit, clock or SystemClock())
+
+    def add_routes(app: web.Application) -> None:
+        app.router.add_routes(api.routes(autoscaler))
+
+    return ServiceSpec(
+        subscriptions=autoscaler.subscriptions(),
+        migrations=state.MIGRATIONS,
+        add_routes=add_routes,
+        # The control loop first: tests reach the autoscaler through it.
+        tasks=[autoscaler.control_loop, autoscaler.leader_loop],
+    )

@@ -1,0 +1,253 @@
+"""The autoscaler: metric and job news -> its records; every `interval_s`, one decision per deployment.
+
+Handlers (every replica, durable transactional consumers) keep the records in step: a
+`DeploymentMetricsReported` becomes a sample of its deployment; the scheduler's and agents' news of a
+replica job moves the replica (JobScheduled: placed; JobStarted: ready; JobRequeued: starting again,
+it lost its GPUs; JobFinished: gone, so the next decision replaces it if the load still needs it).
+
+The control loop (the elected leader only) decides with the pure `ibpool_core.scale.policies.decide`
+on the stored samples, replicas and the scaler's memory, and writes in one transaction per deployment
+the new replicas, the removed ones, the memory and the decision, with the SubmitJob/CancelJob commands
+and the ScaleDecided event in the outbox. A restart therefore resumes from exactly what was committed:
+no replica is submitted twice, none is forgotten. The deployment's row is locked for the decision, so
+a PUT or DELETE landing meanwhile waits, and a second replica deciding by mistake (a deposed leader)
+decides on the first one's result rather than beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import msgspec
+from prometheus_client import Counter
+
+from ibpool_core.clock import Clock
+from ibpool_core.scale.model import ScalingReply, ScalingRequest
+from ibpool_core.scale.policies import decide
+from ibpool_proto import Message
+from ibpool_proto.job import CancelJob, JobFinished, JobRequeued, JobScheduled, JobStarted
+from ibpool_proto.scale import DeploymentMetricsReported
+from ibpool_runtime.consumer import HandlerContext, Subscription
+from ibpool_runtime.leader import Leadership
+from ibpool_runtime.logs import get_logger
+from ibpool_runtime.service import Kit
+from ibpool_runtime.store import Transaction
+
+from . import state
+from .config import AutoscalerConfig
+from .deployments import (
+    Decision,
+    DeploymentBody,
+    DeploymentRecord,
+    ReplicaRecord,
+    core_deployment,
+    decision_messages,
+    policy_of,
+    sample_of,
+)
+
+log = get_logger(__name__)
+
+JOB_NEWS = (JobScheduled, JobStarted, JobRequeued, JobFinished)
+METRIC_NEWS = (DeploymentMetricsReported,)
+
+
+class Autoscaler:
+    def __init__(self, kit: Kit[AutoscalerConfig], clock: Clock) -> None:
+        self.kit = kit
+        self.cfg = cfg = kit.config
+        self.clock = clock
+        self.leadership: Leadership | None = None
+        if cfg.leader_election:
+            self.leadership = Leadership(kit.bus, cfg.leader_key, kit.source, cfg.leader_ttl_s, cfg.stream_replicas)
+        # Set by a PUT: decide soon rather than at the next tick.
+        self.wake = asyncio.Event()
+        self.rounds = 0
+        registry = kit.metrics.registry
+        self.decisions = Counter(
+            "ibpool_autoscaler_decisions", "Decisions that changed a replica count", ["direction"], registry=registry
+        )
+        self.samples = Counter("ibpool_autoscaler_samples", "Metric samples stored", registry=registry)
+
+    # -- news ---------------------------------------------------------------------------------
+
+    def subscriptions(self) -> list[Subscription]:
+        p = self.cfg.durable_prefix
+
+        def sub(name: str, types: tuple[type[Message], ...]) -> Subscription:
+            return Subscription(f"{p}-{name}", tuple(t.subject_pattern() for t in types), self.on_news)
+
+        return [sub("jobs", JOB_NEWS), sub("metrics", METRIC_NEWS)]
+
+    async def on_news(self, message: object, ctx: HandlerContext) -> None:
+        assert ctx.tx is not None
+        conn, now = ctx.tx.conn, self.clock.now()
+        match message:
+            case DeploymentMetricsReported():
+                if await state.get_deployment(conn, message.deployment) is None:
+                    return  # not ours (yet): samples of unknown names would pile up unbounded
+                await state.add_sample(conn, message.deployment, sample_of(message))
+                self.samples.inc()
+            case JobScheduled() | JobStarted() | JobRequeued() | JobFinished():
+                replica = await state.lock_replica(conn, message.job_id)
+                if replica is None:
+                    return  # not a replica job, or one we already cancelled
+                await self.on_replica_news(ctx.tx, replica, message, now)
+
+    async def on_replica_news(
+        self,
+        tx: Transaction,
+        replica: ReplicaRecord,
+        ev: JobScheduled | JobStarted | JobRequeued | JobFinished,
+        now: dt.datetime,
+    ) -> None:
+        match ev:
+            case JobScheduled():
+                # The agent's JobStarted may come first: placing a ready replica does not make it starting.
+                changed = msgspec.structs.replace(replica, allocation_id=ev.allocation_id, nodes=sorted(ev.nodes))
+            case JobStarted():
+                if replica.state == "ready" and replica.allocation_id == ev.allocation_id:
+                    return
+                changed = msgspec.structs.replace(
+                    replica,
+                    state="ready",
+                    since=now,
+                    allocation_id=ev.allocation_id,
+                    nodes=replica.nodes if replica.allocation_id == ev.allocation_id else [ev.node_id],
+                )
+            case JobRequeued():
+                if replica.allocation_id not in (None, ev.allocation_id):
+                    return  # news of an allocation it no longer holds
+                changed = msgspec.structs.replace(replica, state="starting", since=now, allocation_id=None, nodes=[])
+            case JobFinished():
+                log.info("replica ended", job_id=replica.job_id, state=ev.state, reason=ev.reason)
+                await state.delete_replicas(tx.conn, [replica.job_id])
+                return
+        await state.update_replica(tx.conn, changed)
+
+    # -- the API's writes -------------------------------------------------------------------------
+
+    async def put(self, tx: Transaction, name: str, body: DeploymentBody) -> tuple[DeploymentRecord, bool]:
+        """Create or replace a deployment (validated by the caller with `core_deployment`); its replicas
+        and the scaler's memory are kept. Returns the record and whether it is new."""
+        now = self.clock.now()
+        old = await state.lock_deployment(tx.conn, name)
+        if old is None:
+            record = DeploymentRecord(name=name, body=body, created_at=now, updated_at=now)
+        else:
+            record = msgspec.structs.replace(old, body=body, updated_at=now)
+        await state.save_deployment(tx.conn, record)
+        self.wake.set()
+        return record, old is None
+
+    async def delete(self, tx: Transaction, name: str) -> list[str] | None:
+        """Remove a deployment and cancel its replicas (their job ids); None when there is none."""
+        if await state.lock_deployment(tx.conn, name) is None:
+            return None
+        replicas = await state.replicas_of(tx.conn, name)
+        ids = [r.job_id for r in replicas]
+        await state.delete_replicas(tx.conn, ids)
+        await state.delete_deployment(tx.conn, name)
+        await tx.outbox(
+            *(CancelJob(source=self.kit.source, key=i, job_id=i, reason=f"deployment {name} deleted") for i in ids)
+        )
+        return ids
+
+    # -- decisions ------------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leadership is None or self.leadership.is_leader
+
+    async def decide_all(self) -> dict[str, ScalingReply]:
+        """One decision per deployment, each in its own transaction (one failing leaves the others)."""
+        now = self.clock.now()
+        await state.prune_samples(self.kit.store.pool, now - dt.timedelta(seconds=self.cfg.metric_retention_s))
+        replies: dict[str, ScalingReply] = {}
+        for name in await state.deployment_names(self.kit.store.pool):
+            try:
+                reply = await self.decide_one(name)
+            except Exception as e:  # a store hiccup or a bad record must not stop the other deployments
+                log.warning("scaling decision failed", deployment=name, error=str(e) or type(e).__name__)
+                continue
+            if reply is not None:
+                replies[name] = reply
+        self.rounds += 1
+        return replies
+
+    async def decide_one(self, name: str) -> ScalingReply | None:
+        async with self.kit.store.transaction() as tx:
+            record = await state.lock_deployment(tx.conn, name)
+            if record is None:
+                return None  # deleted meanwhile
+            now = self.clock.now()
+            replicas = await state.replicas_of(tx.conn, name)
+            since = now - dt.timedelta(seconds=self.cfg.metric_retention_s)
+            request = ScalingRequest(
+                deployment=core_deployment(name, record.body),
+                replicas=[r.core() for r in replicas],
+                metrics=await state.samples_since(tx.conn, name, since),
+                now=now,
+                policy=policy_of(record.body),
+                memory=record.memory,
+            )
+            reply = decide(request)
+            new_ids = await state.next_job_ids(tx.conn, name, reply.add)
+            await state.insert_replicas(
+                tx.conn,
+                [
+                    ReplicaRecord(job_id=i, deployment=name, state="starting", since=now, submitted_at=now)
+                    for i in new_ids
+                ],
+            )
+            if reply.remove:
+                await state.delete_replicas(tx.conn, list(reply.remove))
+            decision = Decision(
+                at=now,
+                current=len(replicas),
+                desired=reply.desired_replicas,
+                recommended=reply.recommended,
+                reason=reply.reason,
+                forecast_requests_per_s=reply.forecast_requests_per_s,
+            )
+            await state.save_deployment(tx.conn, msgspec.structs.replace(record, memory=reply.memory, last=decision))
+            await tx.outbox(
+                *decision_messages(record, reply, len(replicas), new_ids, self.kit.source, self.cfg.replica_runtime_s)
+            )
+        if reply.desired_replicas != len(replicas):
+            direction = "up" if reply.desired_replicas > len(replicas) else "down"
+            self.decisions.labels(direction).inc()
+            log.info(
+                "scaled",
+                deployment=name,
+                current=len(replicas),
+                desired=reply.desired_replicas,
+                reason=reply.reason,
+            )
+        return reply
+
+    # -- loops ----------------------------------------------------------------------------------
+
+    async def leader_loop(self, stop: asyncio.Event) -> None:
+        if self.leadership is not None:
+            await self.leadership.run(stop)
+
+    async def control_loop(self, stop: asyncio.Event) -> None:
+        """Decide every `interval_s`, and soon after a deployment is created or changed."""
+        while not stop.is_set():
+            waits = [asyncio.ensure_future(e.wait()) for e in (self.wake, stop)]
+            try:
+                await asyncio.wait(waits, timeout=self.cfg.interval_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            if stop.is_set():
+                break
+            self.wake.clear()
+            if not self.is_leader:
+                continue
+            try:
+                await self.decide_all()
+            except Exception as e:  # the store down for a moment: try again at the next tick
+                log.warning("scaling round failed", error=str(e) or type(e).__name__)

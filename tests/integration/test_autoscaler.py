@@ -1,0 +1,216 @@
+"""The autoscaler against real NATS and Postgres, with the scheduler, the pool allocator and a simulated node
+agent in-process: a load ramp published as metric events scales a deployment up (replica jobs submitted,
+scheduled, started on the agent), the load drop scales it down after the stabilisation window (replica jobs
+cancelled), and a restart of the autoscaler neither submits a replica twice nor forgets one."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+from ibpool_autoscaler.bootstrap import bootstrap as autoscaler_bootstrap
+from ibpool_autoscaler.config import AutoscalerConfig
+from ibpool_proto import decode
+from ibpool_proto.job import CancelJob, JobFinished, JobStarted, SubmitJob
+from ibpool_proto.scale import DeploymentMetricsReported, ScaleDecided
+from ibpool_runtime.bus import Bus
+from ibpool_runtime.devstack import StackInfo
+from ibpool_runtime.metrics import ServiceMetrics
+from ibpool_runtime.service import Kit, Service
+from ibpool_runtime.store import Store
+from tests.integration.helpers import eventually, own_store, stream_messages
+from tests.integration.test_scheduler import call, cluster, job_state
+
+AUTOSCALER_DURABLES = "autoscaler-test"
+SCALE_DOWN_WINDOW_S = 3.0
+
+
+@asynccontextmanager
+async def running_autoscaler(bus: Bus, store: Store, leader_key: str) -> AsyncIterator[Service[AutoscalerConfig]]:
+    cfg = AutoscalerConfig(
+        instance="test",
+        durable_prefix=AUTOSCALER_DURABLES,
+        interval_s=0.25,
+        leader_key=leader_key,
+        leader_ttl_s=1.0,
+    )
+    kit = Kit(name="autoscaler", config=cfg, bus=bus, store=store, metrics=ServiceMetrics("autoscaler"))
+    service = Service(kit, await autoscaler_bootstrap(kit))
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.stop()
+
+
+class LoadReporter:
+    """What an ingress would do: report the deployment's request rate every `period_s`."""
+
+    def __init__(self, bus: Bus, deployment: str, period_s: float = 0.2) -> None:
+        self.bus, self.deployment, self.period_s = bus, deployment, period_s
+        self.requests_per_s = 0.0
+
+    async def run(self) -> None:
+        while True:
+            await self.bus.publish(
+                DeploymentMetricsReported(
+                    source="load-test",
+                    key=self.deployment,
+                    deployment=self.deployment,
+                    requests_per_s=self.requests_per_s,
+                )
+            )
+            await asyncio.sleep(self.period_s)
+
+
+async def deployment(service: Service[Any], name: str) -> dict[str, Any]:
+    status, view = await call(service, "GET", f"/v1/deployments/{name}")
+    assert status == 200, view
+    return dict(view)
+
+
+async def scale_events(bus: Bus, name: str) -> list[ScaleDecided]:
+    out = [decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_SCALE", ScaleDecided.subject(name))]
+    return sorted((e for e in out if isinstance(e, ScaleDecided)), key=lambda e: e.occurred_at)
+
+
+async def submitted(bus: Bus, name: str) -> list[str]:
+    msgs = [decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_JOB", SubmitJob.subject_pattern())]
+    return [m.job_id for m in msgs if isinstance(m, SubmitJob) and m.job_id.startswith(f"{name}-r")]
+
+
+def deployment_body(tenant: str = "inference") -> dict[str, Any]:
+    return {
+        "tenant": tenant,
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "gpus": 1,
+        "targets": {"requests_per_s": 10},
+        "policy": "reactive",
+        # Short windows for the test; the HPA's defaults are minutes.
+        "reactive": {
+            "metric_window_s": 1.0,
+            "scale_down_window_s": SCALE_DOWN_WINDOW_S,
+            "down_percent": 100.0,
+            "down_period_s": 1.0,
+        },
+    }
+
+
+async def test_load_ramp_scales_up_then_down_after_the_window(bus: Bus, store: Store, stack: StackInfo) -> None:
+    name = f"chat-{uuid.uuid4().hex[:6]}"
+    async with (
+        cluster(bus, store, stack, nodes=1) as (scheduler, _sched, _allocator, _nodes),
+        own_store(stack) as autoscaler_store,
+        running_autoscaler(bus, autoscaler_store, f"autoscaler-{name}") as autoscaler,
+    ):
+        status, err = await call(autoscaler, "PUT", f"/v1/deployments/{name}", {**deployment_body(), "gpus": 0})
+        assert status == 400 and err["path"] == "$.gpus", err
+        status, err = await call(autoscaler, "PUT", f"/v1/deployments/{name}", {**deployment_body(), "min_replicas": 9})
+        assert status == 400 and err["path"] == "$.min_replicas", err
+        status, view = await call(autoscaler, "PUT", f"/v1/deployments/{name}", deployment_body())
+        assert status == 201 and view["spec"]["max_replicas"] == 4, view
+
+        async def ready(n: int) -> bool:
+            r = (await deployment(autoscaler, name))["replicas"]
+            return bool(r["ready"] == n and r["starting"] == 0 and r["wanted"] == n)
+
+        await eventually(lambda: ready(1), what="the minimum replica ready")
+        reporter = LoadReporter(bus, name)
+        reporting = asyncio.create_task(reporter.run())
+        try:
+            reporter.requests_per_s = 5.0
+            await asyncio.sleep(0.5)
+            for rps in (15.0, 25.0, 35.0):  # 35 req/s at 10 per replica: 4 replicas
+                reporter.requests_per_s = rps
+                await asyncio.sleep(0.4)
+            await eventually(lambda: ready(4), what="4 replicas ready")
+            view = await deployment(autoscaler, name)
+            jobs = [r["job_id"] for r in view["replica_jobs"]]
+            assert sorted(jobs) == sorted(f"{name}-r{i}" for i in range(1, 5))
+            for j in jobs:
+                assert (await job_state(scheduler, j))["state"] == "running"
+            assert view["last_decision"]["reason"]
+
+            reporter.requests_per_s = 5.0
+            await eventually(lambda: ready(1), timeout_s=20, what="scaled back down to 1 replica")
+        finally:
+            reporting.cancel()
+            with suppress(asyncio.CancelledError):
+                await reporting
+
+        events = await scale_events(bus, name)
+        ups = [e for e in events if e.target_replicas > e.current_replicas]
+        downs = [e for e in events if e.target_replicas < e.current_replicas]
+        assert ups and max(e.target_replicas for e in ups) == 4 and all(e.reason for e in ups)
+        assert downs and downs[-1].target_replicas == 1
+        # Scaling down waits out the stabilisation window after the last recommendation of 4 replicas
+        # (the last up decision or later), never earlier.
+        assert (downs[0].occurred_at - ups[-1].occurred_at).total_seconds() >= SCALE_DOWN_WINDOW_S
+        (survivor,) = (await deployment(autoscaler, name))["replica_jobs"]
+        removed = sorted(set(jobs) - {survivor["job_id"]})
+        assert len(removed) == 3
+
+        async def cancelled() -> bool:
+            states = [(await job_state(scheduler, j))["state"] for j in removed]
+            return states == ["cancelled"] * len(removed)
+
+        await eventually(cancelled, what="the removed replicas cancelled at the scheduler")
+        # Each replica job was submitted once, and only the removed ones cancelled.
+        assert sorted(await submitted(bus, name)) == sorted(jobs)
+
+        status, gone = await call(autoscaler, "DELETE", f"/v1/deployments/{name}")
+        assert status == 200 and gone["cancelled"] == [survivor["job_id"]], gone
+
+        async def all_finished() -> bool:
+            msgs = await stream_messages(bus.js, "IBPOOL_JOB", JobFinished.subject_pattern())
+            done = {e.job_id for e in map(decode, (m.data for m in msgs)) if isinstance(e, JobFinished)}
+            return set(jobs) <= done
+
+        await eventually(all_finished, what="every replica job finished")
+        status, _ = await call(autoscaler, "GET", f"/v1/deployments/{name}")
+        assert status == 404
+
+
+async def test_restart_resumes_without_submitting_twice(bus: Bus, store: Store, stack: StackInfo) -> None:
+    name = f"embed-{uuid.uuid4().hex[:6]}"
+    async with (
+        cluster(bus, store, stack, nodes=1) as (_scheduler, _sched, _allocator, _nodes),
+        own_store(stack) as autoscaler_store,
+    ):
+        reporter = LoadReporter(bus, name)
+        reporter.requests_per_s = 25.0  # 3 replicas
+        reporting = asyncio.create_task(reporter.run())
+        try:
+            async with running_autoscaler(bus, autoscaler_store, f"autoscaler-{name}") as first:
+                status, _ = await call(first, "PUT", f"/v1/deployments/{name}", deployment_body())
+                assert status == 201
+
+                async def three_submitted() -> bool:
+                    return len((await deployment(first, name))["replica_jobs"]) == 3
+
+                await eventually(three_submitted, what="3 replicas submitted")
+            # The second instance takes over (the first resigned its leadership) from the stored state.
+            async with running_autoscaler(bus, autoscaler_store, f"autoscaler-{name}") as second:
+
+                async def three_ready() -> bool:
+                    r = (await deployment(second, name))["replicas"]
+                    return bool(r["ready"] == 3)
+
+                await eventually(three_ready, what="3 replicas ready after the restart")
+                await asyncio.sleep(1.0)  # a few more decisions of the new instance
+                assert (await deployment(second, name))["replicas"]["ready"] == 3
+        finally:
+            reporting.cancel()
+            with suppress(asyncio.CancelledError):
+                await reporting
+        ids = await submitted(bus, name)
+        assert sorted(ids) == [f"{name}-r{i}" for i in (1, 2, 3)]
+        msgs = await stream_messages(bus.js, "IBPOOL_JOB", JobStarted.subject_pattern())
+        started = {e.job_id for e in map(decode, (m.data for m in msgs)) if isinstance(e, JobStarted)}
+        assert set(ids) <= started
+        cancels = await stream_messages(bus.js, "IBPOOL_JOB", CancelJob.subject_pattern())
+        assert not [m for m in map(decode, (c.data for c in cancels)) if getattr(m, "job_id", "").startswith(name)]
