@@ -38,6 +38,8 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from bench_report import print_medians
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RESULTS = HERE / "results"
@@ -252,12 +254,7 @@ def main() -> None:
         f"\nbench_fabric: {fab['gpus']:,} GPUs, {fab['hosts']:,} hosts, {fab['switches']:,} switches, "
         f"{fab['links']:,} links; median of {args.runs} runs"
     )
-    print(f"{'measure':<28}{'median':>12}{'floor':>10}  verdict   runs")
-    for label, key, floor_key in rows:
-        floor = FLOORS.get(floor_key) if floor_key else None
-        mark = ("pass" if verdict[floor_key] else "FAIL") if floor_key else ""
-        raw = " ".join(f"{r[key]:.3g}" for r in runs)
-        print(f"{label:<28}{median[key]:>12.3f}{(f'< {floor:g}' if floor else ''):>10}  {mark:<8}  {raw}")
+    print_medians(rows, runs, median, verdict, FLOORS, width=12)
     print(f"{'heap model / index (MB)':<28}{heap['heap_model_mb']:>12.1f} / {heap['heap_index_mb']:.1f}")
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_report import print_medians
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RESULTS = HERE / "results"
@@ -264,12 +266,7 @@ def main() -> None:
         f"\nbench_sched_place: {fab['gpus']:,} GPUs, {fab['hosts']:,} hosts, {fab['leaf_groups']} leaf groups; "
         f"{args.placements} placements per run, median of {args.runs} runs"
     )
-    print(f"{'measure':<28}{'median':>10}{'floor':>10}  verdict   runs")
-    for label, key, floor_key in rows:
-        floor = FLOORS.get(floor_key) if floor_key else None
-        mark = ("pass" if verdict[floor_key] else "FAIL") if floor_key else ""
-        raw = " ".join(f"{r[key]:.3g}" for r in runs)
-        print(f"{label:<28}{median[key]:>10.3f}{(f'< {floor:g}' if floor else ''):>10}  {mark:<8}  {raw}")
+    print_medians(rows, runs, median, verdict, FLOORS, width=10)
     print(f"statuses (run 1): {runs[0]['statuses']}; SHARP on {runs[0]['sharp_admitted']} admitted")
     print(
         f"64-host gangs (run 1): leaf groups spanned {runs[0]['gang64_leaf_groups']}, "

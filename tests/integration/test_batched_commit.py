@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,7 +16,6 @@ from ibpool_pool_allocator.config import PoolAllocatorConfig
 from ibpool_pool_allocator.service import PoolAllocator
 from ibpool_proto import decode
 from ibpool_proto.job import CancelJob
-from ibpool_proto.node import GpuInfo, NodeRegistered
 from ibpool_proto.pool import (
     AllocationGranted,
     GpuAssignment,
@@ -31,13 +29,9 @@ from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit, Service
 from ibpool_runtime.store import Store
 from tests.integration.helpers import eventually, stream_messages
+from tests.integration.pool_support import registered, unique
 
-MODEL = "H100-80GB"
 QUEUED = "INSERT INTO queued (n) VALUES ($1)"
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
 
 
 async def queued_rows(store: Store, conn: Any = None) -> list[int]:
@@ -81,19 +75,6 @@ async def test_rolled_back_transaction_writes_no_queued_row(store: Store) -> Non
             tx.executemany_at_commit(QUEUED, [(1,)])
             raise RuntimeError("the batch failed")
     assert await queued_rows(store) == []
-
-
-def registered(node_id: str, gpus: int = 4) -> NodeRegistered:
-    return NodeRegistered(
-        source="test",
-        key=node_id,
-        node_id=node_id,
-        hostname=node_id,
-        cpu_milli=64_000,
-        memory_mib=512_000,
-        gpus=[GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", model=MODEL, memory_mib=81_920) for i in range(gpus)],
-        backend="test",
-    )
 
 
 def propose(job: str, node_id: str, gpu: int, version: int) -> ProposePlacement:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,7 +24,6 @@ from ibpool_proto import decode, new_id
 from ibpool_proto.fabric import TopologyPublished
 from ibpool_proto.health import NodeFailed
 from ibpool_proto.job import JobExited, JobStarted
-from ibpool_proto.node import GpuInfo, NodeRegistered
 from ibpool_proto.pool import (
     AllocationExpired,
     AllocationGranted,
@@ -45,8 +43,8 @@ from ibpool_runtime.store import Store
 from ibpool_runtime.streams import DLQ_STREAM
 from tests.integration.agent_support import running_agent, unique_prefix
 from tests.integration.helpers import eventually, own_store, stream_messages
+from tests.integration.pool_support import MODEL, registered, unique
 
-MODEL = "H100-80GB"
 # One durable name for every test: each test sees only what was published after the last one stopped.
 DURABLES = "pool-allocator-test"
 
@@ -65,23 +63,6 @@ async def running_allocator(bus: Bus, store: Store, **overrides: Any) -> AsyncIt
         yield service, allocator
     finally:
         await service.stop()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:8]}"
-
-
-def registered(node_id: str, gpus: int = 4) -> NodeRegistered:
-    return NodeRegistered(
-        source="test",
-        key=node_id,
-        node_id=node_id,
-        hostname=node_id,
-        cpu_milli=64_000,
-        memory_mib=512_000,
-        gpus=[GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", model=MODEL, memory_mib=81_920) for i in range(gpus)],
-        backend="test",
-    )
 
 
 def propose(job: str, node_id: str, gpu: int, version: int, lease_s: float = 300.0) -> ProposePlacement:
