@@ -62,11 +62,23 @@ class Enforcer(Protocol):
         ...
 
 
-def _device_env(enforcement: Enforcement, mig_devices: Sequence[str]) -> dict[str, str]:
+def _applied(
+    allocation_id: str,
+    enforcement: Enforcement,
+    instances: Sequence[tuple[int, mig.MigInstance]],
+    mig_devices: Sequence[str],
+) -> Applied:
+    """What is in force once the instances exist: the grant's environment, MIG devices made visible."""
     env = dict(enforcement.env)
     if mig_devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mig_devices)
-    return env
+    return Applied(
+        allocation_id=allocation_id,
+        env=env,
+        mig_instances=[format_mig_instance(i, m) for i, m in instances],
+        mig_devices=list(mig_devices),
+        memory_limit_mib=enforcement.memory_limit_mib,
+    )
 
 
 def _parse_instances(enforcement: Enforcement, gpus: Sequence[GpuInfo]) -> list[tuple[int, mig.MigInstance]]:
@@ -126,13 +138,7 @@ class SimulatedEnforcer:
                     f"GPU {index}: {instance.profile} at slice {instance.start} overlaps the instances in force"
                 )
             devices.append(f"MIG-{uuid.uuid5(uuid.NAMESPACE_URL, f'{self.node_id}/{index}/{instance.start}')}")
-        done = Applied(
-            allocation_id=allocation_id,
-            env=_device_env(enforcement, devices),
-            mig_instances=[format_mig_instance(i, m) for i, m in instances],
-            mig_devices=devices,
-            memory_limit_mib=enforcement.memory_limit_mib,
-        )
+        done = _applied(allocation_id, enforcement, instances, devices)
         self.applied[allocation_id] = done
         return done
 
@@ -182,13 +188,7 @@ class NvmlEnforcer:
         if "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in enforcement.env:
             self._ensure_mps()
         self.instances[allocation_id] = created
-        done = Applied(
-            allocation_id=allocation_id,
-            env=_device_env(enforcement, devices),
-            mig_instances=[format_mig_instance(i, m) for i, m in instances],
-            mig_devices=devices,
-            memory_limit_mib=enforcement.memory_limit_mib,
-        )
+        done = _applied(allocation_id, enforcement, instances, devices)
         self.applied[allocation_id] = done
         return done
 
