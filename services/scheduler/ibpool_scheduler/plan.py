@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from ibpool_core.pool.ledger import Ledger
+from ibpool_core.pool.ledger import Ledger, Node
 from ibpool_core.sched.backfill import reserve
 from ibpool_core.sched.cycle import CycleConfig, SchedulingReply, SchedulingRequest, schedule
 from ibpool_core.sched.jobs import ClusterView, Job, RunningJob, estimated_runtime, host_shares
@@ -52,7 +52,7 @@ class HostView(msgspec.Struct, frozen=True, kw_only=True):
     """The cycle's hosts: index -> node id, the free GPU indices of each, and the core's view."""
 
     node_ids: list[str]
-    free_gpus: list[list[int]]
+    free_gpus: list[Sequence[int]]  # not to be changed: unchanged nodes share them with the next cycle
     cluster: ClusterView
     hosts_per_leaf: int
 
@@ -73,25 +73,70 @@ def taken_in_flight(ledger: Ledger, jobs: Iterable[JobRecord]) -> dict[str, set[
     return taken
 
 
-def host_view(ledger: Ledger, taken: dict[str, set[int]], leaf_label: str) -> HostView:
-    """Ready nodes in id order; a GPU is free when it is ready, holds no grant and is not taken."""
+class NodeOffer(msgspec.Struct, frozen=True):
+    """What one node offers a cycle, before the GPUs in flight are taken out."""
+
+    offered: bool  # ready, with GPUs
+    free: tuple[int, ...]  # indices of its ready GPUs that hold no grant and no MIG layout
+    capacity: int
+    leaf: str
+
+
+# Node id -> (the node as last seen, its offer). Nodes are frozen and the ledger replaces a node on
+# every change, so an identical object means the same offer: a cycle recomputes only the nodes that
+# changed since the last one (1,000 nodes x 8 GPUs otherwise).
+FreeCache = dict[str, tuple[Node, NodeOffer]]
+
+
+def offer_of(node: Node, leaf_label: str, cache: FreeCache | None) -> NodeOffer:
+    if cache is not None and (hit := cache.get(node.node_id)) is not None and hit[0] is node:
+        return hit[1]
+    offer = NodeOffer(
+        offered=node.ready and bool(node.gpus),
+        free=tuple(g.index for g in node.gpus if g.ready and g.fits_whole() and not g.mig),
+        capacity=len(node.gpus),
+        leaf=node.labels.get(leaf_label, UNLABELLED_LEAF),
+    )
+    if cache is not None:
+        cache[node.node_id] = (node, offer)
+    return offer
+
+
+class PlanCache:
+    """Work one cycle can hand to the next; never changes a plan (the same plan without it).
+
+    `offers`: see `FreeCache`. `running`: job id -> (its record, the core's RunningJob) of jobs that
+    hold GPUs since a known time; reused while the record is the same object (`state.live_jobs`
+    returns the same record for an unchanged row) and the hosts are the same list (`node_ids`).
+    """
+
+    def __init__(self) -> None:
+        self.offers: FreeCache = {}
+        self.node_ids: list[str] = []
+        self.running: dict[str, tuple[JobRecord, RunningJob]] = {}
+
+
+def host_view(ledger: Ledger, taken: dict[str, set[int]], leaf_label: str, cache: FreeCache | None = None) -> HostView:
+    """Ready nodes in id order; a GPU is free when it is ready, holds no grant and is not taken.
+    `cache` (kept by the caller across cycles, for one `leaf_label`) only saves work: the view is
+    the same without it."""
     node_ids: list[str] = []
-    free_gpus: list[list[int]] = []
+    free_gpus: list[Sequence[int]] = []
     capacity: list[int] = []
     leaf_of: list[int] = []
     leaves: dict[str, int] = {}
     members: dict[int, int] = {}
-    for node_id in sorted(ledger.nodes):
-        node = ledger.nodes[node_id]
-        if not node.ready or not node.gpus:
+    nodes = ledger.nodes
+    for node_id in sorted(nodes):
+        offer = offer_of(nodes[node_id], leaf_label, cache)
+        if not offer.offered:
             continue
-        held = taken.get(node_id, set())
-        free = [g.index for g in node.gpus if g.ready and g.fits_whole() and not g.mig and g.index not in held]
-        leaf = leaves.setdefault(node.labels.get(leaf_label, UNLABELLED_LEAF), len(leaves))
+        held = taken.get(node_id)
+        leaf = leaves.setdefault(offer.leaf, len(leaves))
         members[leaf] = members.get(leaf, 0) + 1
         node_ids.append(node_id)
-        free_gpus.append(free)
-        capacity.append(len(node.gpus))
+        free_gpus.append([g for g in offer.free if g not in held] if held else offer.free)
+        capacity.append(offer.capacity)
         leaf_of.append(leaf)
     return HostView(
         node_ids=node_ids,
@@ -135,6 +180,37 @@ def running_job(job: JobRecord, index: dict[str, int], margin: float, now: float
     )
 
 
+def running_jobs(
+    jobs: Sequence[JobRecord],
+    index: dict[str, int],
+    node_ids: list[str],
+    margin: float,
+    now: float,
+    cache: PlanCache | None,
+) -> list[RunningJob]:
+    """`running_job` of every job holding or promised GPUs, reusing the cache's where still valid."""
+    if cache is None:
+        found = (running_job(j, index, margin, now) for j in jobs if j.holding or j.state == "proposed")
+        return [r for r in found if r is not None]
+    if cache.node_ids != node_ids:
+        cache.node_ids, cache.running = node_ids, {}
+    kept: dict[str, tuple[JobRecord, RunningJob]] = {}
+    out: list[RunningJob] = []
+    for j in jobs:
+        if not (j.holding or j.state == "proposed"):
+            continue
+        hit = cache.running.get(j.job_id)
+        r = hit[1] if hit is not None and hit[0] is j else running_job(j, index, margin, now)
+        if r is None:
+            continue
+        out.append(r)
+        # A proposed job, or one held since an unknown time, starts "now": not reusable.
+        if j.holding and (j.started_at or j.scheduled_at) is not None:
+            kept[j.job_id] = (j, r)
+    cache.running = kept
+    return out
+
+
 def plan_cycle(
     ledger: Ledger,
     jobs: Sequence[JobRecord],
@@ -142,17 +218,13 @@ def plan_cycle(
     policy: QueuePolicy,
     config: CycleConfig,
     leaf_label: str,
+    cache: PlanCache | None = None,
 ) -> CyclePlan:
-    """Decide one cycle over the live `jobs` on `ledger`; see the module docstring."""
-    view = host_view(ledger, taken_in_flight(ledger, jobs), leaf_label)
+    """Decide one cycle over the live `jobs` on `ledger`; see the module docstring and `PlanCache`."""
+    view = host_view(ledger, taken_in_flight(ledger, jobs), leaf_label, cache.offers if cache else None)
     index = {n: i for i, n in enumerate(view.node_ids)}
     queue = [core_job(j) for j in jobs if j.state == "queued" and (j.not_before is None or j.not_before <= now)]
-    running = [
-        r
-        for j in jobs
-        if (j.holding or j.state == "proposed")
-        and (r := running_job(j, index, config.safety_margin, now.timestamp())) is not None
-    ]
+    running = running_jobs(jobs, index, view.node_ids, config.safety_margin, now.timestamp(), cache)
     request = SchedulingRequest(
         now=now.timestamp(),
         queue=queue,
@@ -215,20 +287,27 @@ def explain_head(reply: SchedulingReply, request: SchedulingRequest, queue: Sequ
 def assign(reply: SchedulingReply, view: HostView, jobs: dict[str, JobRecord]) -> list[Proposal]:
     """The exact GPUs of every start: the lowest free indices of each host the core chose, counting
     the GPUs of the jobs this cycle preempts or kills as free (the core gave them to the starts)."""
-    free = [list(f) for f in view.free_gpus]
+    # Only the hosts a start or a victim touches are copied and sorted (a cycle touches few of 1,000).
+    free: dict[int, list[int]] = {}
+
+    def free_on(host: int) -> list[int]:
+        if host not in free:
+            free[host] = sorted(view.free_gpus[host])
+        return free[host]
+
     index = {n: i for i, n in enumerate(view.node_ids)}
     for gone in [p.job_id for p in reply.preemptions] + list(reply.kills):
         for a in jobs[gone].assignments:
             if (h := index.get(a.node_id)) is not None:
-                free[h].append(a.gpu_index)
-    free = [sorted(f) for f in free]
+                free_on(h).append(a.gpu_index)
+                free[h].sort()
     out: list[Proposal] = []
     for start in reply.starts:
         job = jobs[start.job_id]
         fraction = job.milli < 1000
         assignments: list[GpuAssignment] = []
         for host, count in start.hosts:
-            picked, free[host] = free[host][:count], free[host][count:]
+            picked, free[host] = free_on(host)[:count], free[host][count:]
             assignments.extend(
                 GpuAssignment(
                     node_id=view.node_ids[host],

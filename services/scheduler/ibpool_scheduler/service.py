@@ -60,7 +60,7 @@ from ibpool_runtime.store import Transaction
 from . import jobs, state
 from .config import SchedulerConfig
 from .jobs import JobRecord
-from .plan import CyclePlan, plan_cycle
+from .plan import CyclePlan, PlanCache, plan_cycle
 from .pool_feed import PoolFeed
 
 log = get_logger(__name__)
@@ -134,6 +134,10 @@ class Scheduler:
         self.cycles = 0
         # Jobs the last cycle left queued: while none wait, a ledger change alone does not start a cycle.
         self.backlog = 0
+        # What an unchanged node offers and an unchanged held job is, kept across cycles (plan.PlanCache).
+        self.plan_cache = PlanCache()
+        # The live jobs' records by stored body, kept across cycles (state.live_jobs).
+        self.decoded: dict[str, JobRecord] = {}
         # Allocation id -> when its lease renewal was last sent (monotonic): one renewal in flight.
         self._renewed: dict[str, float] = {}
         self._lock = asyncio.Lock()
@@ -388,10 +392,10 @@ class Scheduler:
             if self.leadership is not None and (term is None or not await state.fence(tx.conn, term)):
                 self.leadership.step_down("a newer leader has scheduled (fenced)")
                 return None
-            live = await state.live_jobs(tx.conn)
+            live = await state.live_jobs(tx.conn, decoded=self.decoded)
             now = self.clock.now()
             ledger = self.feed.ledger
-            plan = plan_cycle(ledger, live, now, self.policy, self.cycle_config, self.cfg.leaf_label)
+            plan = plan_cycle(ledger, live, now, self.policy, self.cycle_config, self.cfg.leaf_label, self.plan_cache)
             self.backlog = sum(1 for j in live if j.state == "queued") - len(plan.proposals)
             await self._write(tx, plan, {j.job_id: j for j in live}, term, now)
             await tx.outbox(*self.renewals(live, now))

@@ -58,13 +58,29 @@ async def save_job(conn: asyncpg.Connection, job: JobRecord, now: dt.datetime) -
     await conn.execute(UPSERT, *row(job, now))
 
 
-async def live_jobs(conn: asyncpg.Connection | asyncpg.Pool, *, lock: bool = False) -> list[JobRecord]:
-    """Every queued, proposed, scheduled or running job, in submission order; `lock` holds their rows."""
+async def live_jobs(
+    conn: asyncpg.Connection | asyncpg.Pool, *, lock: bool = False, decoded: dict[str, JobRecord] | None = None
+) -> list[JobRecord]:
+    """Every queued, proposed, scheduled or running job, in submission order; `lock` holds their rows.
+
+    `decoded` (body -> record, kept by the caller across calls) skips decoding a body already seen:
+    records are frozen, so an identical body is the same record. It is left holding this call's
+    bodies only, so it never outgrows the live set.
+    """
     rows = await conn.fetch(
         "SELECT body FROM jobs WHERE state = ANY($1::text[]) ORDER BY seq" + (" FOR UPDATE" if lock else ""),
         list(LIVE),
     )
-    return [_record.decode(r["body"]) for r in rows]
+    if decoded is None:
+        return [_record.decode(r["body"]) for r in rows]
+    seen: dict[str, JobRecord] = {}
+    for r in rows:
+        body = r["body"]
+        record = decoded.get(body)
+        seen[body] = record if record is not None else _record.decode(body)
+    decoded.clear()
+    decoded.update(seen)
+    return [seen[r["body"]] for r in rows]
 
 
 async def list_jobs(

@@ -23,7 +23,7 @@ from ibpool_scheduler import jobs
 from ibpool_scheduler.api import JobBody, spec_of
 from ibpool_scheduler.config import SchedulerConfig
 from ibpool_scheduler.jobs import JobRecord
-from ibpool_scheduler.plan import host_view, plan_cycle, taken_in_flight
+from ibpool_scheduler.plan import CyclePlan, FreeCache, PlanCache, host_view, plan_cycle, taken_in_flight
 from ibpool_scheduler.service import Scheduler, record_from_spec, release_id
 
 T0 = dt.datetime(2026, 12, 1, 14, 0, tzinfo=dt.UTC)
@@ -220,6 +220,58 @@ def test_cordoned_and_failed_nodes_are_not_offered() -> None:
         NodeFailed(source="f", key="n2", node_id="n2", reason="silent"),
     )
     assert host_view(ledger, {}, "ibpool.io/leaf").node_ids == ["n3"]
+
+
+def test_the_free_cache_follows_every_ledger_change() -> None:
+    from ibpool_proto.health import Cordoned
+
+    cache: FreeCache = {}
+    ledger = ledger_of(node("n1", 4), node("n2", 4))
+    assert [list(f) for f in host_view(ledger, {}, "l", cache).free_gpus] == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    unchanged = cache["n2"]
+    grant = ProposePlacement(
+        source="t",
+        key="j",
+        job_id="j",
+        tenant="t",
+        queue="q",
+        ledger_version=ledger.version,
+        assignments=[GpuAssignment(node_id="n1", gpu_index=1)],
+    )
+    for change in (grant, Cordoned(source="f", key="n2", node_id="n2", scope="gpu", gpu_index=3, reason="hot")):
+        al.handle(ledger, change, T0)
+        cached = host_view(ledger, {"n2": {0}}, "l", cache)
+        assert cached == host_view(ledger, {"n2": {0}}, "l")  # the cache never changes the view
+    assert [list(f) for f in cached.free_gpus] == [[0, 2, 3], [1, 2]]
+    assert cache["n2"] is not unchanged  # the cordon replaced n2: recomputed
+    al.handle(ledger, node("n3", 2), T0)
+    before = cache["n1"]
+    host_view(ledger, {}, "l", cache)
+    assert cache["n1"] is before  # n1 did not change: reused
+
+
+def test_a_cached_plan_is_the_plan() -> None:
+    cache = PlanCache()
+    ledger = ledger_of(node("b", 2), node("c", 2))
+    on_c = [GpuAssignment(node_id="c", gpu_index=i) for i in (0, 1)]
+    held = jobs.granted(jobs.proposed(job("held", 2, time_limit_s=600.0), "p0", on_c, 1), "p0", ["c"], T0)
+    live = [held, job("small", 1, at=1), job("big", 2, at=2)]
+    pol, cfg = make_policy("fifo"), CycleConfig()
+
+    def both(at: float) -> CyclePlan:
+        when = T0 + dt.timedelta(seconds=at)
+        cached = plan_cycle(ledger, live, when, pol, cfg, "ibpool.io/leaf", cache)
+        assert cached == plan_cycle(ledger, live, when, pol, cfg, "ibpool.io/leaf")
+        return cached
+
+    first = both(10)
+    reused = cache.running["held"][1]
+    assert both(20) == first and cache.running["held"][1] is reused
+    # A node before c shifts c's host index: the held job's running picture is rebuilt.
+    al.handle(ledger, node("a", 2), T0)
+    both(30)
+    assert cache.running["held"][1] is not reused
+    assert cache.running["held"][1].hosts == ((2, 2),)
 
 
 def test_required_topology_waits_for_one_leaf() -> None:

@@ -1,0 +1,466 @@
+"""Scheduling throughput end to end: SubmitJob on the bus -> scheduler -> pool allocator -> JobScheduled.
+
+The scheduler and the pool allocator run in-process (Kit + bootstrap + Service, as
+tests/integration/test_scheduler.py does) on an embedded stack started here in a temp dir and always
+stopped: nats-server and Postgres (fsync on). Each stack setting runs on its own fresh stack:
+`sync_interval: always` and nats-server's default fsync. No node agent runs (jobs need not start).
+
+Before the runs, NODES nodes x GPUS_PER_NODE GPUs are registered through NodeRegistered events
+published directly (not 1,000 agents), and the bench waits until the scheduler leads with every node
+in its ledger replica. Every job asks for one whole GPU (policy fifo, easy backfill, the defaults
+otherwise). After each phase every job of it is cancelled (CancelJob) and the bench waits until
+every allocation is released, so each phase meets the same free pool.
+
+  throughput  N SubmitJob commands published as fast as publish_async goes; time from the first
+              publish to the last JobScheduled seen on a core NATS subscription
+  latency     M submissions offered at each fixed RATE/s (150 and the floor's 300 by default); per job
+              SubmitJob publish -> JobScheduled received
+
+Messages per job: what every stream took during the phase (each stream's last sequence), commands
+included, over the phase's jobs. The latency phase also times each step of the path on the bus
+(submit -> JobQueued -> ProposePlacement -> AllocationGranted -> JobScheduled) and every phase reports
+the scheduler's cycles (count, mean duration). Every phase also
+records the 1-minute load average at its start and the CPU seconds of the benchmark process
+(publisher, subscriber, scheduler and allocator together), nats-server and Postgres.
+
+Figures are the median over --runs. Results: tests/bench/results/bench_sched-latest.json.
+Usage: .venv/bin/python tests/bench/bench_sched.py --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import datetime as dt
+import json
+import os
+import platform
+import pstats
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from ibpool_pool_allocator.bootstrap import bootstrap as allocator_bootstrap
+from ibpool_pool_allocator.config import PoolAllocatorConfig
+from ibpool_proto import decode
+from ibpool_proto.job import CancelJob, JobQueued, JobScheduled, JobSpec, SubmitJob
+from ibpool_proto.pool import AllocationGranted, ProposePlacement, ResourceRequest
+from ibpool_runtime import devstack
+from ibpool_runtime.bus import Bus, outgoing
+from ibpool_runtime.logs import configure_logging
+from ibpool_runtime.metrics import ServiceMetrics
+from ibpool_runtime.service import Kit, Service
+from ibpool_runtime.store import Store
+from ibpool_runtime.streams import STREAMS
+from ibpool_scheduler.bootstrap import bootstrap as scheduler_bootstrap
+from ibpool_scheduler.config import SchedulerConfig
+from ibpool_scheduler.service import Scheduler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_pool import CpuMeter, pct, registered
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+PHASE_TIMEOUT_S = 180.0
+FLOOR_JOBS_PER_S = 300.0
+FLOOR_P99_MS = 100.0
+
+
+def submission(job_id: str) -> SubmitJob:
+    spec = JobSpec(name=job_id, tenant="bench", queue="bench", request=ResourceRequest(kind="whole", gpus=1))
+    return SubmitJob(source="bench", key=job_id, job_id=job_id, spec=spec)
+
+
+# The path of one job on the bus, in order: the latency phase splits submit -> scheduled at each step.
+STAGES = (JobQueued, ProposePlacement, AllocationGranted, JobScheduled)
+
+
+class Watch:
+    """When each job reached each stage, from core NATS subscriptions, and the messages of each stream.
+
+    The subscriptions run in the benchmark process, on the scheduler's and allocator's core, so the
+    throughput phase listens to JobScheduled alone (the job id is the subject's key: no decoding) and
+    only the latency phase to every stage. Messages are counted from each stream's last sequence.
+    """
+
+    def __init__(self, nc: Any, js: Any) -> None:
+        self.nc, self.js = nc, js
+        self.seen_at: dict[type, dict[str, int]] = {t: {} for t in STAGES}
+        self.scheduled = self.seen_at[JobScheduled]
+        self.expect: set[str] = set()
+        self.seen = 0
+        self.done = asyncio.Event()
+        self.stage_subs: list[Any] = []
+        self.seqs: dict[str, int] = {}
+
+    async def start(self) -> None:
+        await self.nc.subscribe(JobScheduled.subject_pattern(), cb=self._on(JobScheduled), pending_msgs_limit=-1)
+        await self.nc.flush()
+
+    async def _stream_seqs(self) -> dict[str, int]:
+        return {spec.name: (await self.js.stream_info(spec.name)).state.last_seq for spec in STREAMS}
+
+    async def reset(self, jobs: set[str], stages: bool) -> None:
+        """Expect `jobs`; `stages`: also time every step of their path."""
+        self.expect, self.seen = jobs, 0
+        self.done.clear()
+        if stages:
+            for t in STAGES[:-1]:
+                sub = await self.nc.subscribe(t.subject_pattern(), cb=self._on(t), pending_msgs_limit=-1)
+                self.stage_subs.append(sub)
+            await self.nc.flush()
+        self.seqs = await self._stream_seqs()
+
+    def _on(self, stage: type) -> Any:
+        times = self.seen_at[stage]
+
+        async def on_message(msg: Any) -> None:
+            now = time.perf_counter_ns()
+            # The job is the key of every stage but the grant (keyed by node): that one is decoded.
+            job_id = decode(msg.data).job_id if stage is AllocationGranted else msg.subject.rsplit(".", 1)[1]
+            if job_id in times:
+                return
+            times[job_id] = now
+            if stage is JobScheduled and job_id in self.expect:
+                self.seen += 1
+                if self.seen >= len(self.expect):
+                    self.done.set()
+
+        return on_message
+
+    async def wait(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self.done.wait(), timeout=timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    async def finish(self, n: int) -> dict[str, Any]:
+        """Stop the stage subscriptions; the messages each stream took during the phase, per job."""
+        for sub in self.stage_subs:
+            await sub.unsubscribe()
+        self.stage_subs = []
+        now = await self._stream_seqs()
+        by_stream = {k: round((now[k] - self.seqs[k]) / n, 3) for k in now if now[k] != self.seqs[k]}
+        return {"messages_per_job": round(sum(by_stream.values()), 3), "messages_per_job_by_stream": by_stream}
+
+    def stages_ms(self, sent: dict[str, int]) -> dict[str, dict[str, float]]:
+        """p50/p99 of each step of the path (submit -> queued -> proposed -> granted -> scheduled)."""
+        out: dict[str, dict[str, float]] = {}
+        before, name = sent, "submit"
+        for stage in STAGES:
+            after = self.seen_at[stage]
+            steps = sorted((after[j] - before[j]) / 1e6 for j in sent if j in after and j in before)
+            out[f"{name}->{stage.__name__}"] = {"p50": round(pct(steps, 50), 1), "p99": round(pct(steps, 99), 1)}
+            before, name = after, stage.__name__
+        return out
+
+
+async def drain(bus: Bus, sched: Scheduler, job_ids: list[str]) -> None:
+    """Cancel the phase's jobs and wait until the scheduler's ledger replica holds no allocation."""
+    outs = [outgoing(CancelJob(source="bench", key=j, job_id=j, reason="bench phase over")) for j in job_ids]
+    await bus.publish_batch(outs, timeout_s=60)
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not sched.feed.ledger.allocations:
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"allocations not released within {PHASE_TIMEOUT_S} s")
+
+
+class Cycles:
+    """The scheduler's cycles during a phase, from its `ibpool_scheduler_cycle_seconds` histogram."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.began = self._now()
+
+    def _now(self) -> tuple[float, float]:
+        samples = {s.name: s.value for m in self.sched.cycle_seconds.collect() for s in m.samples}
+        return samples["ibpool_scheduler_cycle_seconds_count"], samples["ibpool_scheduler_cycle_seconds_sum"]
+
+    def stop(self) -> dict[str, Any]:
+        (c0, s0), (c1, s1) = self.began, self._now()
+        cycles = int(c1 - c0)
+        return {"cycles": cycles, "cycle_mean_ms": round(1000 * (s1 - s0) / cycles, 2) if cycles else None}
+
+
+async def phase_throughput(
+    bus: Bus, watch: Watch, sched: Scheduler, n: int, tag: str, meter: CpuMeter
+) -> dict[str, Any]:
+    cmds = [submission(f"{tag}-{i:05d}") for i in range(n)]
+    outs = [outgoing(c) for c in cmds]
+    jobs = {c.job_id for c in cmds}
+    await watch.reset(jobs, stages=False)
+    meter.start()
+    cycles = Cycles(sched)
+    t0 = time.perf_counter_ns()
+    futures = [await bus.js.publish_async(o.subject, o.body, headers=o.headers) for o in outs]
+    await asyncio.wait_for(asyncio.gather(*futures), timeout=PHASE_TIMEOUT_S)
+    t_published = time.perf_counter_ns()
+    complete = await watch.wait(PHASE_TIMEOUT_S)
+    await asyncio.sleep(0.2)  # the last grants' trailing messages, for the counts
+    machine = meter.stop()
+    done = [watch.scheduled[j] for j in jobs if j in watch.scheduled]
+    span = (max(done) - t0) if done else 0
+    return {
+        "n": n,
+        "scheduled": len(done),
+        "complete": complete,
+        "publish_s": round((t_published - t0) / 1e9, 3),
+        "span_s": round(span / 1e9, 3),
+        "jobs_per_s": round(len(done) / (span / 1e9), 1) if span > 0 else float("nan"),
+        **(await watch.finish(n)),
+        **cycles.stop(),
+        **machine,
+    }
+
+
+async def phase_latency(
+    bus: Bus, watch: Watch, sched: Scheduler, n: int, rate: float, tag: str, meter: CpuMeter
+) -> dict[str, Any]:
+    cmds = [submission(f"{tag}-{i:05d}") for i in range(n)]
+    outs = [outgoing(c) for c in cmds]
+    await watch.reset({c.job_id for c in cmds}, stages=True)
+    sent: dict[str, int] = {}
+    futures = []
+    meter.start()
+    cycles = Cycles(sched)
+    start = time.perf_counter()
+    for i, (c, o) in enumerate(zip(cmds, outs, strict=True)):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent[c.job_id] = time.perf_counter_ns()
+        futures.append(await bus.js.publish_async(o.subject, o.body, headers=o.headers))
+    offered_s = time.perf_counter() - start
+    await asyncio.wait_for(asyncio.gather(*futures), timeout=PHASE_TIMEOUT_S)
+    complete = await watch.wait(PHASE_TIMEOUT_S)
+    await asyncio.sleep(0.2)
+    machine = meter.stop()
+    lat_ms = sorted((watch.scheduled[j] - t) / 1e6 for j, t in sent.items() if j in watch.scheduled)
+    return {
+        "n": n,
+        "offered_per_s": rate,
+        "achieved_offer_per_s": round(n / offered_s, 1) if offered_s > 0 else float("nan"),
+        "scheduled": len(lat_ms),
+        "complete": complete,
+        "p50_ms": round(pct(lat_ms, 50), 3),
+        "p99_ms": round(pct(lat_ms, 99), 3),
+        "max_ms": round(pct(lat_ms, 100), 3),
+        "stages_ms": watch.stages_ms(sent),
+        **(await watch.finish(n)),
+        **cycles.stop(),
+        **machine,
+    }
+
+
+async def bench(args: argparse.Namespace, nats_url: str, dsn: str, pids: dict[str, int]) -> dict[str, Any]:
+    bus = await Bus.connect(nats_url, name="bench-sched")
+    stores: list[Store] = []
+    services: list[Service[Any]] = []
+    sub_nc = None
+    try:
+        await bus.ensure_streams()
+        for schema in ("bench_pool", "bench_sched"):
+            store = await Store.connect(dsn, schema)
+            await store.migrate()
+            stores.append(store)
+        acfg = PoolAllocatorConfig(instance="bench", durable_prefix="pool-allocator-bench", log_level="warning")
+        akit = Kit(name="pool_allocator", config=acfg, bus=bus, store=stores[0], metrics=ServiceMetrics("pa"))
+        services.append(Service(akit, await allocator_bootstrap(akit)))
+        tuning = {} if args.debounce is None else {"cycle_debounce_s": args.debounce}
+        scfg = SchedulerConfig(
+            instance="bench", durable_prefix="scheduler-bench", policy="fifo", log_level="warning", **tuning
+        )
+        skit = Kit(name="scheduler", config=scfg, bus=bus, store=stores[1], metrics=ServiceMetrics("scheduler"))
+        spec = await scheduler_bootstrap(skit)
+        sched: Scheduler = spec.tasks[0].__self__  # type: ignore[attr-defined]
+        services.append(Service(skit, spec))
+        for s in services:
+            await s.start()
+
+        sub_nc = await nats.connect(nats_url, name="bench-sched-sub", connect_timeout=5)
+        watch = Watch(sub_nc, bus.js)
+        await watch.start()
+
+        nodes = [f"bn{i:04d}" for i in range(args.nodes)]
+        t = time.perf_counter()
+        await bus.publish_batch([outgoing(registered(n, args.gpus)) for n in nodes], timeout_s=60)
+        deadline = time.monotonic() + PHASE_TIMEOUT_S
+        while not (sched.is_leader and sched.feed.caught_up and len(sched.feed.ledger.nodes) >= len(nodes)):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the scheduler did not lead with every node in time")
+            await asyncio.sleep(0.2)
+        print(f"registered {len(nodes)} nodes x {args.gpus} GPUs in {time.perf_counter() - t:.1f} s", flush=True)
+
+        profile = cProfile.Profile() if args.profile else None
+        runs = []
+        meter = CpuMeter(pids)
+        for r in range(args.runs):
+            if profile is not None:
+                profile.enable()
+            tp = await phase_throughput(bus, watch, sched, args.n, f"tp{r}", meter)
+            if profile is not None:
+                profile.disable()
+            print(f"run {r + 1} throughput: {tp}", flush=True)
+            await drain(bus, sched, [f"tp{r}-{i:05d}" for i in range(args.n)])
+            run: dict[str, Any] = {"throughput": tp}
+            for rate in args.rates:
+                tag = f"lat{rate:g}r{r}"
+                lat = await phase_latency(bus, watch, sched, args.lat_n, rate, tag, meter)
+                print(f"run {r + 1} latency at {rate:g}/s: {lat}", flush=True)
+                await drain(bus, sched, [f"{tag}-{i:05d}" for i in range(args.lat_n)])
+                run[f"latency_{rate:g}"] = lat
+            runs.append(run)
+        if profile is not None:
+            pstats.Stats(profile).sort_stats("cumulative").print_stats(args.profile)
+        return {"runs": runs}
+    finally:
+        if sub_nc is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(sub_nc.close(), timeout=5)
+        for s in reversed(services):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(s.stop(), timeout=30)
+        for store in stores:
+            with contextlib.suppress(Exception):
+                await store.close()
+        with contextlib.suppress(Exception):
+            await bus.close()
+
+
+def on_stack(args: argparse.Namespace, sync_always: bool) -> dict[str, Any]:
+    """Run the bench on a fresh embedded stack (nats-server `sync_interval: always` or its default)."""
+    root = Path(tempfile.mkdtemp(prefix="ibpool-bench-sched-"))
+    nats_proc: subprocess.Popen[bytes] | None = None
+    pg_data: Path | None = None
+    try:
+        (root / "nats").mkdir()
+        nats_proc, nats_url, _monitor = devstack.start_nats(root / "nats", sync_always=sync_always)
+        (root / "pg").mkdir()
+        pg_data = root / "pg" / "pgdata"  # set first, so that a half-started Postgres is still stopped
+        pg_pid, dsn, pg_data = devstack.start_postgres(root / "pg", fsync=True)
+        return asyncio.run(bench(args, nats_url, dsn, {"nats_server": nats_proc.pid, "postgres": pg_pid}))
+    finally:
+        if pg_data is not None:
+            with contextlib.suppress(Exception):
+                devstack.stop_postgres(pg_data)
+        if nats_proc is not None and nats_proc.poll() is None:
+            nats_proc.terminate()
+            try:
+                nats_proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                nats_proc.kill()
+                nats_proc.wait(timeout=10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the runs; the latency floor is judged at the offered rate of the throughput floor."""
+
+    def med(phase: str, key: str) -> float:
+        return round(statistics.median(float(r[phase][key]) for r in runs), 3)
+
+    phases = list(runs[0])
+    jobs_per_s = med("throughput", "jobs_per_s")
+    all_scheduled = all(r[p]["scheduled"] == r[p]["n"] for r in runs for p in phases)
+    n = runs[0]["throughput"]["n"]
+    cpu_ms_per_job: dict[str, float | None] = {}
+    for name in runs[0]["throughput"]["cpu_s"]:
+        spent = [r["throughput"]["cpu_s"][name] for r in runs]
+        cpu_ms_per_job[name] = None if None in spent else round(statistics.median(1000 * c / n for c in spent), 3)
+    latency = {
+        p: {
+            "offered_per_s": runs[0][p]["offered_per_s"],
+            "p50_ms": med(p, "p50_ms"),
+            "p99_ms": med(p, "p99_ms"),
+            "max_ms": med(p, "max_ms"),
+            "stages_ms_first_run": runs[0][p]["stages_ms"],
+        }
+        for p in phases
+        if p.startswith("latency_")
+    }
+    at_floor = next((v for v in latency.values() if v["offered_per_s"] == FLOOR_JOBS_PER_S), None)
+    return {
+        "jobs_per_s": jobs_per_s,
+        "throughput_span_s": med("throughput", "span_s"),
+        "throughput_cpu_ms_per_job": cpu_ms_per_job,
+        "messages_per_job": med("throughput", "messages_per_job"),
+        "messages_per_job_by_stream": runs[0]["throughput"]["messages_per_job_by_stream"],
+        "throughput_cycles": [r["throughput"]["cycles"] for r in runs],
+        "throughput_cycle_mean_ms": [r["throughput"]["cycle_mean_ms"] for r in runs],
+        "load_1m_at_start": {p: [r[p]["load_1m_at_start"] for r in runs] for p in phases},
+        "latency": latency,
+        "every_job_scheduled": all_scheduled,
+        "floor_jobs_per_s": FLOOR_JOBS_PER_S,
+        "floor_p99_ms": FLOOR_P99_MS,
+        "pass_throughput": jobs_per_s >= FLOOR_JOBS_PER_S and all_scheduled,
+        "pass_latency": None if at_floor is None else at_floor["p99_ms"] < FLOOR_P99_MS and all_scheduled,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--n", type=int, default=2000, help="jobs in the throughput phase")
+    ap.add_argument("--lat-n", type=int, default=1000, help="jobs in the latency phase")
+    ap.add_argument(
+        "--rates",
+        type=lambda v: [float(x) for x in v.split(",")],
+        default=[150.0, 300.0],
+        help="offered rates of the latency phases, per s, comma-separated (300: the floor's)",
+    )
+    ap.add_argument("--debounce", type=float, default=None, help="the scheduler's cycle_debounce_s (default: its own)")
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--sync", choices=("both", "always", "default"), default="both", help="nats-server fsync")
+    ap.add_argument("--profile", type=int, default=0, help="cProfile the throughput phases; print this many rows")
+    ap.add_argument("--out", type=Path, default=RESULTS / "bench_sched-latest.json")
+    args = ap.parse_args()
+    if max(args.n, args.lat_n) > args.nodes * args.gpus:
+        ap.error("a phase needs at most one job per GPU")
+    configure_logging("bench", "warning")
+
+    settings = {"always": True, "default": False}
+    chosen = list(settings) if args.sync == "both" else [args.sync]
+    results: dict[str, Any] = {}
+    for name in chosen:
+        print(f"--- nats sync {name}", flush=True)
+        runs = on_stack(args, settings[name])["runs"]
+        results[f"sync_{name}"] = {"summary": summarise(runs), "runs": runs}
+    doc = {
+        "bench": "bench_sched",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+        "settings": {
+            "runs": args.runs,
+            "throughput_n": args.n,
+            "latency_n": args.lat_n,
+            "latency_rates_per_s": args.rates,
+            "nodes": args.nodes,
+            "gpus_per_node": args.gpus,
+            "job": "1 whole GPU, policy fifo, backfill easy",
+            "cycle_debounce_s": args.debounce,
+            "postgres_fsync": True,
+        },
+        **results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps({k: v["summary"] for k, v in results.items()}, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
