@@ -10,7 +10,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 export UV_LINK_MODE := copy
 ARGS ?=
 
-.PHONY: run test lint docs bench env clean unit integration images
+.PHONY: run test lint docs bench env clean unit integration images chaos
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -48,11 +48,16 @@ bench: env
 	$(PY) tests/bench/bench_pool.py --runs 3
 	$(PY) tests/bench/bench_sched_place.py --runs 5
 	$(PY) tests/bench/bench_failover.py --rounds 20
+	$(PY) tests/bench/bench_sched.py --runs 3
 	$(VENV)/bin/ibpool bench pack --seeds 3 --format table --plot docs/packing-openb.png --out tests/bench/results/pack-latest.json
 
 # Container images, built offline (needs a docker daemon and root for debootstrap): deploy/README.md.
 images: $(UV)
 	deploy/docker/images.sh
+
+# Faults injected into the system in containers (needs a docker daemon and `make images`); not part of `make test`.
+chaos: env
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/chaos
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .ibpool
