@@ -17,6 +17,7 @@ are checked against the event streams:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import time
@@ -24,6 +25,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import nats
@@ -60,9 +62,22 @@ class System:
     def start(self, part: str) -> None:
         docker("start", self.names[part])
 
+    def act(self, action: str, part: str) -> None:
+        """kill (SIGKILL), start, restart, pause/unpause, disconnect/connect (from the network)."""
+        match action:
+            case "kill":
+                self.kill(part)
+            case "disconnect" | "connect":
+                docker("network", action, self.net, self.names[part])
+            case _:
+                docker(action, self.names[part])
+
 
 @pytest.fixture
-def system() -> Iterator[System]:
+def system(request: pytest.FixtureRequest) -> Iterator[System]:
+    """The system in containers; `request.param` (indirect parametrisation) is the failover controller's
+    max_failed_fraction (default 0.5, so that losing one of the two agents fails its 4 of 8 nodes)."""
+    max_failed = str(getattr(request, "param", 0.5))
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         pytest.fail("no docker daemon: start dockerd (deploy/README.md) before `make chaos`")
     missing = [i for i in IMAGES if not docker("images", "-q", f"ibpool/{i}:dev")]
@@ -105,7 +120,7 @@ def system() -> Iterator[System]:
         docker(
             "run", "-d", "--name", names["failover"], *common, *env,
             "-e", "IBPOOL_FAILOVER_CONTROLLER_STABLE_WINDOW_S=3",
-            "-e", "IBPOOL_FAILOVER_CONTROLLER_MAX_FAILED_FRACTION=0.5",
+            "-e", f"IBPOOL_FAILOVER_CONTROLLER_MAX_FAILED_FRACTION={max_failed}",
             "ibpool/failover-controller:dev",
         )  # fmt: skip
         for agent, first in (("agent-a", 1), ("agent-b", 5)):
@@ -142,7 +157,8 @@ async def _ready(url: str, timeout_s: float = 120) -> None:
     raise AssertionError(f"the scheduler at {url} did not see 8 nodes within {timeout_s} s")
 
 
-async def _stream(url: str, stream: str) -> list[object]:
+async def _stream(url: str, stream: str, raw: bool = False) -> list[Any]:
+    """Every message of `stream`, decoded (or as NATS messages with `raw`)."""
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
@@ -150,14 +166,20 @@ async def _stream(url: str, stream: str) -> list[object]:
         if info.state.messages == 0:
             return []
         sub = await js.pull_subscribe(">", stream=stream, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
-        out: list[object] = []
-        while len(out) < info.state.messages:
+        out: list[Any] = []
+        seen = 0
+        while seen < info.state.messages:
             try:
                 batch = await sub.fetch(500, timeout=2)
             except nats.errors.TimeoutError:
                 break
+            seen += len(batch)
             for m in batch:
-                out.append(decode(m.data))
+                if raw:
+                    out.append(m)
+                else:
+                    with contextlib.suppress(Exception):  # a flooded malformed body is not an event
+                        out.append(decode(m.data))
         return out
     finally:
         await nc.close()
@@ -201,7 +223,10 @@ async def _load(system: System, faults: list[tuple[float, str, str]]) -> list[st
     async def inject() -> None:
         for at, action, part in sorted(faults):
             await asyncio.sleep(max(0.0, at - (time.monotonic() - started)))
-            await asyncio.to_thread(system.kill if action == "kill" else system.start, part)
+            if action == "flood":
+                await _flood(system.nats_url)
+            else:
+                await asyncio.to_thread(system.act, action, part)
 
     async def submit_all() -> list[str]:
         jobs = []
@@ -218,6 +243,50 @@ async def _load(system: System, faults: list[tuple[float, str, str]]) -> list[st
     return jobs
 
 
+FLOODED = (
+    "ibpool.pool.placement.propose.x",
+    "ibpool.pool.allocation.request.x",
+    "ibpool.job.job.submit.x",
+    "ibpool.node.node.registered.x",
+    "ibpool.health.node.failed.x",
+    "ibpool.fabric.topology.published.x",
+)
+
+
+async def _flood(url: str, per_subject: int = 50) -> None:
+    """Malformed bodies on the subjects services consume: broken JSON, wrong types, unknown tags."""
+    bodies = [b"{not json", b'{"type": "io.ibpool.pool.placement.propose.v1", "job_id": 7}', b'{"type": "nope.v9"}']
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        for subject in FLOODED:
+            for i in range(per_subject):
+                await js.publish(subject, bodies[i % len(bodies)], headers={"Nats-Msg-Id": f"flood-{subject}-{i}"})
+    finally:
+        await nc.close()
+
+
+async def _all_completed_nothing_overcommitted(system: System, jobs: list[str], dlq_allowed: bool = False) -> None:
+    deadline = time.monotonic() + 240
+    finished: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        events = await _stream(system.nats_url, "IBPOOL_JOB")
+        finished = {e.job_id: e.state for e in events if isinstance(e, JobFinished)}
+        if set(jobs) <= set(finished):
+            break
+        await asyncio.sleep(3)
+    states = {j: finished.get(j, "not finished") for j in jobs}
+    assert all(s == "completed" for s in states.values()), json.dumps(states, indent=1)
+    _never_over_capacity(await _stream(system.nats_url, "IBPOOL_POOL"))
+    scheduled = {e.job_id for e in await _stream(system.nats_url, "IBPOOL_JOB") if isinstance(e, JobScheduled)}
+    assert scheduled >= set(jobs)
+    dead = await _stream(system.nats_url, "IBPOOL_DLQ", raw=True)
+    if dlq_allowed:
+        assert dead and {m.headers["ibpool-dlq-subject"] for m in dead} <= set(FLOODED)
+    else:
+        assert dead == []
+
+
 async def test_services_and_agents_killed_under_load_lose_nothing_and_grant_nothing_twice(system: System) -> None:
     await _ready(system.scheduler_url)
     faults = [
@@ -229,22 +298,37 @@ async def test_services_and_agents_killed_under_load_lose_nothing_and_grant_noth
         (12.0, "start", "scheduler"),
     ]
     jobs = await _load(system, faults)
-    deadline = time.monotonic() + 240
-    finished: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        finished = {
-            e.job_id: e.state for e in await _stream(system.nats_url, "IBPOOL_JOB") if isinstance(e, JobFinished)
-        }
-        if set(jobs) <= set(finished):
-            break
-        await asyncio.sleep(3)
-    states = {j: finished.get(j, "not finished") for j in jobs}
-    assert all(s == "completed" for s in states.values()), json.dumps(states, indent=1)
-    pool = await _stream(system.nats_url, "IBPOOL_POOL")
-    _never_over_capacity(pool)
-    scheduled = defaultdict(set)
-    for e in await _stream(system.nats_url, "IBPOOL_JOB"):
-        if isinstance(e, JobScheduled):
-            scheduled[e.job_id].add(e.attempt)
-    assert set(scheduled) >= set(jobs)
-    assert await _stream(system.nats_url, "IBPOOL_DLQ") == []
+    await _all_completed_nothing_overcommitted(system, jobs)
+
+
+async def test_every_service_and_agent_killed_at_once(system: System) -> None:
+    await _ready(system.scheduler_url)
+    parts = ("allocator", "scheduler", "failover", "agent-a", "agent-b")
+    faults = [(5.0, "kill", p) for p in parts] + [(9.0, "start", p) for p in parts]
+    jobs = await _load(system, faults)
+    await _all_completed_nothing_overcommitted(system, jobs)
+
+
+async def test_postgres_restarted_under_load(system: System) -> None:
+    await _ready(system.scheduler_url)
+    jobs = await _load(system, [(5.0, "restart", "postgres")])
+    await _all_completed_nothing_overcommitted(system, jobs)
+
+
+async def test_a_flood_of_malformed_events_is_dead_lettered_and_work_goes_on(system: System) -> None:
+    await _ready(system.scheduler_url)
+    jobs = await _load(system, [(4.0, "flood", "")])
+    await _all_completed_nothing_overcommitted(system, jobs, dlq_allowed=True)
+
+
+@pytest.mark.parametrize("system", [0.2], indirect=True)
+async def test_a_partitioned_agent_is_not_mass_failed(system: System) -> None:
+    """Half the nodes unreachable is more than the 20% the controller may fail at once: ClusterDegraded,
+    no node failed, no requeue; their work goes on once the partition heals."""
+    await _ready(system.scheduler_url)
+    jobs = await _load(system, [(4.0, "disconnect", "agent-b"), (16.0, "connect", "agent-b")])
+    await _all_completed_nothing_overcommitted(system, jobs)
+    health = await _stream(system.nats_url, "IBPOOL_HEALTH")
+    kinds = {type(e).__name__ for e in health}
+    assert "ClusterDegraded" in kinds and "ClusterRestored" in kinds, kinds
+    assert not [e for e in health if type(e).__name__ in ("NodeFailed", "RequeueRequested")]
