@@ -32,11 +32,8 @@ import json
 import math
 import os
 import platform
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -392,28 +389,8 @@ def main() -> int:
     args = ap.parse_args()
     configure_logging("bench", "warning")
 
-    root = Path(tempfile.mkdtemp(prefix="ibpool-bench-pool-"))
-    nats_proc: subprocess.Popen[bytes] | None = None
-    pg_data: Path | None = None
-    try:
-        (root / "nats").mkdir()
-        nats_proc, nats_url, _monitor = devstack.start_nats(root / "nats", sync_always=True)
-        (root / "pg").mkdir()
-        pg_data = root / "pg" / "pgdata"  # set first, so that a half-started Postgres is still stopped
-        pg_pid, dsn, pg_data = devstack.start_postgres(root / "pg", fsync=True)
-        result = asyncio.run(bench(args, nats_url, dsn, {"nats_server": nats_proc.pid, "postgres": pg_pid}))
-    finally:
-        if pg_data is not None:
-            with contextlib.suppress(Exception):
-                devstack.stop_postgres(pg_data)
-        if nats_proc is not None and nats_proc.poll() is None:
-            nats_proc.terminate()
-            try:
-                nats_proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                nats_proc.kill()
-                nats_proc.wait(timeout=10)
-        shutil.rmtree(root, ignore_errors=True)
+    with devstack.servers("ibpool-bench-pool-", sync_always=True) as stack:
+        result = asyncio.run(bench(args, stack.nats_url, stack.postgres_dsn, stack.pids))
 
     summary = summarise(result["runs"])
     doc = {

@@ -38,11 +38,8 @@ import json
 import os
 import platform
 import pstats
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -341,28 +338,8 @@ async def bench(args: argparse.Namespace, nats_url: str, dsn: str, pids: dict[st
 
 def on_stack(args: argparse.Namespace, sync_always: bool) -> dict[str, Any]:
     """Run the bench on a fresh embedded stack (nats-server `sync_interval: always` or its default)."""
-    root = Path(tempfile.mkdtemp(prefix="ibpool-bench-sched-"))
-    nats_proc: subprocess.Popen[bytes] | None = None
-    pg_data: Path | None = None
-    try:
-        (root / "nats").mkdir()
-        nats_proc, nats_url, _monitor = devstack.start_nats(root / "nats", sync_always=sync_always)
-        (root / "pg").mkdir()
-        pg_data = root / "pg" / "pgdata"  # set first, so that a half-started Postgres is still stopped
-        pg_pid, dsn, pg_data = devstack.start_postgres(root / "pg", fsync=True)
-        return asyncio.run(bench(args, nats_url, dsn, {"nats_server": nats_proc.pid, "postgres": pg_pid}))
-    finally:
-        if pg_data is not None:
-            with contextlib.suppress(Exception):
-                devstack.stop_postgres(pg_data)
-        if nats_proc is not None and nats_proc.poll() is None:
-            nats_proc.terminate()
-            try:
-                nats_proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                nats_proc.kill()
-                nats_proc.wait(timeout=10)
-        shutil.rmtree(root, ignore_errors=True)
+    with devstack.servers("ibpool-bench-sched-", sync_always=sync_always) as stack:
+        return asyncio.run(bench(args, stack.nats_url, stack.postgres_dsn, stack.pids))
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:

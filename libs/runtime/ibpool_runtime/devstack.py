@@ -14,7 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -284,6 +286,40 @@ def read_info(state_dir: Path) -> StackInfo | None:
         raise StackError(f"{path} is corrupt ({e}); remove it and run `ibpool dev up` again") from None
 
 
+class Servers(msgspec.Struct, frozen=True, kw_only=True):
+    nats_url: str
+    postgres_dsn: str
+    # pids for CPU accounting: nats-server and the Postgres postmaster
+    pids: dict[str, int]
+
+
+@contextlib.contextmanager
+def servers(prefix: str, *, sync_always: bool = True, pg_fsync: bool = True) -> Iterator[Servers]:
+    """A private nats-server and Postgres in a fresh temp dir, stopped and removed on exit (benchmarks)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    nats_proc: subprocess.Popen[bytes] | None = None
+    pg_data: Path | None = None
+    try:
+        (root / "nats").mkdir()
+        nats_proc, nats_url, _monitor = start_nats(root / "nats", sync_always=sync_always)
+        (root / "pg").mkdir()
+        pg_data = root / "pg" / "pgdata"  # set first, so that a half-started Postgres is still stopped
+        pg_pid, dsn, pg_data = start_postgres(root / "pg", fsync=pg_fsync)
+        yield Servers(nats_url=nats_url, postgres_dsn=dsn, pids={"nats_server": nats_proc.pid, "postgres": pg_pid})
+    finally:
+        if pg_data is not None:
+            with contextlib.suppress(Exception):
+                stop_postgres(pg_data)
+        if nats_proc is not None and nats_proc.poll() is None:
+            nats_proc.terminate()
+            try:
+                nats_proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                nats_proc.kill()
+                nats_proc.wait(timeout=10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def down(state_dir: Path) -> bool:
     """Stop both servers of this state dir; False if nothing was running."""
     state_dir = state_dir.resolve()
@@ -302,6 +338,7 @@ def status(state_dir: Path) -> dict[str, str]:
     info = read_info(state_dir.resolve())
     if info is None:
         return {"stack": "not running", "state_dir": str(state_dir)}
+
     def state(pid: int) -> str:
         return "up" if process_alive(pid) else "DOWN"
 
