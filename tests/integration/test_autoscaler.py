@@ -131,8 +131,12 @@ async def test_load_ramp_scales_up_then_down_after_the_window(bus: Bus, store: S
             view = await deployment(autoscaler, name)
             jobs = [r["job_id"] for r in view["replica_jobs"]]
             assert sorted(jobs) == sorted(f"{name}-r{i}" for i in range(1, 5))
-            for j in jobs:
-                assert (await job_state(scheduler, j))["state"] == "running"
+
+            async def all_running() -> bool:
+                # The scheduler hears JobStarted through its own consumer, maybe after the autoscaler did.
+                return all([(await job_state(scheduler, j))["state"] == "running" for j in jobs])
+
+            await eventually(all_running, what="the 4 replica jobs running at the scheduler")
             assert view["last_decision"]["reason"]
 
             reporter.requests_per_s = 5.0
