@@ -109,6 +109,24 @@ class CpuMeter:
         return {"load_1m_at_start": self.load_1m, "cpu_s": cpu}
 
 
+async def publish_paced(bus: Bus, cmds: Sequence[Any], rate: float) -> tuple[dict[str, int], float]:
+    """Publish `cmds` at `rate` per second (publish_async) and await every ack: each job id's send
+    time (perf_counter ns) and how long the offering took (s)."""
+    sent: dict[str, int] = {}
+    futures = []
+    start = time.perf_counter()
+    for i, c in enumerate(cmds):
+        o = outgoing(c)
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent[c.job_id] = time.perf_counter_ns()
+        futures.append(await bus.js.publish_async(o.subject, o.body, headers=o.headers))
+    offered_s = time.perf_counter() - start
+    await asyncio.wait_for(asyncio.gather(*futures), timeout=PHASE_TIMEOUT_S)
+    return sent, offered_s
+
+
 def pct(sorted_values: Sequence[float], p: float) -> float:
     """Nearest-rank percentile of an already sorted sequence."""
     if not sorted_values:
@@ -260,20 +278,9 @@ async def phase_latency(
 ) -> dict[str, Any]:
     version = int((await ledger(http_url))["ledger_version"])
     cmds = [proposal(f"{tag}-{i:05d}", node, g, version) for i, (node, g) in enumerate(targets(nodes, gpus, n))]
-    outs = [outgoing(c) for c in cmds]
     answers.reset({c.job_id for c in cmds})
-    sent: dict[str, int] = {}
-    futures = []
     meter.start()
-    start = time.perf_counter()
-    for i, (c, o) in enumerate(zip(cmds, outs, strict=True)):
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        sent[c.job_id] = time.perf_counter_ns()
-        futures.append(await bus.js.publish_async(o.subject, o.body, headers=o.headers))
-    offered_s = time.perf_counter() - start
-    await asyncio.wait_for(asyncio.gather(*futures), timeout=PHASE_TIMEOUT_S)
+    sent, offered_s = await publish_paced(bus, cmds, rate)
     complete = await answers.wait(PHASE_TIMEOUT_S)
     machine = meter.stop()
     lat_ms = sorted((answers.granted[j] - t) / 1e6 for j, t in sent.items() if j in answers.granted)

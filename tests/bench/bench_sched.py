@@ -63,7 +63,7 @@ from ibpool_scheduler.config import SchedulerConfig
 from ibpool_scheduler.service import Scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pool import CpuMeter, pct, registered
+from bench_pool import CpuMeter, pct, publish_paced, registered
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -226,21 +226,10 @@ async def phase_latency(
     bus: Bus, watch: Watch, sched: Scheduler, n: int, rate: float, tag: str, meter: CpuMeter
 ) -> dict[str, Any]:
     cmds = [submission(f"{tag}-{i:05d}") for i in range(n)]
-    outs = [outgoing(c) for c in cmds]
     await watch.reset({c.job_id for c in cmds}, stages=True)
-    sent: dict[str, int] = {}
-    futures = []
     meter.start()
     cycles = Cycles(sched)
-    start = time.perf_counter()
-    for i, (c, o) in enumerate(zip(cmds, outs, strict=True)):
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        sent[c.job_id] = time.perf_counter_ns()
-        futures.append(await bus.js.publish_async(o.subject, o.body, headers=o.headers))
-    offered_s = time.perf_counter() - start
-    await asyncio.wait_for(asyncio.gather(*futures), timeout=PHASE_TIMEOUT_S)
+    sent, offered_s = await publish_paced(bus, cmds, rate)
     complete = await watch.wait(PHASE_TIMEOUT_S)
     await asyncio.sleep(0.2)
     machine = meter.stop()

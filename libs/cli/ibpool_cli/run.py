@@ -510,7 +510,10 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
 def run_main(args: argparse.Namespace) -> int:
     console = Console()
     state = Path(args.state_dir or f".ibpool/run-{time.strftime('%Y%m%d-%H%M%S')}")
-    console.print(f"[bold]ibpool run[/]: {args.nodes} simulated nodes, state in {state}")
+    console.print(
+        f"[bold]ibpool run[/]: {args.nodes} simulated nodes on the fabric and 1 spare the scenario kills "
+        f"(node-{args.nodes + 1:03d}), state in {state}"
+    )
     t0 = time.monotonic()
     try:
         info = devstack.up(state)
