@@ -25,20 +25,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
-import importlib.metadata
 import json
 import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from bench_report import print_medians
+from bench_report import machine, percentile, print_medians, run_child
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -49,11 +46,6 @@ FLOORS = {"index_build_s": 5.0, "hops_us": 20.0, "hops_rail0_us": 20.0, "coverin
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def one_run(hosts: int, seed: int, pairs: int, sets: int) -> dict[str, Any]:
@@ -93,7 +85,7 @@ def one_run(hosts: int, seed: int, pairs: int, sets: int) -> dict[str, Any]:
             index.hops(a, b, rail)
             times.append((clock() - s) / 1e3)
         out[key] = statistics.fmean(times)
-        out[key.replace("_us", "_p99_us")] = _percentile(times, 0.99)
+        out[key.replace("_us", "_p99_us")] = percentile(times, 0.99)
     times = []
     levels = []
     for _ in range(sets):
@@ -103,7 +95,7 @@ def one_run(hosts: int, seed: int, pairs: int, sets: int) -> dict[str, Any]:
         times.append((clock() - s) / 1e6)
         levels.append(sub.level if sub else None)
     out["covering_64_ms"] = statistics.fmean(times)
-    out["covering_64_p99_ms"] = _percentile(times, 0.99)
+    out["covering_64_p99_ms"] = percentile(times, 0.99)
     out["covering_levels"] = sorted(set(levels), key=str)
     times = []
     for _ in range(2000):
@@ -152,36 +144,6 @@ def heap_run(hosts: int) -> dict[str, Any]:
     }
 
 
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True)
-    return {
-        "nproc": os.cpu_count(),
-        "affinity_cpus": len(os.sched_getaffinity(0)),
-        "cpu_model": cpu,
-        "loadavg_at_start": list(os.getloadavg()),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "msgspec": importlib.metadata.version("msgspec"),
-        "git_commit": commit.stdout.strip() + (" (work tree modified)" if dirty.stdout.strip() else ""),
-    }
-
-
-def _child(args: list[str]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True)
-    if proc.returncode:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"bench child failed: {' '.join(args)}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
@@ -204,13 +166,13 @@ def main() -> None:
     common = ["--hosts", str(args.hosts), "--pairs", str(args.pairs), "--sets", str(args.sets)]
     runs = []
     for i in range(args.runs):
-        runs.append(_child([*common, "--one-run", str(i)]))
+        runs.append(run_child(Path(__file__), [*common, "--one-run", str(i)]))
         print(
             f"run {i + 1}/{args.runs}: generation {runs[-1]['generation_s']:.2f} s, "
             f"index {runs[-1]['index_build_s']:.2f} s",
             file=sys.stderr,
         )
-    heap = _child([*common, "--heap"])
+    heap = run_child(Path(__file__), [*common, "--heap"])
     numeric = [k for k, v in runs[0].items() if isinstance(v, float)]
     median = {k: statistics.median(r[k] for r in runs) for k in numeric}
     verdict = {k: median[k] < floor for k, floor in FLOORS.items()}

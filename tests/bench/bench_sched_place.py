@@ -26,27 +26,19 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench_report import print_medians
+from bench_report import machine, percentile, print_medians, run_child
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RESULTS = HERE / "results"
 FLOORS = {"p99_ms": 10.0}
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def one_run(hosts: int, seed: int, placements: int, busy: float, gang: int, candidates: int) -> dict[str, Any]:
@@ -142,48 +134,20 @@ def one_run(hosts: int, seed: int, placements: int, busy: float, gang: int, cand
         "fabric_build_s": t1 - t0,
         "view_build_s": t2 - t1,
         "placements": placements,
-        "p50_ms": _percentile(times, 0.50),
-        "p99_ms": _percentile(times, 0.99),
+        "p50_ms": percentile(times, 0.50),
+        "p99_ms": percentile(times, 0.99),
         "max_ms": max(times),
         "mean_ms": statistics.fmean(times),
-        "cpu_p50_ms": _percentile(cpu_times, 0.50),
-        "cpu_p99_ms": _percentile(cpu_times, 0.99),
-        "gang64_p50_ms": _percentile(gang_times, 0.50),
-        "gang64_p99_ms": _percentile(gang_times, 0.99),
+        "cpu_p50_ms": percentile(cpu_times, 0.50),
+        "cpu_p99_ms": percentile(cpu_times, 0.99),
+        "gang64_p50_ms": percentile(gang_times, 0.50),
+        "gang64_p99_ms": percentile(gang_times, 0.99),
         "mean_total_score": statistics.fmean(total_scores) if total_scores else 0.0,
         "statuses": statuses,
         "sharp_admitted": sharp,
         "gang64_leaf_groups": sorted(set(spans)),
         "gang64_covering_levels": sorted(set(levels)),
     }
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True)
-    return {
-        "nproc": os.cpu_count(),
-        "cpu_model": cpu,
-        "loadavg_at_start": list(os.getloadavg()),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "git_commit": commit.stdout.strip() + (" (work tree modified)" if dirty.stdout.strip() else ""),
-    }
-
-
-def _child(args: list[str]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True)
-    if proc.returncode:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"bench child failed: {' '.join(args)}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
 
 
 def main() -> None:
@@ -219,7 +183,7 @@ def main() -> None:
     info = machine()
     runs = []
     for i in range(args.runs):
-        runs.append(_child([*common, "--one-run", str(i)]))
+        runs.append(run_child(Path(__file__), [*common, "--one-run", str(i)]))
         r = runs[-1]
         print(
             f"run {i + 1}/{args.runs}: p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, {r['statuses']}",
