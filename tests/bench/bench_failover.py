@@ -51,48 +51,21 @@ ROUND_TIMEOUT_S = 60.0
 
 def _services(info: devstack.StackInfo, state: Path, agents: int) -> tuple[list[ServiceProcess], list[ServiceProcess]]:
     base = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn)
-    ports = [devstack.free_port() for _ in range(3 + agents)]
     core = [
-        ServiceProcess(
-            name="pool_allocator",
-            argv=["ibpool_pool_allocator"],
-            env=dict(base, IBPOOL_POOL_ALLOCATOR_HTTP_PORT=str(ports[0]), IBPOOL_POOL_ALLOCATOR_INSTANCE="bench"),
-            port=ports[0],
-            log_path=state / "pool_allocator.log",
-        ),
-        ServiceProcess(
-            name="failover_controller",
-            argv=["ibpool_failover_controller"],
-            env=dict(
-                base,
-                IBPOOL_FAILOVER_CONTROLLER_HTTP_PORT=str(ports[1]),
-                IBPOOL_FAILOVER_CONTROLLER_INSTANCE="bench",
-                IBPOOL_FAILOVER_CONTROLLER_STABLE_WINDOW_S="1",
-                IBPOOL_FAILOVER_CONTROLLER_FLAP_MEMORY_S="1",
-            ),
-            port=ports[1],
-            log_path=state / "failover_controller.log",
-        ),
-        ServiceProcess(
-            name="scheduler",
-            argv=["ibpool_scheduler"],
-            env=dict(base, IBPOOL_SCHEDULER_HTTP_PORT=str(ports[2]), IBPOOL_SCHEDULER_INSTANCE="bench"),
-            port=ports[2],
-            log_path=state / "scheduler.log",
-        ),
+        ServiceProcess.of("pool_allocator", base, state, instance="bench"),
+        # Recovery only is shortened (see the docstring); detection runs at its defaults.
+        ServiceProcess.of("failover_controller", base, state, instance="bench", STABLE_WINDOW_S="1", FLAP_MEMORY_S="1"),
+        ServiceProcess.of("scheduler", base, state, instance="bench"),
     ]
     nodes = [
-        ServiceProcess(
+        ServiceProcess.of(
+            "node_agent",
+            base,
+            state,
             name=f"bench-{i:03d}",
-            argv=["ibpool_node_agent", "--nodes", "1", "--first", str(i), "--prefix", "bench"],
-            env=dict(
-                base,
-                IBPOOL_NODE_AGENT_HTTP_PORT=str(ports[2 + i]),
-                IBPOOL_NODE_AGENT_BACKEND="simulated",
-                IBPOOL_NODE_AGENT_INSTANCE=f"a{i}",
-            ),
-            port=ports[2 + i],
-            log_path=state / f"agent-{i:03d}.log",
+            instance=f"a{i}",
+            args=("--nodes", "1", "--first", str(i), "--prefix", "bench"),
+            BACKEND="simulated",
         )
         for i in range(1, agents + 1)
     ]

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -59,6 +60,27 @@ class ServiceProcess:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        service: str,
+        base: dict[str, str],
+        state: Path,
+        *,
+        name: str | None = None,
+        instance: str = "run",
+        args: Sequence[str] = (),
+        **settings: str,
+    ) -> ServiceProcess:
+        """`python -m ibpool_<service>` on a free port, its log in `state`; `settings` are its config
+        fields (`IBPOOL_<SERVICE>_<FIELD>`) on top of the environment `base`."""
+        prefix = f"IBPOOL_{service.upper()}_"
+        port = devstack.free_port()
+        env = base | {f"{prefix}HTTP_PORT": str(port), f"{prefix}INSTANCE": instance}
+        env |= {prefix + field: value for field, value in settings.items()}
+        name = name or service
+        return cls(name=name, argv=[f"ibpool_{service}", *args], env=env, port=port, log_path=state / f"{name}.log")
 
     @property
     def url(self) -> str:
@@ -416,94 +438,30 @@ async def _leaf_groups_of(http: aiohttp.ClientSession, fabric_url: str, nodes: l
 
 def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -> list[ServiceProcess]:
     base = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn)
-    agent_port, fabric_port, alloc_port = devstack.free_port(), devstack.free_port(), devstack.free_port()
-    failover_port, spare_port, scheduler_port = devstack.free_port(), devstack.free_port(), devstack.free_port()
-    autoscaler_port = devstack.free_port()
+    nodes = ("--nodes", str(args.nodes), "--seed", str(args.seed), "--prefix", "node")
+    spare = ("--nodes", "1", "--first", str(args.nodes + 1), "--seed", str(args.seed), "--prefix", "node")
     return [
-        ServiceProcess(
-            name="pool_allocator",
-            argv=["ibpool_pool_allocator"],
-            env=dict(base, IBPOOL_POOL_ALLOCATOR_HTTP_PORT=str(alloc_port), IBPOOL_POOL_ALLOCATOR_INSTANCE="run"),
-            port=alloc_port,
-            log_path=state / "pool_allocator.log",
+        ServiceProcess.of("pool_allocator", base, state),
+        ServiceProcess.of(
+            "fabric_monitor",
+            base,
+            state,
+            # Scalable units of 4 hosts, so a 16-node cluster has 4 leaf groups for gangs to pack into.
+            GENERATE=f"rail_optimised:hosts={args.nodes},su_size=4",
+            HOST_NAME_FORMAT="node-{:03d}",
+            COUNTER_SOURCE="simulated",
+            POLL_INTERVAL_S="1",
+            CLEAR_AFTER_S="3",
         ),
-        ServiceProcess(
-            name="fabric_monitor",
-            argv=["ibpool_fabric_monitor"],
-            env=dict(
-                base,
-                IBPOOL_FABRIC_MONITOR_HTTP_PORT=str(fabric_port),
-                IBPOOL_FABRIC_MONITOR_INSTANCE="run",
-                # Scalable units of 4 hosts, so a 16-node cluster has 4 leaf groups for gangs to pack into.
-                IBPOOL_FABRIC_MONITOR_GENERATE=f"rail_optimised:hosts={args.nodes},su_size=4",
-                IBPOOL_FABRIC_MONITOR_HOST_NAME_FORMAT="node-{:03d}",
-                IBPOOL_FABRIC_MONITOR_COUNTER_SOURCE="simulated",
-                IBPOOL_FABRIC_MONITOR_POLL_INTERVAL_S="1",
-                IBPOOL_FABRIC_MONITOR_CLEAR_AFTER_S="3",
-            ),
-            port=fabric_port,
-            log_path=state / "fabric_monitor.log",
-        ),
-        ServiceProcess(
-            name="node_agent",
-            argv=["ibpool_node_agent", "--nodes", str(args.nodes), "--seed", str(args.seed), "--prefix", "node"],
-            env=dict(
-                base,
-                IBPOOL_NODE_AGENT_HTTP_PORT=str(agent_port),
-                IBPOOL_NODE_AGENT_BACKEND="simulated",
-                IBPOOL_NODE_AGENT_INSTANCE="run",
-            ),
-            port=agent_port,
-            log_path=state / "node_agent.log",
-        ),
+        ServiceProcess.of("node_agent", base, state, args=nodes, BACKEND="simulated"),
         # One more node in its own agent process: the scenario SIGKILLs it and starts it again.
-        ServiceProcess(
-            name=SPARE_AGENT,
-            argv=[
-                "ibpool_node_agent",
-                *("--nodes", "1", "--first", str(args.nodes + 1), "--seed", str(args.seed), "--prefix", "node"),
-            ],
-            env=dict(
-                base,
-                IBPOOL_NODE_AGENT_HTTP_PORT=str(spare_port),
-                IBPOOL_NODE_AGENT_BACKEND="simulated",
-                IBPOOL_NODE_AGENT_INSTANCE="spare",
-            ),
-            port=spare_port,
-            log_path=state / "node_agent_spare.log",
+        ServiceProcess.of(
+            "node_agent", base, state, name=SPARE_AGENT, instance="spare", args=spare, BACKEND="simulated"
         ),
-        ServiceProcess(
-            name="failover_controller",
-            argv=["ibpool_failover_controller"],
-            env=dict(
-                base,
-                IBPOOL_FAILOVER_CONTROLLER_HTTP_PORT=str(failover_port),
-                IBPOOL_FAILOVER_CONTROLLER_INSTANCE="run",
-                # Short enough to see a node come back within the scenario.
-                IBPOOL_FAILOVER_CONTROLLER_STABLE_WINDOW_S="3",
-            ),
-            port=failover_port,
-            log_path=state / "failover_controller.log",
-        ),
-        ServiceProcess(
-            name="scheduler",
-            argv=["ibpool_scheduler"],
-            env=dict(base, IBPOOL_SCHEDULER_HTTP_PORT=str(scheduler_port), IBPOOL_SCHEDULER_INSTANCE="run"),
-            port=scheduler_port,
-            log_path=state / "scheduler.log",
-        ),
-        ServiceProcess(
-            name="autoscaler",
-            argv=["ibpool_autoscaler"],
-            env=dict(
-                base,
-                IBPOOL_AUTOSCALER_HTTP_PORT=str(autoscaler_port),
-                IBPOOL_AUTOSCALER_INSTANCE="run",
-                IBPOOL_AUTOSCALER_INTERVAL_S="1",
-            ),
-            port=autoscaler_port,
-            log_path=state / "autoscaler.log",
-        ),
+        # A stable window short enough to see a node come back within the scenario.
+        ServiceProcess.of("failover_controller", base, state, STABLE_WINDOW_S="3"),
+        ServiceProcess.of("scheduler", base, state),
+        ServiceProcess.of("autoscaler", base, state, INTERVAL_S="1"),
     ]
 
 
