@@ -15,8 +15,8 @@ docker info >/dev/null 2>&1 || { echo "images: no docker daemon (start dockerd, 
 base=$(deploy/docker/base-image.sh)
 deploy/docker/wheels.sh build/wheelhouse
 for target in "${TARGETS[@]}"; do
-    start=$(date +%s.%N)
+    start=$EPOCHREALTIME
     docker build --quiet --build-arg "BASE=$base" --target "$target" -t "ibpool/$target:$TAG" \
         -f deploy/docker/Dockerfile . >/dev/null
-    printf 'ibpool/%-22s %5.1f s\n' "$target:$TAG" "$(echo "$(date +%s.%N) - $start" | bc)" >&2
+    awk -v t="ibpool/$target:$TAG" -v s="$start" -v e="$EPOCHREALTIME" 'BEGIN { printf "%-30s %5.1f s\n", t, e - s }' >&2
 done

@@ -1,0 +1,307 @@
+"""What must hold after every chaos scenario, each a named check on what the system recorded.
+
+A check returns a `Verdict` (held or not, and what it counted) instead of asserting, so that the
+report shows every invariant of a scenario even when one fails; the scenario asserts them all at
+the end. The sources are independent of each other where the issue asks for it: the pool stream
+(the event log every other system reads), the allocator's own ledger table in Postgres, the
+scheduler's job stream, and a subscriber that listened during the faults like an outside system.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from ibpool_proto import decode
+from ibpool_proto.job import JobExited, JobFinished, JobRequeued, JobScheduled
+from ibpool_proto.pool import (
+    AllocationExpired,
+    AllocationGranted,
+    AllocationRejected,
+    AllocationReleased,
+    AllocationRevoked,
+)
+
+ALLOCATION_EVENTS = "ibpool.pool.allocation.>"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    held: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A stream message: its stream sequence, subject, headers and the decoded event (None: not an event)."""
+
+    seq: int
+    subject: str
+    headers: dict[str, str]
+    event: Any
+
+
+async def connect(urls: list[str]) -> nats.NATS:
+    return await nats.connect(servers=urls, connect_timeout=3, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+
+
+async def read_stream(urls: list[str], stream: str) -> list[Recorded]:
+    """Every message the stream holds now, in order."""
+    nc = await connect(urls)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        last = info.state.last_seq
+        if info.state.messages == 0:
+            return []
+        sub = await js.pull_subscribe(
+            ">", stream=stream, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE)
+        )
+        out: list[Recorded] = []
+        while not out or out[-1].seq < last:
+            try:
+                batch = await sub.fetch(500, timeout=3)
+            except nats.errors.TimeoutError:
+                break
+            for m in batch:
+                event = None
+                with contextlib.suppress(Exception):  # a flooded malformed body is not an event
+                    event = decode(m.data)
+                out.append(Recorded(m.metadata.sequence.stream, m.subject, dict(m.headers or {}), event))
+        return out
+    finally:
+        await nc.close()
+
+
+class Subscriber:
+    """An outside system's subscriber to allocation events: a durable consumer that acks each message
+    and records its stream sequence, through NATS node kills and partitions (it reconnects)."""
+
+    def __init__(self, urls: list[str], name: str = "chaos-observer") -> None:
+        self.urls = urls
+        self.name = name
+        self.seen: list[tuple[int, str]] = []  # (stream seq, event id), redeliveries included
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.nc = await connect(self.urls)
+        js = self.nc.jetstream()
+        config = ConsumerConfig(
+            durable_name=self.name,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            filter_subject=ALLOCATION_EVENTS,
+            ack_wait=5,
+        )
+        self.sub = await js.pull_subscribe(ALLOCATION_EVENTS, durable=self.name, stream="IBPOOL_POOL", config=config)
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = await self.sub.fetch(200, timeout=1)
+            except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError):
+                continue
+            except Exception:  # a NATS node going away mid-fetch: fetch again after the reconnect
+                await asyncio.sleep(0.5)
+                continue
+            for m in batch:
+                event_id = (m.headers or {}).get("Nats-Msg-Id", "")
+                self.seen.append((m.metadata.sequence.stream, event_id))
+                with contextlib.suppress(Exception):  # unacked: redelivered, and counted then
+                    await m.ack()
+
+    async def drain(self, until_seq: int, timeout_s: float = 60) -> None:
+        """Wait until the subscriber has seen the stream up to `until_seq`, then stop it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if max((s for s, _ in self.seen), default=0) >= until_seq:
+                break
+            await asyncio.sleep(0.5)
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+        await self.nc.close()
+
+
+# --- the checks -------------------------------------------------------------------------------------
+
+
+def _replay_capacity(events: Iterable[Any], source: str) -> Verdict:
+    """Replay grants and their ends in order: at no point may a GPU carry more than 1000 milli."""
+    live: dict[tuple[str, str], list[tuple[tuple[str, int], int]]] = {}
+    load: dict[tuple[str, int], int] = defaultdict(int)
+    grants = 0
+    for ev in events:
+        match ev:
+            case AllocationGranted():
+                grants += 1
+                shares = [((a.node_id, a.gpu_index), a.milli) for a in ev.assignments if a.node_id == ev.node_id]
+                live[(ev.allocation_id, ev.node_id)] = shares
+                for gpu, milli in shares:
+                    load[gpu] += milli
+                    if load[gpu] > 1000:
+                        return Verdict(f"no GPU share granted twice ({source})", False,
+                                       f"{gpu} at {load[gpu]} milli after {ev.allocation_id}")  # fmt: skip
+            case AllocationReleased() | AllocationRevoked() | AllocationExpired():
+                for gpu, milli in live.pop((ev.allocation_id, ev.node_id), []):
+                    load[gpu] -= milli
+    return Verdict(f"no GPU share granted twice ({source})", grants > 0, f"{grants} grants replayed")
+
+
+def capacity_from_stream(pool: list[Recorded]) -> Verdict:
+    return _replay_capacity((r.event for r in pool), "event log")
+
+
+async def capacity_from_ledger(dsn: str) -> Verdict:
+    """The allocator's own record: its ledger events table, in ledger order."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT body FROM pool_allocator.ledger_events ORDER BY version, seq")
+    finally:
+        await conn.close()
+    events = []
+    for row in rows:
+        with contextlib.suppress(Exception):
+            events.append(decode(row["body"].encode()))
+    return _replay_capacity(events, "allocator's ledger")
+
+
+def no_job_held_twice(pool: list[Recorded]) -> Verdict:
+    """A job never holds two allocations at once: each grant of a job starts after its earlier ones ended."""
+    live: dict[str, set[str]] = defaultdict(set)  # job -> live allocation ids
+    ended: set[str] = set()
+    for r in pool:
+        match r.event:
+            case AllocationGranted(job_id=job, allocation_id=alloc):
+                others = live[job] - {alloc}
+                if others:
+                    return Verdict("no job held twice", False, f"{job}: {alloc} granted while {sorted(others)} live")
+                if alloc not in ended:
+                    live[job].add(alloc)
+            case AllocationReleased() | AllocationRevoked() | AllocationExpired():
+                live[r.event.job_id].discard(r.event.allocation_id)
+                ended.add(r.event.allocation_id)
+    return Verdict("no job held twice", True, f"{len(live)} jobs")
+
+
+def every_job_completed(jobs: list[str], job_events: list[Recorded]) -> Verdict:
+    finished = {r.event.job_id: r.event.state for r in job_events if isinstance(r.event, JobFinished)}
+    not_done = {j: finished.get(j, "not finished") for j in jobs if finished.get(j) != "completed"}
+    return Verdict("every job completed, none lost", not not_done, f"{len(jobs) - len(not_done)}/{len(jobs)} completed"
+                   + (f"; {dict(list(not_done.items())[:5])}" if not_done else ""))  # fmt: skip
+
+
+def killed_work_regranted(killed: dict[str, dt.datetime], job_events: list[Recorded]) -> Verdict:
+    """Every job whose allocation was live on a node when its agent was SIGKILLed was requeued, and
+    granted again. `killed`: node id -> when its agent was killed. An allocation is live from its
+    JobScheduled until the first of its JobExited (the agent saw it end), JobRequeued or JobFinished."""
+    if not killed:
+        return Verdict("work on killed agents requeued and re-granted", True, "no agent killed")
+    scheduled: dict[str, JobScheduled] = {}
+    ended: dict[str, dt.datetime] = {}
+    requeued: set[str] = set()
+    allocations: dict[str, set[str]] = defaultdict(set)
+    for r in job_events:
+        match r.event:
+            case JobScheduled() as ev:
+                scheduled[ev.allocation_id] = ev
+                allocations[ev.job_id].add(ev.allocation_id)
+            case JobExited() | JobRequeued() | JobFinished() as ev if ev.allocation_id:
+                ended.setdefault(ev.allocation_id, ev.occurred_at)
+                if isinstance(ev, JobRequeued):
+                    requeued.add(ev.allocation_id)
+    hit = {
+        alloc: ev.job_id
+        for alloc, ev in scheduled.items()
+        for node, at in killed.items()
+        if node in ev.nodes and ev.occurred_at < at and ended.get(alloc, at) >= at
+    }
+    missing = [f"{job}/{alloc}" for alloc, job in hit.items() if alloc not in requeued or allocations[job] == {alloc}]
+    return Verdict("work on killed agents requeued and re-granted", bool(hit) and not missing,
+                   f"{len(hit) - len(missing)}/{len(hit)} allocations live on killed nodes requeued and re-granted"
+                   + (f"; not: {missing[:5]}" if missing else ""))  # fmt: skip
+
+
+def subscriber_saw_everything(pool: list[Recorded], seen: list[tuple[int, str]]) -> Verdict:
+    """The outside subscriber saw every allocation event the stream holds (no gap), and after dropping
+    redeliveries (same stream sequence) no event twice."""
+    expected = {r.seq for r in pool if r.subject.startswith("ibpool.pool.allocation.")}
+    got = {s for s, _ in seen}
+    gaps = sorted(expected - got)
+    ids = [i for _, i in dict(seen).items()]
+    dupes = len(ids) - len(set(ids))
+    held = not gaps and dupes == 0 and got <= expected
+    return Verdict("subscriber saw every allocation event", held and bool(expected),
+                   f"{len(got & expected)}/{len(expected)} events, {len(seen) - len(got)} redelivered, "
+                   f"{dupes} duplicate ids" + (f"; missing seqs {gaps[:5]}" if gaps else ""))  # fmt: skip
+
+
+async def outbox_drained(dsn: str, timeout_s: float = 30) -> Verdict:
+    """No service has an event left in its outbox (the relay publishes and deletes them)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    conn = await asyncpg.connect(dsn)
+    try:
+        schemas = [r["table_schema"] for r in await conn.fetch(
+            "SELECT table_schema FROM information_schema.tables WHERE table_name = 'outbox'")]  # fmt: skip
+        while True:
+            left = {s: await conn.fetchval(f'SELECT count(*) FROM "{s}".outbox') for s in schemas}
+            if not any(left.values()) or loop.time() > deadline:
+                break
+            await asyncio.sleep(1)
+    finally:
+        await conn.close()
+    held = bool(schemas) and not any(left.values())
+    return Verdict("no event left in an outbox", held, f"{len(schemas)} services' outboxes, {sum(left.values())} left")
+
+
+def dead_letters(dlq: list[Recorded], flooded: dict[str, int]) -> Verdict:
+    """Nothing dead-lettered but the flood; every flooded subject's messages all in the DLQ."""
+    by_subject: dict[str, set[str]] = defaultdict(set)
+    for r in dlq:
+        by_subject[r.headers.get("ibpool-dlq-subject", "?")].add(r.headers.get("Nats-Msg-Id", str(r.seq)))
+    stray = sorted(set(by_subject) - set(flooded))
+    short = {s: f"{len(by_subject.get(s, ()))}/{n}" for s, n in flooded.items() if len(by_subject.get(s, ())) < n}
+    held = not stray and not short
+    return Verdict("malformed events in the DLQ, nothing else", held,
+                   f"{len(dlq)} dead letters" + (f"; stray subjects {stray[:3]}" if stray else "")
+                   + (f"; short {short}" if short else ""))  # fmt: skip
+
+
+def fencing_held(pool: list[Recorded]) -> Verdict:
+    """Per scheduler group, the terms of granted proposals never go down in ledger order (a stale
+    leader's proposals are refused) and stale refusals are counted."""
+    highest: dict[str, int] = {}
+    for r in pool:
+        ev = r.event
+        if isinstance(ev, AllocationGranted) and ev.fencing_term is not None:
+            if ev.fencing_term < highest.get(ev.scheduler_group, 0):
+                return Verdict("stale leader fenced", False, f"{ev.allocation_id} granted on term {ev.fencing_term} "
+                               f"after term {highest[ev.scheduler_group]}")  # fmt: skip
+            highest[ev.scheduler_group] = ev.fencing_term
+    stale = sum(1 for r in pool if isinstance(r.event, AllocationRejected) and r.event.reason == "stale")
+    return Verdict("stale leader fenced", bool(highest), f"terms {highest}; {stale} stale proposals refused")
+
+
+def degraded_not_mass_failed(health: list[Recorded]) -> Verdict:
+    """A partition bigger than the failover controller's limit: ClusterDegraded (and ClusterRestored once
+    it heals), never a node failed nor work requeued for it."""
+    kinds = [type(r.event).__name__ for r in health if r.event is not None]
+    failed = [k for k in kinds if k in ("NodeFailed", "RequeueRequested")]
+    held = "ClusterDegraded" in kinds and "ClusterRestored" in kinds and not failed
+    return Verdict("partition: degraded, not mass-failed", held,
+                   f"{kinds.count('ClusterDegraded')} ClusterDegraded, {kinds.count('ClusterRestored')} "
+                   f"ClusterRestored, {len(failed)} NodeFailed/RequeueRequested")  # fmt: skip

@@ -1,0 +1,281 @@
+"""The whole system in containers for one chaos scenario, started with testcontainers.
+
+Every scenario gets its own docker network and containers named `chaos-<run>-<part>`, so several
+runs never meet. The parts: a 3-node NATS JetStream cluster (R3 streams, `sync_interval: always`,
+as in compose.yaml but without TLS and users: the bus's security has its own tests), Postgres, the
+pool allocator, two scheduler replicas (leader election and fencing), the failover controller, and
+node agents of simulated nodes. The test process reaches them only through ports published on
+loopback, fixed at start so that a restarted container keeps them.
+
+Parts are named by role (`nats-2`, `scheduler-1`, `agent-3`); the fault timeline may also name a
+role that is resolved when the fault fires: `scheduler-leader` (the replica that says it leads) and
+`stream-leader` (the NATS node leading the pool stream's RAFT group). A symbolic role keeps the
+container it resolved to for the rest of the scenario, so `pause` and `unpause` hit the same one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import urllib.request
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+from testcontainers.core.container import DockerContainer
+from testcontainers.core.network import Network
+
+from ibpool_runtime.devstack import free_port
+
+IMAGES = ("nats", "postgres", "pool-allocator", "scheduler", "failover-controller", "node-agent")
+NATS_NODES = 3
+POSTGRES_PASSWORD = "chaos"
+
+# One node of the cluster; the server name comes from the environment, the routes name every node.
+NATS_CONF = """\
+server_name: $NATS_SERVER_NAME
+listen: 0.0.0.0:4222
+http: 0.0.0.0:8222
+jetstream {{
+  store_dir: /var/lib/nats
+  sync_interval: always
+}}
+cluster {{
+  name: chaos
+  listen: 0.0.0.0:6222
+  routes: [{routes}]
+}}
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """What a scenario runs: agents x nodes per agent, and the failover controller's settings."""
+
+    agents: int = 2
+    nodes_per_agent: int = 4
+    schedulers: int = 2
+    # The largest fraction of the cluster the failover controller fails at once (more is ClusterDegraded).
+    max_failed_fraction: float = 0.5
+    scheduler_lease_s: float = 5.0
+
+    @property
+    def nodes(self) -> int:
+        return self.agents * self.nodes_per_agent
+
+    def agent_nodes(self, agent: int) -> list[str]:
+        """The node ids agent `agent` (1-based) hosts, as the node agent names them."""
+        first = 1 + (agent - 1) * self.nodes_per_agent
+        return [f"chaos-{i:03d}" for i in range(first, first + self.nodes_per_agent)]
+
+
+@dataclass
+class System:
+    layout: Layout
+    run: str
+    network: Network
+    containers: dict[str, DockerContainer] = field(default_factory=dict)
+    nats_ports: dict[str, int] = field(default_factory=dict)
+    http_ports: dict[str, int] = field(default_factory=dict)
+    postgres_port: int = 0
+    resolved: dict[str, str] = field(default_factory=dict)
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ibpool-chaos-")))
+
+    # --- addresses -------------------------------------------------------------------------------
+
+    def name(self, role: str) -> str:
+        return f"chaos-{self.run}-{role}"
+
+    @property
+    def nats_urls(self) -> list[str]:
+        return [f"nats://127.0.0.1:{p}" for p in self.nats_ports.values()]
+
+    @property
+    def scheduler_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for r, p in self.http_ports.items() if r.startswith("scheduler")]
+
+    @property
+    def postgres_dsn(self) -> str:
+        return f"postgresql://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{self.postgres_port}/postgres"
+
+    def roles(self, prefix: str = "") -> list[str]:
+        return [r for r in self.containers if r.startswith(prefix)]
+
+    # --- starting --------------------------------------------------------------------------------
+
+    def _container(self, role: str, image: str, *, read_only: bool = True) -> DockerContainer:
+        c = DockerContainer(f"ibpool/{image}:dev").with_name(self.name(role)).with_network(self.network)
+        if read_only:
+            c = c.with_kwargs(read_only=True).with_tmpfs_mount("/tmp")
+        self.containers[role] = c
+        return c
+
+    def _publish(self, c: DockerContainer, port: int) -> int:
+        host = free_port()
+        c.ports[f"{port}/tcp"] = ("127.0.0.1", host)  # type: ignore[assignment]  # loopback only
+        return host
+
+    def _service_env(self, c: DockerContainer) -> DockerContainer:
+        servers = ",".join(f"nats://{self.name(f'nats-{i}')}:4222" for i in range(1, NATS_NODES + 1))
+        return (
+            c.with_env("IBPOOL_NATS_URL", servers)
+            .with_env(
+                "IBPOOL_POSTGRES_DSN",
+                f"postgresql://postgres:{POSTGRES_PASSWORD}@{self.name('postgres')}:5432/postgres",
+            )
+            .with_env("IBPOOL_STREAM_REPLICAS", str(NATS_NODES))
+        )
+
+    def start_infrastructure(self) -> None:
+        routes = ", ".join(f"nats-route://{self.name(f'nats-{i}')}:6222" for i in range(1, NATS_NODES + 1))
+        conf = self.workdir / "nats.conf"
+        conf.write_text(NATS_CONF.format(routes=routes))
+        conf.chmod(0o644)
+        self.workdir.chmod(0o755)
+        for i in range(1, NATS_NODES + 1):
+            role = f"nats-{i}"
+            c = self._container(role, "nats", read_only=False)
+            self.nats_ports[role] = self._publish(c, 4222)
+            c.with_env("NATS_SERVER_NAME", role).with_volume_mapping(conf, "/etc/nats/nats.conf")
+            c.with_command(["--config", "/etc/nats/nats.conf"]).start()
+        pg = self._container("postgres", "postgres", read_only=False).with_env("POSTGRES_PASSWORD", POSTGRES_PASSWORD)
+        self.postgres_port = self._publish(pg, 5432)
+        pg.start()
+
+    def start_services(self) -> None:
+        """The services and agents; the streams exist already (see `ensure_streams` in the fixture)."""
+        lo = self.layout
+        c = self._service_env(self._container("allocator", "pool-allocator"))
+        self.http_ports["allocator"] = self._publish(c, 8080)
+        c.start()
+        for i in range(1, lo.schedulers + 1):
+            c = self._service_env(self._container(f"scheduler-{i}", "scheduler"))
+            c.with_env("IBPOOL_SCHEDULER_INSTANCE", f"s-{i}").with_env(
+                "IBPOOL_SCHEDULER_LEADER_TTL_S", str(lo.scheduler_lease_s)
+            )
+            self.http_ports[f"scheduler-{i}"] = self._publish(c, 8080)
+            c.start()
+        c = self._service_env(self._container("failover", "failover-controller"))
+        c.with_env("IBPOOL_FAILOVER_CONTROLLER_STABLE_WINDOW_S", "3")
+        c.with_env("IBPOOL_FAILOVER_CONTROLLER_MAX_FAILED_FRACTION", str(lo.max_failed_fraction))
+        self.http_ports["failover"] = self._publish(c, 8080)
+        c.start()
+        for a in range(1, lo.agents + 1):
+            c = self._service_env(self._container(f"agent-{a}", "node-agent"))
+            c.with_env("IBPOOL_NODE_AGENT_BACKEND", "simulated").with_env(
+                "IBPOOL_NODE_AGENT_NODES", str(lo.nodes_per_agent)
+            )
+            c.with_env("IBPOOL_NODE_AGENT_FIRST_NODE", str(1 + (a - 1) * lo.nodes_per_agent))
+            c.with_env("IBPOOL_NODE_AGENT_NODE_PREFIX", "chaos")
+            c.start()
+
+    def stop(self) -> None:
+        for c in self.containers.values():
+            try:
+                c.stop()
+            except Exception:
+                pass
+        try:
+            self.network.remove()
+        except Exception:
+            pass
+
+    # --- faults ----------------------------------------------------------------------------------
+
+    def resolve(self, role: str) -> str:
+        """A concrete role for a symbolic one (resolved once per scenario), or the role itself."""
+        resolvers = {
+            "scheduler-leader": self._scheduler_leader,
+            "stream-leader": self._stream_leader,
+            "busy-agent": self._busy_agent,
+        }
+        if role not in resolvers:
+            return role
+        if role not in self.resolved:
+            self.resolved[role] = resolvers[role]()
+        return self.resolved[role]
+
+    def _get(self, url: str) -> Any:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            return json.load(r)
+
+    def _busy_agent(self) -> str:
+        """The agent hosting the most GPUs of running jobs now (so that its kill hits work)."""
+        load: dict[int, int] = defaultdict(int)
+        for url in self.scheduler_urls:
+            try:
+                jobs = self._get(f"{url}/v1/jobs?state=running,scheduled")
+            except OSError:
+                continue
+            for job in jobs:
+                for a in job["assignments"]:
+                    load[1 + (int(a["node_id"].rsplit("-", 1)[1]) - 1) // self.layout.nodes_per_agent] += 1
+            break
+        agent = max(load, key=lambda a: load[a], default=self.layout.agents)
+        return f"agent-{agent}"
+
+    def _scheduler_leader(self) -> str:
+        for role, port in self.http_ports.items():
+            if role.startswith("scheduler") and self._get(f"http://127.0.0.1:{port}/v1/scheduler")["leader"]:
+                return role
+        raise AssertionError("no scheduler replica says it leads")
+
+    def _stream_leader(self, stream: str = "IBPOOL_POOL") -> str:
+        async def leader() -> str:
+            nc = await nats.connect(servers=self.nats_urls, connect_timeout=3)
+            try:
+                info = await nc.jetstream().stream_info(stream)
+            finally:
+                await nc.close()
+            assert info.cluster is not None and info.cluster.leader, f"stream {stream} has no cluster leader"
+            return str(info.cluster.leader)
+
+        name = asyncio.run(leader())  # called from a worker thread: its own loop
+        assert name in self.nats_ports, f"stream leader {name!r} is not one of ours"
+        return name
+
+    def act(self, action: str, role: str) -> str:
+        """kill (SIGKILL), start, restart, pause/unpause, disconnect/connect (from the scenario's network).
+        Returns the concrete role acted on."""
+        role = self.resolve(role)
+        container = self.containers[role].get_wrapped_container()
+        match action:
+            case "kill":
+                container.kill(signal="SIGKILL")
+            case "start":
+                container.start()
+            case "restart":
+                container.restart(timeout=10)
+            case "pause":
+                container.pause()
+            case "unpause":
+                container.unpause()
+            case "disconnect":
+                self.network._unwrap_network.disconnect(container)
+            case "connect":
+                self.network._unwrap_network.connect(container)
+            case _:
+                raise ValueError(f"unknown fault action {action!r}")
+        return role
+
+    def health(self) -> dict[str, str]:
+        """Each container's state: its health check's verdict where it has one, else its run state."""
+        out = {}
+        for role, c in self.containers.items():
+            w = c.get_wrapped_container()
+            w.reload()
+            state = w.attrs["State"]
+            out[role] = state.get("Health", {}).get("Status") or state["Status"]
+        return out
+
+
+def new_system(layout: Layout) -> System:
+    run = uuid.uuid4().hex[:6]
+    network = Network(docker_network_kw={"labels": {"io.ibpool.chaos": run}})
+    network.name = f"ibpool-chaos-{run}"
+    network.create()
+    return System(layout=layout, run=run, network=network)
