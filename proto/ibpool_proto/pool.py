@@ -214,7 +214,10 @@ class PoolNodeUpdated(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.node
     labels: dict[str, str] = {}
     api_url: str | None = None
     failed: bool = False
+    # `cordoned`: nothing new lands here. `leaf_cordoned`: the node's leaf has a degraded link, so no
+    # new multi-node work lands here; single-node work still does. Each is lifted by its own scope.
     cordoned: bool = False
+    leaf_cordoned: bool = False
     draining: bool = False
     removed: bool = False
     reason: str = ""

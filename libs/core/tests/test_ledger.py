@@ -160,8 +160,20 @@ CASES = [
     ),
     Case(
         "requested on a cordoned pool",
-        pool(node("n1"), health(Cordoned, "n1", scope="leaf", reason="r")),
+        pool(node("n1"), health(Cordoned, "n1", scope="node", reason="r")),
         request("j"),
+        "rejected:node_not_ready",
+    ),
+    Case(
+        "single-node work on a leaf-cordoned node",
+        pool(node("n1"), health(Cordoned, "n1", scope="leaf", reason="r")),
+        propose("j", a("n1", 0)),
+        "granted:whole",
+    ),
+    Case(
+        "a gang on a leaf-cordoned node",
+        pool(node("n1"), node("n2"), health(Cordoned, "n2", scope="leaf", reason="r")),
+        propose("j", a("n1", 0), a("n2", 0)),
         "rejected:node_not_ready",
     ),
     # over_quota

@@ -92,7 +92,9 @@ def offer_of(node: Node, leaf_label: str, cache: FreeCache | None) -> NodeOffer:
     if cache is not None and (hit := cache.get(node.node_id)) is not None and hit[0] is node:
         return hit[1]
     offer = NodeOffer(
-        offered=node.ready and bool(node.gpus),
+        # A leaf-cordoned node (a degraded leaf link) is left out for every job here, single-node ones
+        # too: the allocator would take those, but the cycle's view has no per-job node filter yet.
+        offered=node.ready_for(multi_node=True) and bool(node.gpus),
         free=tuple(g.index for g in node.gpus if g.ready and g.fits_whole() and not g.mig),
         capacity=len(node.gpus),
         leaf=node.labels.get(leaf_label, UNLABELLED_LEAF),

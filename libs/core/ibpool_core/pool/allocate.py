@@ -54,9 +54,10 @@ allocation whose expiry is at or before `now` (AllocationExpired, one per node).
 Health: NodeRegistered adds a node or updates its inventory (a GPU whose id, model or memory
 changed is a new GPU: allocations on the old one are revoked). NodeFailed, GpuFailed,
 NodeDeregistered revoke every allocation with a share there, a gang on all its nodes, and remote
-allocations whose client failed. Cordoned (node or leaf scope: the node; gpu scope: the GPU),
-DrainRequested stop new grants there but revoke nothing; Uncordoned lifts cordon and drain;
-NodeRecovered clears failed. A rail cordon does not concern the pool.
+allocations whose client failed. Cordoned (node scope: the node; leaf scope: multi-node work on
+the node; gpu scope: the GPU), DrainRequested stop those new grants but revoke nothing; Uncordoned
+lifts the cordon of its own scope only (node scope: drain too), so that lifting a leaf cordon never
+lifts a node's. NodeRecovered clears failed. A rail cordon does not concern the pool.
 """
 
 from __future__ import annotations
@@ -296,6 +297,7 @@ class _Ctx:
             api_url=node.api_url,
             failed=node.failed,
             cordoned=node.cordoned,
+            leaf_cordoned=node.leaf_cordoned,
             draining=node.draining,
             reason=reason,
         )
@@ -474,9 +476,12 @@ def _check(ctx: _Ctx, claim: _Claim, since: int | None) -> list[GpuGrant] | _Ref
     ledger = ctx.ledger
     node_ids = sorted({a.node_id for a in claim.asks})
     nodes = {n: ledger.nodes[n] for n in node_ids}
+    multi_node = len(nodes) > 1
     for node in nodes.values():
         if not node.ready:
             return _Refusal("node_not_ready", f"node {node.node_id} is {node.state}")
+        if not node.ready_for(multi_node):
+            return _Refusal("node_not_ready", f"node {node.node_id} is leaf-cordoned: no multi-node work there")
     for a in claim.asks:
         gpu = nodes[a.node_id].gpu(a.gpu_index)
         assert gpu is not None
@@ -626,7 +631,11 @@ def _request(ctx: _Ctx, cmd: proto.RequestAllocation) -> Decision:
         if unreachable:
             return reject("invalid", f"no node with {what} is within reach: {unreachable}")
         return reject("would_exceed_capacity", f"no node has {what}")
-    ready = [n for n in matching if n.ready and any(g.ready and _serves(g.model, g.mig_capable, r) for g in n.gpus)]
+    ready = [
+        n
+        for n in matching
+        if n.ready_for(r.hosts > 1) and any(g.ready and _serves(g.model, g.mig_capable, r) for g in n.gpus)
+    ]
     if not ready:
         return reject("node_not_ready", f"every node with {what} is cordoned, draining or failed")
     excluded: list[str] = []
@@ -889,18 +898,24 @@ def _health(
         case NodeRecovered():
             after = msgspec.structs.replace(node, failed=False)
             reason = "recovered"
-        case Cordoned() if news.scope in ("node", "leaf"):
+        case Cordoned() if news.scope == "node":
             after = msgspec.structs.replace(node, cordoned=True)
             reason = f"cordoned: {news.reason}"
+        case Cordoned() if news.scope == "leaf":
+            after = msgspec.structs.replace(node, leaf_cordoned=True)
+            reason = f"leaf-cordoned (no multi-node work): {news.reason}"
         case Cordoned() if news.scope == "gpu":
             gpu = node.gpu(news.gpu_index) if news.gpu_index is not None else None
             if gpu is None:
                 return Decision(note=f"node {node.node_id} has no GPU {news.gpu_index}")
             after = _with_gpu(node, msgspec.structs.replace(gpu, cordoned=True))
             reason = f"GPU {gpu.index} cordoned: {news.reason}"
-        case Uncordoned() if news.scope in ("node", "leaf"):
+        case Uncordoned() if news.scope == "node":
             after = msgspec.structs.replace(node, cordoned=False, draining=False)
             reason = "uncordoned"
+        case Uncordoned() if news.scope == "leaf":
+            after = msgspec.structs.replace(node, leaf_cordoned=False)
+            reason = "leaf cordon lifted"
         case Uncordoned() if news.scope == "gpu":
             gpu = node.gpu(news.gpu_index) if news.gpu_index is not None else None
             if gpu is None:

@@ -125,6 +125,8 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     api_url: str | None = None
     failed: bool = False
     cordoned: bool = False
+    # A leaf cordon keeps multi-node work off the node only (see PoolNodeUpdated).
+    leaf_cordoned: bool = False
     draining: bool = False
     granted_cpu_milli: int = 0
     granted_memory_mib: int = 0
@@ -141,7 +143,12 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def ready(self) -> bool:
+        """Ready for single-node work (a leaf cordon does not concern it)."""
         return self.state == "ready"
+
+    def ready_for(self, multi_node: bool) -> bool:
+        """Ready for work that spans `multi_node` nodes or one."""
+        return self.ready and not (multi_node and self.leaf_cordoned)
 
     @property
     def free_cpu_milli(self) -> int:
@@ -442,6 +449,7 @@ def _node_updated(ledger: Ledger, ev: PoolNodeUpdated) -> None:
         api_url=ev.api_url,
         failed=ev.failed,
         cordoned=ev.cordoned,
+        leaf_cordoned=ev.leaf_cordoned,
         draining=ev.draining,
         granted_cpu_milli=old.granted_cpu_milli if old else 0,
         granted_memory_mib=old.granted_memory_mib if old else 0,
