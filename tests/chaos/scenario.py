@@ -203,6 +203,8 @@ async def run(name: str, system: System, faults: list[Fault], *, extra: tuple[st
             break
         await asyncio.sleep(3)
     out.finished = len(done)
+    # With the failover controller down too, a killed agent may be back before its node is judged failed.
+    failover_killed = any(f.startswith("kill failover") for f in out.faults)
     pool = await inv.read_stream(system.nats_urls, "IBPOOL_POOL")
     dlq = await inv.read_stream(system.nats_urls, "IBPOOL_DLQ")
     await observer.drain(until_seq=max((r.seq for r in pool), default=0))
@@ -217,7 +219,7 @@ async def run(name: str, system: System, faults: list[Fault], *, extra: tuple[st
         inv.capacity_from_stream(pool),
         await inv.capacity_from_ledger(system.postgres_dsn),
         inv.no_job_held_twice(pool),
-        inv.killed_work_regranted(killed_nodes, job_events),
+        inv.killed_work_regranted(killed_nodes, job_events, require_requeue=not failover_killed),
         inv.subscriber_saw_everything(pool, observer.seen),
         await inv.outbox_drained(system.postgres_dsn),
         inv.dead_letters(dlq, {s: FLOOD_PER_SUBJECT for s in FLOODED} if flooded else {}),
