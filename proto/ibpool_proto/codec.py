@@ -42,13 +42,14 @@ from .pool import (
     LeaseRenewed,
     PoolNodeUpdated,
     ProposePlacement,
+    ProposePlacements,
     QuotaChanged,
     ReleaseAllocation,
     RenewLease,
     RequestAllocation,
     SetQuota,
 )
-from .scale import DeploymentMetricsReported, ScaleDecided
+from .scale import DeploymentMetricsReported, ElasticJobResized, ScaleDecided
 
 AnyMessage = (
     NodeRegistered
@@ -62,6 +63,7 @@ AnyMessage = (
     | LinkFlapping
     | LinkRecovered
     | ProposePlacement
+    | ProposePlacements
     | RequestAllocation
     | ReleaseAllocation
     | RenewLease
@@ -85,6 +87,7 @@ AnyMessage = (
     | JobFinished
     | ScaleDecided
     | DeploymentMetricsReported
+    | ElasticJobResized
     | NodeSuspected
     | NodeFailed
     | NodeRecovered

@@ -72,6 +72,60 @@ class ProposePlacement(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.p
     fencing_term: int | None = None
 
 
+class PlacementItem(msgspec.Struct, frozen=True, kw_only=True):
+    """One placement of a `ProposePlacements` batch: the fields of a `ProposePlacement` of its own.
+    `id` is that proposal's id (the allocation id when granted; the answer's `command_id`)."""
+
+    id: str
+    job_id: str
+    tenant: str
+    queue: str
+    assignments: list[GpuAssignment]
+    lease_s: float = 300.0
+    workload: WorkloadSpec | None = None
+    client_node_id: str | None = None
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
+
+
+class ProposePlacements(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.placements.propose.v1"):
+    key_name: ClassVar[str] = "scheduler_group"
+    summary: ClassVar[str] = (
+        "A scheduler proposes many exact assignments at once (one cycle's), all computed on one ledger version."
+    )
+
+    ledger_version: int
+    placements: list[PlacementItem]
+    # Fencing, for the whole batch: see ProposePlacement.
+    scheduler_group: str = ""
+    fencing_term: int | None = None
+
+    def proposals(self) -> list[ProposePlacement]:
+        """The batch as single proposals, in order: each is decided and answered as if sent alone
+        (its own id, so a repeated batch gets the same answers again)."""
+        return [
+            ProposePlacement(
+                id=p.id,
+                source=self.source,
+                occurred_at=self.occurred_at,
+                key=p.job_id,
+                job_id=p.job_id,
+                tenant=p.tenant,
+                queue=p.queue,
+                ledger_version=self.ledger_version,
+                assignments=p.assignments,
+                lease_s=p.lease_s,
+                workload=p.workload,
+                client_node_id=p.client_node_id,
+                cpu_milli=p.cpu_milli,
+                host_memory_mib=p.host_memory_mib,
+                scheduler_group=self.scheduler_group,
+                fencing_term=self.fencing_term,
+            )
+            for p in self.placements
+        ]
+
+
 class RequestAllocation(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.allocation.request.v1"):
     key_name: ClassVar[str] = "job_id"
     summary: ClassVar[str] = "Ask the allocator to place a request itself with its packing policy."

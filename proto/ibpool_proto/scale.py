@@ -30,3 +30,18 @@ class DeploymentMetricsReported(Event, frozen=True, kw_only=True, tag="io.ibpool
     p99_latency_ms: float | None = None
     # Mean over the serving replicas, 0..1.
     gpu_utilization: float | None = None
+
+
+class ElasticJobResized(Event, frozen=True, kw_only=True, tag="io.ibpool.scale.elastic.resized.v1"):
+    key_name: ClassVar[str] = "elastic_job"
+    summary: ClassVar[str] = (
+        "The autoscaler grew an elastic training job into idle GPUs or shrank it for higher-priority work."
+    )
+
+    elastic_job: str
+    workers_from: int
+    workers_to: int
+    reason: str
+    # Worker jobs submitted to the scheduler and cancelled there by this resize.
+    submitted: list[str] = []
+    cancelled: list[str] = []

@@ -18,11 +18,14 @@ every allocation is released, so each phase meets the same free pool.
 
 Messages per job: what every stream took during the phase (each stream's last sequence), commands
 included, over the phase's jobs. The latency phase also times each step of the path on the bus
-(submit -> JobQueued -> ProposePlacement -> AllocationGranted -> JobScheduled) and every phase reports
+(submit -> JobQueued -> ProposePlacement, or its place in a cycle's ProposePlacements -> AllocationGranted
+-> JobScheduled) and every phase reports
 the scheduler's cycles (count, mean duration). Every phase also
 records the 1-minute load average at its start and the CPU seconds of the benchmark process
 (publisher, subscriber, scheduler and allocator together), nats-server and Postgres.
 
+`--placement framework|leaf` (the scheduler's placement plugins, the default, or the plain LeafPlacer)
+and `--batch on|off` (a cycle's proposals in one ProposePlacements, the default, or one each).
 Figures are the median over --runs. Results: tests/bench/results/bench_sched-latest.json.
 Usage: .venv/bin/python tests/bench/bench_sched.py --runs 3
 """
@@ -50,7 +53,7 @@ from ibpool_pool_allocator.bootstrap import bootstrap as allocator_bootstrap
 from ibpool_pool_allocator.config import PoolAllocatorConfig
 from ibpool_proto import decode
 from ibpool_proto.job import CancelJob, JobQueued, JobScheduled, JobSpec, SubmitJob
-from ibpool_proto.pool import AllocationGranted, ProposePlacement, ResourceRequest
+from ibpool_proto.pool import AllocationGranted, ProposePlacement, ProposePlacements, ResourceRequest
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus, outgoing
 from ibpool_runtime.logs import configure_logging
@@ -114,6 +117,9 @@ class Watch:
             for t in STAGES[:-1]:
                 sub = await self.nc.subscribe(t.subject_pattern(), cb=self._on(t), pending_msgs_limit=-1)
                 self.stage_subs.append(sub)
+            # A cycle's proposals in one ProposePlacements: each placement reaches the "proposed" stage.
+            sub = await self.nc.subscribe(ProposePlacements.subject_pattern(), cb=self._on_batch, pending_msgs_limit=-1)
+            self.stage_subs.append(sub)
             await self.nc.flush()
         self.seqs = await self._stream_seqs()
 
@@ -133,6 +139,14 @@ class Watch:
                     self.done.set()
 
         return on_message
+
+    async def _on_batch(self, msg: Any) -> None:
+        now = time.perf_counter_ns()
+        batch = decode(msg.data)
+        if isinstance(batch, ProposePlacements):
+            times = self.seen_at[ProposePlacement]
+            for p in batch.placements:
+                times.setdefault(p.job_id, now)
 
     async def wait(self, timeout_s: float) -> bool:
         try:
@@ -264,9 +278,15 @@ async def bench(args: argparse.Namespace, nats_url: str, dsn: str, pids: dict[st
         acfg = PoolAllocatorConfig(instance="bench", durable_prefix="pool-allocator-bench", log_level="warning")
         akit = Kit(name="pool_allocator", config=acfg, bus=bus, store=stores[0], metrics=ServiceMetrics("pa"))
         services.append(Service(akit, await allocator_bootstrap(akit)))
-        tuning = {} if args.debounce is None else {"cycle_debounce_s": args.debounce}
+        tuning: dict[str, Any] = {} if args.debounce is None else {"cycle_debounce_s": args.debounce}
         scfg = SchedulerConfig(
-            instance="bench", durable_prefix="scheduler-bench", policy="fifo", log_level="warning", **tuning
+            instance="bench",
+            durable_prefix="scheduler-bench",
+            policy="fifo",
+            log_level="warning",
+            placement=args.placement,
+            batch_proposals=args.batch == "on",
+            **tuning,
         )
         skit = Kit(name="scheduler", config=scfg, bus=bus, store=stores[1], metrics=ServiceMetrics("scheduler"))
         spec = await scheduler_bootstrap(skit)
@@ -390,6 +410,8 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--sync", choices=("both", "always", "default"), default="both", help="nats-server fsync")
+    ap.add_argument("--placement", choices=("framework", "leaf"), default="framework", help="the scheduler's placement")
+    ap.add_argument("--batch", choices=("on", "off"), default="on", help="one ProposePlacements per cycle, or one each")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the throughput phases; print this many rows")
     ap.add_argument("--out", type=Path, default=RESULTS / "bench_sched-latest.json")
     args = ap.parse_args()
@@ -417,6 +439,8 @@ def main() -> int:
             "gpus_per_node": args.gpus,
             "job": "1 whole GPU, policy fifo, backfill easy",
             "cycle_debounce_s": args.debounce,
+            "placement": args.placement,
+            "batch_proposals": args.batch == "on",
             "postgres_fsync": True,
         },
         **results,

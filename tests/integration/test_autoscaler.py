@@ -1,7 +1,9 @@
 """The autoscaler against real NATS and Postgres, with the scheduler, the pool allocator and a simulated node
 agent in-process: a load ramp published as metric events scales a deployment up (replica jobs submitted,
 scheduled, started on the agent), the load drop scales it down after the stabilisation window (replica jobs
-cancelled), and a restart of the autoscaler neither submits a replica twice nor forgets one."""
+cancelled), and a restart of the autoscaler neither submits a replica twice nor forgets one. Batch elasticity:
+an elastic training job grows into the idle GPUs, shrinks so that a higher-priority job starts, and grows back
+after it finished."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from ibpool_autoscaler.bootstrap import bootstrap as autoscaler_bootstrap
 from ibpool_autoscaler.config import AutoscalerConfig
 from ibpool_proto import decode
 from ibpool_proto.job import CancelJob, JobFinished, JobStarted, SubmitJob
-from ibpool_proto.scale import DeploymentMetricsReported, ScaleDecided
+from ibpool_proto.scale import DeploymentMetricsReported, ElasticJobResized, ScaleDecided
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.devstack import StackInfo
 from ibpool_runtime.metrics import ServiceMetrics
@@ -29,7 +31,9 @@ SCALE_DOWN_WINDOW_S = 3.0
 
 
 @asynccontextmanager
-async def running_autoscaler(bus: Bus, store: Store, leader_key: str) -> AsyncIterator[Service[AutoscalerConfig]]:
+async def running_autoscaler(
+    bus: Bus, store: Store, leader_key: str, pool_from_seq: int | None = None
+) -> AsyncIterator[Service[AutoscalerConfig]]:
     cfg = AutoscalerConfig(
         instance="test",
         durable_prefix=AUTOSCALER_DURABLES,
@@ -38,7 +42,7 @@ async def running_autoscaler(bus: Bus, store: Store, leader_key: str) -> AsyncIt
         leader_ttl_s=1.0,
     )
     kit = Kit(name="autoscaler", config=cfg, bus=bus, store=store, metrics=ServiceMetrics("autoscaler"))
-    service = Service(kit, await autoscaler_bootstrap(kit))
+    service = Service(kit, await autoscaler_bootstrap(kit, pool_from_seq=pool_from_seq))
     await service.start()
     try:
         yield service
@@ -218,3 +222,86 @@ async def test_restart_resumes_without_submitting_twice(bus: Bus, store: Store, 
         assert set(ids) <= started
         cancels = await stream_messages(bus.js, "IBPOOL_JOB", CancelJob.subject_pattern())
         assert not [m for m in map(decode, (c.data for c in cancels)) if getattr(m, "job_id", "").startswith(name)]
+
+
+async def elastic_job(service: Service[Any], name: str) -> dict[str, Any]:
+    status, view = await call(service, "GET", f"/v1/elastic-jobs/{name}")
+    assert status == 200, view
+    return dict(view)
+
+
+async def resizes(bus: Bus, name: str) -> list[ElasticJobResized]:
+    out = [decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_SCALE", ElasticJobResized.subject(name))]
+    return sorted((e for e in out if isinstance(e, ElasticJobResized)), key=lambda e: e.occurred_at)
+
+
+async def test_elastic_job_grows_into_idle_gpus_shrinks_for_higher_priority_work_and_grows_back(
+    bus: Bus, store: Store, stack: StackInfo
+) -> None:
+    name = f"train-{uuid.uuid4().hex[:6]}"
+    urgent = f"urgent-{uuid.uuid4().hex[:6]}"
+    async with (
+        # One node of 8 GPUs; the scheduler orders by priority and never preempts: room is made by shrinking.
+        cluster(bus, store, stack, nodes=1, policy="priority") as (scheduler, sched, _allocator, _nodes),
+        own_store(stack) as autoscaler_store,
+        running_autoscaler(bus, autoscaler_store, f"autoscaler-{name}", sched.feed.from_seq) as autoscaler,
+    ):
+        body = {"tenant": "research", "min_workers": 2, "max_workers": 8, "gpus_per_worker": 1, "priority": 0}
+        status, err = await call(autoscaler, "PUT", f"/v1/elastic-jobs/{name}", {**body, "min_workers": 9})
+        assert status == 400 and err["path"] == "$.min_workers", err
+        status, err = await call(autoscaler, "PUT", f"/v1/elastic-jobs/{name}", {**body, "gpus_per_worker": 0})
+        assert status == 400 and err["path"] == "$.gpus_per_worker", err
+        status, view = await call(autoscaler, "PUT", f"/v1/elastic-jobs/{name}", body)
+        assert status == 201 and view["spec"]["max_workers"] == 8, view
+
+        async def running_workers(n: int) -> bool:
+            w = (await elastic_job(autoscaler, name))["workers"]
+            return bool(w == {"queued": 0, "running": n})
+
+        await eventually(lambda: running_workers(8), what="the elastic job grown to 8 workers on 8 idle GPUs")
+        first = [w["job_id"] for w in (await elastic_job(autoscaler, name))["worker_jobs"]]
+        assert first == [f"{name}-w{i}" for i in range(1, 9)]
+
+        async def at_scheduler(jobs: list[str], wanted: str) -> bool:
+            return all([(await job_state(scheduler, j))["state"] == wanted for j in jobs])
+
+        await eventually(lambda: at_scheduler(first, "running"), what="the 8 workers running at the scheduler")
+
+        job = {"id": urgent, "tenant": "eval", "gpus": 4, "priority": 10, "workload": {"simulated_runtime_s": 3}}
+        status, queued = await call(scheduler, "POST", "/v1/jobs", job)
+        assert status == 201 and queued["state"] == "queued", queued
+
+        async def urgent_started() -> bool:
+            return (await job_state(scheduler, urgent))["state"] in ("running", "completed")
+
+        await eventually(urgent_started, what="the higher-priority job started")
+        view = await elastic_job(autoscaler, name)
+        assert [w["job_id"] for w in view["worker_jobs"]] == first[:4], "the 4 newest workers gave way"
+        await eventually(lambda: at_scheduler(first[4:], "cancelled"), what="the 4 newest workers cancelled")
+        assert view["last_resize"]["workers_to"] == 4 and urgent in view["last_resize"]["reason"]
+
+        async def urgent_done() -> bool:
+            return (await job_state(scheduler, urgent))["state"] == "completed"
+
+        await eventually(urgent_done, what="the higher-priority job completed")
+        await eventually(lambda: running_workers(8), what="the elastic job grown back to 8 workers")
+
+        events = await resizes(bus, name)
+        assert [(e.workers_from, e.workers_to) for e in events] == [(0, 8), (8, 4), (4, 8)], events
+        grown, shrunk, regrown = events
+        assert grown.submitted == first and shrunk.cancelled == list(reversed(first[4:]))
+        assert "shrunk for higher-priority " + urgent in shrunk.reason and "grown into 4 idle GPUs" in regrown.reason
+        # Each worker job was submitted once, under a fresh number: none granted twice.
+        mine = [j for j in await submitted_jobs(bus) if j.startswith(f"{name}-w")]
+        assert sorted(mine) == sorted(set(mine)) and len(mine) == 12
+
+        status, gone = await call(autoscaler, "DELETE", f"/v1/elastic-jobs/{name}")
+        assert status == 200 and sorted(gone["cancelled"]) == sorted(first[:4] + regrown.submitted), gone
+        await eventually(lambda: at_scheduler(gone["cancelled"], "cancelled"), what="every worker cancelled")
+        status, _ = await call(autoscaler, "GET", f"/v1/elastic-jobs/{name}")
+        assert status == 404
+
+
+async def submitted_jobs(bus: Bus) -> list[str]:
+    msgs = [decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_JOB", SubmitJob.subject_pattern())]
+    return [m.job_id for m in msgs if isinstance(m, SubmitJob)]

@@ -258,6 +258,7 @@ def test_gang_barrier(name: str, held: dict[str, int], kind: str, reason: str) -
 
 def test_registry_lists_every_builtin() -> None:
     assert default_registry().names() == [
+        "binpack",
         "data-locality",
         "fits",
         "gang-barrier",

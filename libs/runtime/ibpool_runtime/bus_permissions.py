@@ -73,10 +73,11 @@ PUBLISHES: dict[str, tuple[type[Message], ...]] = {
         job.JobRequeued,
         job.JobFinished,
         pool.ProposePlacement,
+        pool.ProposePlacements,
         pool.ReleaseAllocation,
         pool.RenewLease,
     ),
-    "autoscaler": (scale.ScaleDecided, job.SubmitJob, job.CancelJob),
+    "autoscaler": (scale.ScaleDecided, scale.ElasticJobResized, job.SubmitJob, job.CancelJob),
     # People and other systems acting on the cluster: submit work, ask for and give back GPUs, set quotas.
     "operator": (
         job.SubmitJob,

@@ -74,12 +74,18 @@ def load_config(
     if toml_path:
         path = Path(toml_path)
         try:
-            doc = tomllib.loads(path.read_text())
+            doc = tomllib.loads(path.read_bytes().decode())
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
+        except OSError as e:
+            raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {path} is not UTF-8 (byte {e.start}): {e.reason}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
         section = doc.get(service, doc)
+        if not isinstance(section, dict):
+            raise ConfigError(f"config file {path}: `{service}` must be a table ([{service}]), not a value")
         for k, v in section.items():
             raw[k] = v
             origin[k] = f"{path} [{service}] {k}"

@@ -7,15 +7,25 @@ at MAX_BODY_BYTES (413).
 Bearer tokens (`ApiAuth`, on when `api_tokens_file` is set): each token has a role. `operator`
 may do everything; `client` (a scheduler, an autoscaler, a user's tool) may change state except
 under the operator-only paths (quotas, fault injection); `readonly` may read. Reads are open
-unless `api_protect_reads`; /healthz, /readyz and /metrics always are. Tokens are kept as
+unless `api_protect_reads`; /healthz, /readyz, /metrics and /openapi.json always are. Tokens are kept as
 SHA-256 digests and compared in constant time against every known digest.
+
+Every service publishes an OpenAPI 3.1 document at /openapi.json, generated from its routes: a
+handler declares its body, query parameters and responses with `@documented(...)`, and the JSON
+Schemas come from msgspec. A route without the declaration is listed with `x-undocumented`.
+
+Text Postgres cannot store (a NUL character) is refused at the door: 404 in the path, 400 naming
+the query parameter or the body field.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable, Sequence
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,19 +73,58 @@ async def read_body(request: web.Request, body_type: type[T]) -> T:
     """Decode and validate a JSON body as `body_type`; 400 naming the bad field otherwise."""
     raw = await request.read()
     try:
-        return msgspec.json.decode(raw, type=body_type)
+        value = msgspec.json.decode(raw, type=body_type)
     except msgspec.ValidationError as e:
         text = str(e)
         path = text.split("at `", 1)[1].rstrip("`") if "at `" in text else None
         raise BadBody(text, path) from None
     except msgspec.DecodeError as e:
         raise BadBody(f"malformed JSON: {e}", None) from None
+    where = _unstorable_text_at(msgspec.to_builtins(value), "$")
+    if where is not None:
+        raise BadBody(f"text must be UTF-8 without NUL characters, at `{where}`", where)
+    return value
+
+
+def _unstorable(text: str) -> bool:
+    """Text Postgres cannot store (a NUL, a lone surrogate): no name, id or label of ours has one."""
+    if "\x00" in text:
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _unstorable_text_at(value: Any, path: str) -> str | None:
+    """The path of the first string (or key) in a decoded body that Postgres cannot store."""
+    if isinstance(value, str):
+        return path if _unstorable(value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and _unstorable(k):
+                return path
+            found = _unstorable_text_at(v, f"{path}.{k}")
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _unstorable_text_at(v, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 @web.middleware
 async def _errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
+    if _unstorable(request.path):
+        return _error(404, "not found", "no resource name has a NUL character")
+    for key, value in request.query.items():
+        if _unstorable(key) or _unstorable(value):
+            return _error(400, "invalid query parameter", "query parameters may not have NUL characters", f"?{key}")
     try:
         return await handler(request)
     except BadBody as e:
@@ -96,7 +145,7 @@ async def _errors(
 
 
 ROLES = ("operator", "client", "readonly")
-OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
+OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/openapi.json")
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -115,9 +164,11 @@ class ApiAuth:
             return None
         path = Path(cfg.api_tokens_file)
         try:
-            text = path.read_text()
+            text = path.read_bytes().decode()
         except OSError as e:
             raise ConfigError(f"field `api_tokens_file`: cannot read {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"field `api_tokens_file`: {path} is not UTF-8 (byte {e.start}): {e.reason}") from None
         roles: dict[str, str] = {}
         for n, line in enumerate(text.splitlines(), 1):
             line = line.strip()
@@ -178,24 +229,166 @@ def _auth_middleware(auth: ApiAuth):  # type: ignore[no-untyped-def]
     return check
 
 
+H = TypeVar("H", bound=Callable[..., Any])
+NO_BODY = None
+"""A response without a body (`responses={204: NO_BODY}`)."""
+
+
+@dataclass(frozen=True)
+class ApiDoc:
+    """What a handler takes and answers, for the OpenAPI document. Response values are types
+    msgspec can describe (Structs, lists, dicts, Any) or NO_BODY; errors are ErrorBody."""
+
+    summary: str
+    responses: Mapping[int, Any]
+    body: Any = None
+    query: Mapping[str, Any] = field(default_factory=dict)
+    required_query: tuple[str, ...] = ()
+    content_type: str = "application/json"
+
+
+def documented(
+    summary: str,
+    responses: Mapping[int, Any],
+    *,
+    body: Any = None,
+    query: Mapping[str, Any] | None = None,
+    required_query: Sequence[str] = (),
+    content_type: str = "application/json",
+) -> Callable[[H], H]:
+    """Declare a handler's request and responses; the route table stays aiohttp's own.
+
+    400 (with a body or query parameters), 404 (with path parameters), 413 (with a body) and
+    401/403 (when the API needs a token for the call) are added as ErrorBody responses."""
+    doc = ApiDoc(summary, dict(responses), body, dict(query or {}), tuple(required_query), content_type)
+
+    def mark(handler: H) -> H:
+        handler.__ibpool_api__ = doc  # type: ignore[attr-defined]
+        return handler
+
+    return mark
+
+
+_PATH_PARAM = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
+
+
+def openapi_document(app: web.Application, title: str, auth: ApiAuth | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of `app`'s routes (HEAD routes left out)."""
+    ops: list[tuple[str, str, list[str], ApiDoc | None]] = []
+    for route in app.router.routes():
+        if route.method in ("HEAD", "*") or route.resource is None:
+            continue
+        path = route.resource.canonical
+        doc = getattr(route.handler, "__ibpool_api__", None)
+        ops.append((path, route.method.lower(), _PATH_PARAM.findall(path), doc))
+    types: list[Any] = [ErrorBody]
+    for _, _, _, doc in ops:
+        if doc is not None:
+            types.extend(doc.query.values())
+            types.extend(t for t in doc.responses.values() if t is not NO_BODY)
+            types.extend([doc.body] if doc.body is not None else [])
+    schemas, components = msgspec.json.schema_components(
+        types, schema_hook=_any_object, ref_template="#/components/schemas/{name}"
+    )
+    schema_of = dict(zip(map(repr, types), schemas, strict=True))
+    error_content = {"application/json": {"schema": schema_of[repr(ErrorBody)]}}
+    paths: dict[str, dict[str, Any]] = {}
+    for path, method, params, doc in ops:
+        op: dict[str, Any] = {"operationId": f"{method}{path}".replace("/", "_").replace("{", "").replace("}", "")}
+        parameters = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params]
+        responses: dict[str, Any] = {}
+        errors: dict[int, str] = {}
+        if doc is None:
+            op["x-undocumented"] = True
+            responses["default"] = {"description": "not documented"}
+        else:
+            op["summary"] = doc.summary
+            for name, t in doc.query.items():
+                required = name in doc.required_query
+                parameters.append({"name": name, "in": "query", "required": required, "schema": schema_of[repr(t)]})
+            for status, t in sorted(doc.responses.items()):
+                if t is NO_BODY:
+                    responses[str(status)] = {"description": _reason(status)}
+                elif status >= 400 and t is ErrorBody:
+                    errors[status] = _reason(status)
+                else:
+                    media = doc.content_type if status < 400 else "application/json"
+                    content = {media: {"schema": schema_of[repr(t)]}}
+                    responses[str(status)] = {"description": _reason(status), "content": content}
+            if doc.body is not None:
+                body_content = {"application/json": {"schema": schema_of[repr(doc.body)]}}
+                op["requestBody"] = {"required": True, "content": body_content}
+                errors.setdefault(400, "invalid request body")
+                errors.setdefault(413, "request body too large")
+            if doc.query:
+                errors.setdefault(400, "invalid query parameter")
+        if params:
+            errors.setdefault(404, "not found")
+        if auth is not None and auth.allowed(method.upper(), path):
+            op["security"] = [{"bearer": []}]
+            errors.setdefault(401, "no or unknown token")
+            errors.setdefault(403, "the token's role may not make this call")
+        for status, description in errors.items():
+            responses.setdefault(str(status), {"description": description, "content": error_content})
+        if parameters:
+            op["parameters"] = parameters
+        op["responses"] = dict(sorted(responses.items()))
+        paths.setdefault(path, {})[method] = op
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": "1"},
+        "paths": paths,
+        "components": {"schemas": components},
+    }
+    if auth is not None:
+        document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return document
+
+
+def _any_object(t: Any) -> dict[str, Any]:
+    if t is object:  # `dict[str, object]`
+        return {"description": "any JSON value"}
+    raise NotImplementedError(t)
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return str(status)
+
+
+class _Health(msgspec.Struct, frozen=True, kw_only=True):
+    status: str
+
+
+class _Ready(msgspec.Struct, frozen=True, kw_only=True):
+    ready: bool
+    checks: dict[str, bool]
+
+
 def create_app(
     metrics: ServiceMetrics,
     readiness: Readiness,
     refresh_metrics: RefreshMetrics | None = None,
     add_routes: Callable[[web.Application], None] | None = None,
     auth: ApiAuth | None = None,
+    title: str = "ibpool service",
 ) -> web.Application:
     middlewares = [_errors] if auth is None else [_errors, _auth_middleware(auth)]
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
 
+    @documented("Liveness", {200: _Health})
     async def healthz(_: web.Request) -> web.Response:
-        return json_response({"status": "alive"})
+        return json_response(_Health(status="alive"))
 
+    @documented("Readiness: the bus, the store and the consumers", {200: _Ready, 503: _Ready})
     async def readyz(_: web.Request) -> web.Response:
         checks = await readiness()
         ready = all(checks.values())
-        return json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
+        return json_response(_Ready(ready=ready, checks=checks), status=200 if ready else 503)
 
+    @documented("Prometheus metrics", {200: str}, content_type=CONTENT_TYPE_LATEST.split(";")[0])
     async def metrics_text(_: web.Request) -> web.Response:
         if refresh_metrics is not None:
             try:
@@ -209,4 +402,14 @@ def create_app(
     app.router.add_get("/metrics", metrics_text)
     if add_routes is not None:
         add_routes(app)
+    document: dict[str, Any] | None = None
+
+    @documented("This OpenAPI document", {200: dict[str, Any]})
+    async def openapi(_: web.Request) -> web.Response:
+        nonlocal document
+        if document is None:  # built on first use: every route is registered by then
+            document = openapi_document(app, title, auth)
+        return json_response(document)
+
+    app.router.add_get("/openapi.json", openapi)
     return app

@@ -1,12 +1,13 @@
-"""The scheduler's replica of the pool ledger: the allocator's events folded with `ibpool_core.pool.ledger.apply`.
+"""A replica of the pool ledger: the allocator's events folded with `ibpool_core.pool.ledger.apply`.
 
 The allocator publishes every change of its ledger as an event, and replaying them rebuilds it
-(ledger.py). Each scheduler replica reads them from the start of the pool stream with an ephemeral
-consumer (no acks, nothing stored) and keeps the ledger in memory: which GPUs exist, which are free,
-failed or cordoned, the ledger version a proposal is computed on, and the leases of its grants.
-A gap (an event more than one version ahead: missed, or the stream lost its head to `max_age`)
-starts the replay over; until the replica has read what the stream held when it started, it is not
-`caught_up` and the scheduler does not decide.
+(ledger.py). A service that decides on the pool (the scheduler; the autoscaler for batch
+elasticity) reads them from the start of the pool stream with an ephemeral consumer (no acks,
+nothing stored) and keeps the ledger in memory: which GPUs exist, which are free, failed or
+cordoned, the ledger version a proposal is computed on, and the leases of its grants. A gap (an
+event more than one version ahead: missed, or the stream lost its head to `max_age`) starts the
+replay over; until the replica has read what the stream held when it started, it is not
+`caught_up` and its owner does not decide on it.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from ibpool_proto.pool import (
     PoolNodeUpdated,
     QuotaChanged,
 )
-from ibpool_runtime.bus import Bus
-from ibpool_runtime.logs import get_logger
-from ibpool_runtime.service import sleep_unless_stopped
-from ibpool_runtime.streams import stream_for_subject
+
+from .bus import Bus
+from .logs import get_logger
+from .service import sleep_unless_stopped
+from .streams import stream_for_subject
 
 log = get_logger(__name__)
 
@@ -51,7 +53,7 @@ BATCH = 512
 INACTIVE_S = 10.0
 
 
-class PoolFeed:
+class LedgerReplica:
     def __init__(self, bus: Bus, from_seq: int | None = None) -> None:
         """`from_seq`: replay from this stream sequence instead of the first (tests sharing one
         stream between allocators with ledgers of their own)."""

@@ -102,7 +102,9 @@ class Service(Generic[C]):
         self._relay_task = asyncio.create_task(self.relay.run(self._relay_stop), name="outbox-relay")
         for c in self.consumers:
             self._consumer_tasks.append(asyncio.create_task(c.run(kit.stop), name=f"consumer-{c.sub.durable}"))
-        app = create_app(kit.metrics, self.readiness, self.refresh_metrics, self.spec.add_routes, auth)
+        app = create_app(
+            kit.metrics, self.readiness, self.refresh_metrics, self.spec.add_routes, auth, title=f"ibpool {kit.name}"
+        )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, kit.config.http_host, kit.config.http_port)

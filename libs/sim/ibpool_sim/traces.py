@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import io
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,13 +49,49 @@ class OpenbPod(msgspec.Struct, frozen=True, kw_only=True):
     scheduled_s: int | None
 
 
+def _reader(path: Path) -> csv.DictReader[str]:
+    """A CSV reader of the file's text; TraceError naming the line when it is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise TraceError(f"{path}:{line}: not UTF-8 text: {e.reason}") from None
+    return csv.DictReader(io.StringIO(text, newline=""))
+
+
+def _header(path: Path, reader: csv.DictReader[str]) -> list[str]:
+    try:
+        return list(reader.fieldnames or [])
+    except csv.Error as e:
+        raise TraceError(f"{path}:{reader.line_num + 1}: not CSV: {e}") from None  # the line being read
+
+
+def _records(path: Path, reader: csv.DictReader[str]) -> Iterator[dict[str, str]]:
+    """The reader's rows; TraceError naming the line for what the csv module cannot read."""
+    try:
+        yield from reader
+    except csv.Error as e:
+        raise TraceError(f"{path}:{reader.line_num + 1}: not CSV: {e}") from None  # the line being read
+
+
 def _rows(path: Path, expected: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        if reader.fieldnames != expected:
-            raise TraceError(f"{path}: header is {reader.fieldnames}, expected {expected}")
-        for row in reader:
-            yield reader.line_num, row
+    reader = _reader(path)
+    header = _header(path, reader)
+    if header != expected:
+        raise TraceError(f"{path}: header is {header}, expected {expected}")
+    for row in _records(path, reader):
+        missing = [k for k in expected if row.get(k) is None]
+        if missing:
+            raise TraceError(f"{path}:{reader.line_num}: the row has no {', '.join(missing)} cell")
+        yield reader.line_num, row
+
+
+def _float(v: str) -> float:
+    value = float(v)
+    if not math.isfinite(value):
+        raise ValueError(f"{v!r} is not a finite number")
+    return value
 
 
 def _fail(path: Path, line: int, e: Exception) -> TraceError:
@@ -67,9 +105,9 @@ def load_philly(path: Path) -> list[PhillyJob]:
             jobs.append(
                 PhillyJob(
                     submitted_at=dt.datetime.strptime(r["timestamp"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC),
-                    duration_s=float(r["duration"]),
+                    duration_s=_float(r["duration"]),
                     num_gpus=int(r["num_gpus"]),
-                    gpu_time_s=float(r["gpu_time"]),
+                    gpu_time_s=_float(r["gpu_time"]),
                     virtual_cluster=r["cluster"],
                 )
             )
@@ -182,30 +220,32 @@ def load_generic_jobs(path: Path, limit: int | None = None) -> list[TraceJob]:
     runtime the job needs, `num_gpus` >= 1, `tenant` the fair-share owner. Returned in submit order.
     """
     jobs: list[TraceJob] = []
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        fields = reader.fieldnames or []
-        if fields[:4] != GENERIC_HEADER or any(c not in GENERIC_OPTIONAL for c in fields[4:]):
-            raise TraceError(f"{path}: header is {fields}, expected {GENERIC_HEADER} + optional {GENERIC_OPTIONAL}")
-        for row in reader:
-            try:
-                gpus = int(row["num_gpus"])
-                if gpus < 1:
-                    raise ValueError(f"num_gpus must be >= 1, got {gpus}")
-                jobs.append(
-                    TraceJob(
-                        id=f"job-{reader.line_num - 1}",
-                        tenant=row["tenant"],
-                        gpus=gpus,
-                        submit_s=float(row["submit_s"]),
-                        duration_s=float(row["duration_s"]),
-                        priority=int(row.get("priority") or 0),
-                        time_limit_s=float(row["time_limit_s"]) if row.get("time_limit_s") else None,
-                        name=row.get("name") or None,
-                    )
+    reader = _reader(path)
+    fields = _header(path, reader)
+    if fields[:4] != GENERIC_HEADER or any(c not in GENERIC_OPTIONAL for c in fields[4:]):
+        raise TraceError(f"{path}: header is {fields}, expected {GENERIC_HEADER} + optional {GENERIC_OPTIONAL}")
+    for row in _records(path, reader):
+        try:
+            missing = [k for k in GENERIC_HEADER if row.get(k) is None]
+            if missing:
+                raise ValueError(f"the row has no {', '.join(missing)} cell")
+            gpus = int(row["num_gpus"])
+            if gpus < 1:
+                raise ValueError(f"num_gpus must be >= 1, got {gpus}")
+            jobs.append(
+                TraceJob(
+                    id=f"job-{reader.line_num - 1}",
+                    tenant=row["tenant"],
+                    gpus=gpus,
+                    submit_s=_float(row["submit_s"]),
+                    duration_s=_float(row["duration_s"]),
+                    priority=int(row.get("priority") or 0),
+                    time_limit_s=_float(row["time_limit_s"]) if row.get("time_limit_s") else None,
+                    name=row.get("name") or None,
                 )
-            except (ValueError, TypeError) as e:
-                raise _fail(path, reader.line_num, e) from None
+            )
+        except (ValueError, TypeError) as e:
+            raise _fail(path, reader.line_num, e) from None
     jobs.sort(key=lambda j: j.submit_s)
     if limit is not None:
         jobs = jobs[:limit]

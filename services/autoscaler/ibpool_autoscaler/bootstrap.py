@@ -13,8 +13,11 @@ from .config import AutoscalerConfig
 from .service import Autoscaler
 
 
-async def bootstrap(kit: Kit[AutoscalerConfig], clock: Clock | None = None) -> ServiceSpec:
-    autoscaler = Autoscaler(kit, clock or SystemClock())
+async def bootstrap(
+    kit: Kit[AutoscalerConfig], clock: Clock | None = None, pool_from_seq: int | None = None
+) -> ServiceSpec:
+    """`pool_from_seq`: the ledger replica replays the pool stream from there (tests sharing one stream)."""
+    autoscaler = Autoscaler(kit, clock or SystemClock(), pool_from_seq)
 
     def add_routes(app: web.Application) -> None:
         app.router.add_routes(api.routes(autoscaler))
@@ -24,5 +27,5 @@ async def bootstrap(kit: Kit[AutoscalerConfig], clock: Clock | None = None) -> S
         migrations=state.MIGRATIONS,
         add_routes=add_routes,
         # The control loop first: tests reach the autoscaler through it.
-        tasks=[autoscaler.control_loop, autoscaler.leader_loop],
+        tasks=[autoscaler.control_loop, autoscaler.leader_loop, autoscaler.pool_loop],
     )

@@ -11,8 +11,8 @@ class AutoscalerConfig(BaseConfig, frozen=True, kw_only=True):
     # Metric samples older than this are dropped; it must cover a deployment's metric window and, for
     # scale to zero, its idle window (the defaults: 60 s and 900 s).
     metric_retention_s: float = 1800.0
-    # A replica job without a workload of its own runs this long in the simulated launcher (30 days):
-    # a replica serves until the autoscaler cancels it.
+    # A replica (or elastic worker) job without a workload of its own runs this long in the simulated
+    # launcher (30 days): it serves until the autoscaler cancels it.
     replica_runtime_s: float = 30 * 86400.0
     leader_election: bool = True
     leader_key: str = "autoscaler"

@@ -12,6 +12,11 @@ and the ScaleDecided event in the outbox. A restart therefore resumes from exact
 no replica is submitted twice, none is forgotten. The deployment's row is locked for the decision, so
 a PUT or DELETE landing meanwhile waits, and a second replica deciding by mistake (a deposed leader)
 decides on the first one's result rather than beside it.
+
+Batch elasticity (`elastic.py`) runs in the same loop: every job's JobQueued/JobScheduled/JobRequeued/
+JobFinished keeps `job_demand` (what waits at the scheduler), the worker jobs' news moves the workers,
+and after the deployments the leader plans every elastic job in one transaction, on the idle GPUs of
+its pool ledger replica (`ibpool_runtime.ledger_replica`) and the waiting work.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 
+import asyncpg
 import msgspec
 from prometheus_client import Counter
 
@@ -26,10 +32,11 @@ from ibpool_core.clock import Clock
 from ibpool_core.scale.model import ScalingReply, ScalingRequest
 from ibpool_core.scale.policies import decide
 from ibpool_proto import Message
-from ibpool_proto.job import CancelJob, JobFinished, JobRequeued, JobScheduled, JobStarted
+from ibpool_proto.job import CancelJob, JobFinished, JobQueued, JobRequeued, JobScheduled, JobStarted
 from ibpool_proto.scale import DeploymentMetricsReported
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.leader import Leadership
+from ibpool_runtime.ledger_replica import LedgerReplica
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit
 from ibpool_runtime.store import Transaction
@@ -46,15 +53,26 @@ from .deployments import (
     policy_of,
     sample_of,
 )
+from .elastic import (
+    ElasticJobBody,
+    ElasticJobRecord,
+    JobPlan,
+    Resize,
+    RoundInput,
+    WorkerRecord,
+    plan_messages,
+    plan_round,
+)
+from .pool_view import idle_gpus, jobs_holding_gpus
 
 log = get_logger(__name__)
 
-JOB_NEWS = (JobScheduled, JobStarted, JobRequeued, JobFinished)
+JOB_NEWS = (JobQueued, JobScheduled, JobStarted, JobRequeued, JobFinished)
 METRIC_NEWS = (DeploymentMetricsReported,)
 
 
 class Autoscaler:
-    def __init__(self, kit: Kit[AutoscalerConfig], clock: Clock) -> None:
+    def __init__(self, kit: Kit[AutoscalerConfig], clock: Clock, pool_from_seq: int | None = None) -> None:
         self.kit = kit
         self.cfg = cfg = kit.config
         self.clock = clock
@@ -69,6 +87,12 @@ class Autoscaler:
             "ibpool_autoscaler_decisions", "Decisions that changed a replica count", ["direction"], registry=registry
         )
         self.samples = Counter("ibpool_autoscaler_samples", "Metric samples stored", registry=registry)
+        self.resizes = Counter(
+            "ibpool_autoscaler_elastic_resizes", "Elastic job resizes", ["direction"], registry=registry
+        )
+        # The pool ledger, for elasticity: idle GPUs, and which jobs hold GPUs.
+        self.pool = LedgerReplica(kit.bus, pool_from_seq)
+        self.elastic_rounds = 0
 
     # -- news ---------------------------------------------------------------------------------
 
@@ -85,15 +109,69 @@ class Autoscaler:
         conn, now = ctx.tx.conn, self.clock.now()
         match message:
             case DeploymentMetricsReported():
-                if await state.get_deployment(conn, message.deployment) is None:
+                if await state.DEPLOYMENTS.get(conn, message.deployment) is None:
                     return  # not ours (yet): samples of unknown names would pile up unbounded
                 await state.add_sample(conn, message.deployment, sample_of(message))
                 self.samples.inc()
-            case JobScheduled() | JobStarted() | JobRequeued() | JobFinished():
-                replica = await state.lock_replica(conn, message.job_id)
-                if replica is None:
-                    return  # not a replica job, or one we already cancelled
-                await self.on_replica_news(ctx.tx, replica, message, now)
+            case JobQueued() | JobScheduled() | JobStarted() | JobRequeued() | JobFinished():
+                await self.on_demand_news(conn, message)
+                if isinstance(message, JobQueued):
+                    return
+                replica = await state.REPLICAS.lock(conn, message.job_id)
+                if replica is not None:
+                    await self.on_replica_news(ctx.tx, replica, message, now)
+                    return
+                worker = await state.WORKERS.lock(conn, message.job_id)
+                if worker is not None:  # else: neither ours, or one we already cancelled
+                    await self.on_worker_news(conn, worker, message, now)
+
+    async def on_demand_news(
+        self, conn: asyncpg.Connection, ev: JobQueued | JobScheduled | JobStarted | JobRequeued | JobFinished
+    ) -> None:
+        """What waits at the scheduler: queued (and requeued) jobs until they are scheduled or finish."""
+        match ev:
+            case JobQueued():
+                await state.job_queued(conn, ev.job_id, ev.gpus, ev.priority)
+            case JobScheduled():
+                await state.job_waiting(conn, ev.job_id, False)
+            case JobRequeued():
+                await state.job_waiting(conn, ev.job_id, True)
+            case JobFinished():
+                await state.job_finished(conn, ev.job_id)
+            case JobStarted():
+                pass
+
+    async def on_worker_news(
+        self,
+        conn: asyncpg.Connection,
+        worker: WorkerRecord,
+        ev: JobScheduled | JobStarted | JobRequeued | JobFinished,
+        now: dt.datetime,
+    ) -> None:
+        match ev:
+            case JobScheduled():
+                changed = msgspec.structs.replace(worker, allocation_id=ev.allocation_id, nodes=sorted(ev.nodes))
+            case JobStarted():
+                if worker.state == "running" and worker.allocation_id == ev.allocation_id:
+                    return
+                same = worker.allocation_id == ev.allocation_id
+                changed = msgspec.structs.replace(
+                    worker,
+                    state="running",
+                    since=now,
+                    allocation_id=ev.allocation_id,
+                    nodes=worker.nodes if same else [ev.node_id],
+                )
+            case JobRequeued():
+                if worker.allocation_id not in (None, ev.allocation_id):
+                    return
+                changed = msgspec.structs.replace(worker, state="queued", since=now, allocation_id=None, nodes=[])
+            case JobFinished():
+                # It ended by itself: the next round brings the job back to its minimum, or grows it.
+                log.info("elastic worker ended", job_id=worker.job_id, state=ev.state, reason=ev.reason)
+                await state.WORKERS.delete(conn, [worker.job_id])
+                return
+        await state.WORKERS.update(conn, changed)
 
     async def on_replica_news(
         self,
@@ -122,9 +200,9 @@ class Autoscaler:
                 changed = msgspec.structs.replace(replica, state="starting", since=now, allocation_id=None, nodes=[])
             case JobFinished():
                 log.info("replica ended", job_id=replica.job_id, state=ev.state, reason=ev.reason)
-                await state.delete_replicas(tx.conn, [replica.job_id])
+                await state.REPLICAS.delete(tx.conn, [replica.job_id])
                 return
-        await state.update_replica(tx.conn, changed)
+        await state.REPLICAS.update(tx.conn, changed)
 
     # -- the API's writes -------------------------------------------------------------------------
 
@@ -132,26 +210,52 @@ class Autoscaler:
         """Create or replace a deployment (validated by the caller with `core_deployment`); its replicas
         and the scaler's memory are kept. Returns the record and whether it is new."""
         now = self.clock.now()
-        old = await state.lock_deployment(tx.conn, name)
+        old = await state.DEPLOYMENTS.lock(tx.conn, name)
         if old is None:
             record = DeploymentRecord(name=name, body=body, created_at=now, updated_at=now)
         else:
             record = msgspec.structs.replace(old, body=body, updated_at=now)
-        await state.save_deployment(tx.conn, record)
+        await state.DEPLOYMENTS.save(tx.conn, record)
         self.wake.set()
         return record, old is None
 
     async def delete(self, tx: Transaction, name: str) -> list[str] | None:
         """Remove a deployment and cancel its replicas (their job ids); None when there is none."""
-        if await state.lock_deployment(tx.conn, name) is None:
+        if await state.DEPLOYMENTS.lock(tx.conn, name) is None:
             return None
-        replicas = await state.replicas_of(tx.conn, name)
+        replicas = await state.REPLICAS.of(tx.conn, name)
         ids = [r.job_id for r in replicas]
-        await state.delete_replicas(tx.conn, ids)
+        await state.REPLICAS.delete(tx.conn, ids)
         await state.delete_deployment(tx.conn, name)
         await tx.outbox(
             *(CancelJob(source=self.kit.source, key=i, job_id=i, reason=f"deployment {name} deleted") for i in ids)
         )
+        return ids
+
+    async def put_elastic(self, tx: Transaction, name: str, body: ElasticJobBody) -> tuple[ElasticJobRecord, bool]:
+        """Declare or replace an elastic job (checked by the caller); its workers are kept and the next
+        round brings them within the new bounds. Returns the record and whether it is new."""
+        now = self.clock.now()
+        old = await state.ELASTIC_JOBS.lock(tx.conn, name)
+        if old is None:
+            record = ElasticJobRecord(name=name, body=body, created_at=now, updated_at=now)
+        else:
+            record = msgspec.structs.replace(old, body=body, updated_at=now)
+        await state.ELASTIC_JOBS.save(tx.conn, record)
+        self.wake.set()
+        return record, old is None
+
+    async def delete_elastic(self, tx: Transaction, name: str) -> list[str] | None:
+        """Remove an elastic job and cancel its workers (their job ids); None when there is none."""
+        if await state.ELASTIC_JOBS.lock(tx.conn, name) is None:
+            return None
+        ids = [w.job_id for w in await state.WORKERS.of(tx.conn, name)]
+        await state.WORKERS.delete(tx.conn, ids)
+        await state.ELASTIC_JOBS.delete(tx.conn, name)
+        await tx.outbox(
+            *(CancelJob(source=self.kit.source, key=i, job_id=i, reason=f"elastic job {name} deleted") for i in ids)
+        )
+        self.wake.set()
         return ids
 
     # -- decisions ------------------------------------------------------------------------------
@@ -165,7 +269,7 @@ class Autoscaler:
         now = self.clock.now()
         await state.prune_samples(self.kit.store.pool, now - dt.timedelta(seconds=self.cfg.metric_retention_s))
         replies: dict[str, ScalingReply] = {}
-        for name in await state.deployment_names(self.kit.store.pool):
+        for name in await state.DEPLOYMENTS.names(self.kit.store.pool):
             try:
                 reply = await self.decide_one(name)
             except Exception as e:  # a store hiccup or a bad record must not stop the other deployments
@@ -178,11 +282,11 @@ class Autoscaler:
 
     async def decide_one(self, name: str) -> ScalingReply | None:
         async with self.kit.store.transaction() as tx:
-            record = await state.lock_deployment(tx.conn, name)
+            record = await state.DEPLOYMENTS.lock(tx.conn, name)
             if record is None:
                 return None  # deleted meanwhile
             now = self.clock.now()
-            replicas = await state.replicas_of(tx.conn, name)
+            replicas = await state.REPLICAS.of(tx.conn, name)
             since = now - dt.timedelta(seconds=self.cfg.metric_retention_s)
             request = ScalingRequest(
                 deployment=core_deployment(name, record.body),
@@ -193,8 +297,8 @@ class Autoscaler:
                 memory=record.memory,
             )
             reply = decide(request)
-            new_ids = await state.next_job_ids(tx.conn, name, reply.add)
-            await state.insert_replicas(
+            new_ids = await state.REPLICAS.next_ids(tx.conn, name, reply.add)
+            await state.REPLICAS.insert(
                 tx.conn,
                 [
                     ReplicaRecord(job_id=i, deployment=name, state="starting", since=now, submitted_at=now)
@@ -202,7 +306,7 @@ class Autoscaler:
                 ],
             )
             if reply.remove:
-                await state.delete_replicas(tx.conn, list(reply.remove))
+                await state.REPLICAS.delete(tx.conn, list(reply.remove))
             decision = Decision(
                 at=now,
                 current=len(replicas),
@@ -211,7 +315,7 @@ class Autoscaler:
                 reason=reply.reason,
                 forecast_requests_per_s=reply.forecast_requests_per_s,
             )
-            await state.save_deployment(tx.conn, msgspec.structs.replace(record, memory=reply.memory, last=decision))
+            await state.DEPLOYMENTS.save(tx.conn, msgspec.structs.replace(record, memory=reply.memory, last=decision))
             await tx.outbox(
                 *decision_messages(record, reply, len(replicas), new_ids, self.kit.source, self.cfg.replica_runtime_s)
             )
@@ -226,6 +330,58 @@ class Autoscaler:
                 reason=reply.reason,
             )
         return reply
+
+    async def decide_elastic(self) -> list[JobPlan] | None:
+        """One elasticity round over every elastic job, in one transaction; None when the ledger replica
+        has not caught up yet (idle GPUs would be wrong) or no elastic job is declared."""
+        if not self.pool.caught_up:
+            return None
+        async with self.kit.store.transaction() as tx:
+            jobs = await state.ELASTIC_JOBS.lock_all(tx.conn)
+            if not jobs:
+                return None
+            ledger = self.pool.ledger
+            inp = RoundInput(
+                jobs=jobs,
+                workers=await state.WORKERS.by_owner(tx.conn),
+                free_gpus=idle_gpus(ledger),
+                placed=frozenset(jobs_holding_gpus(ledger)),
+                waiting=await state.waiting_jobs(tx.conn),
+            )
+            plans = plan_round(inp)
+            now = self.clock.now()
+            by_name = {j.name: j for j in jobs}
+            out: list[Message] = []
+            for plan in plans:
+                record = by_name[plan.name]
+                new_ids = await state.WORKERS.next_ids(tx.conn, plan.name, plan.add)
+                await state.WORKERS.insert(
+                    tx.conn,
+                    [
+                        WorkerRecord(job_id=i, elastic_job=plan.name, state="queued", since=now, submitted_at=now)
+                        for i in new_ids
+                    ],
+                )
+                if plan.cancel:
+                    await state.WORKERS.delete(tx.conn, plan.cancel)
+                    for job_id in plan.cancel:  # no longer waiting work of anyone's
+                        await state.job_finished(tx.conn, job_id)
+                resize = Resize(at=now, workers_from=plan.workers_from, workers_to=plan.workers_to, reason=plan.reason)
+                await state.ELASTIC_JOBS.save(tx.conn, msgspec.structs.replace(record, last=resize))
+                out += plan_messages(record, plan, new_ids, self.kit.source, self.cfg.replica_runtime_s)
+            await tx.outbox(*out)
+        self.elastic_rounds += 1
+        for plan in plans:
+            if plan.workers_to != plan.workers_from:
+                self.resizes.labels("up" if plan.workers_to > plan.workers_from else "down").inc()
+            log.info(
+                "elastic job resized",
+                elastic_job=plan.name,
+                workers_from=plan.workers_from,
+                workers_to=plan.workers_to,
+                reason=plan.reason,
+            )
+        return plans
 
     # -- loops ----------------------------------------------------------------------------------
 
@@ -251,3 +407,10 @@ class Autoscaler:
                 await self.decide_all()
             except Exception as e:  # the store down for a moment: try again at the next tick
                 log.warning("scaling round failed", error=str(e) or type(e).__name__)
+            try:
+                await self.decide_elastic()
+            except Exception as e:
+                log.warning("elasticity round failed", error=str(e) or type(e).__name__)
+
+    async def pool_loop(self, stop: asyncio.Event) -> None:
+        await self.pool.run(stop)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import msgspec
 from aiohttp import web
 
 from ibpool_core.fabric.link_health import LinkHealth
-from ibpool_core.fabric.model import diff
-from ibpool_runtime.http import BadBody, json_response, read_body
+from ibpool_core.fabric.model import Topology, TopologyDiff, diff
+from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
 from ibpool_sim.fabric_faults import Fault, UnknownLink
 
 from . import state
@@ -15,6 +17,8 @@ from .service import FabricMonitor
 from .sources import SimulatedSource
 
 LINK_STATES = ("up", "down", "degraded", "flapping")
+MAX_VERSION = 2**31 - 1  # topology versions are Postgres integers
+Version = Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]
 
 
 class DistanceView(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,6 +36,10 @@ class LinkView(msgspec.Struct, frozen=True, kw_only=True):
     problems: list[str]
 
 
+class Cleared(msgspec.Struct, frozen=True, kw_only=True):
+    cleared: str
+
+
 def _int_param(request: web.Request, name: str, default: int | None = None) -> int:
     raw = request.query.get(name)
     if raw is None:
@@ -39,9 +47,12 @@ def _int_param(request: web.Request, name: str, default: int | None = None) -> i
             raise BadBody(f"query parameter `{name}` is required", f"?{name}")
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise BadBody(f"query parameter `{name}` must be an integer, got {raw!r}", f"?{name}") from None
+    if not -MAX_VERSION <= value <= MAX_VERSION:
+        raise BadBody(f"query parameter `{name}` is out of range: {value}", f"?{name}")
+    return value
 
 
 def _not_found(detail: str) -> web.Response:
@@ -53,6 +64,7 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
     pool = monitor.kit.store.pool
 
     @r.get("/v1/topology")
+    @documented("A topology version (default: current)", {200: Topology, 404: ErrorBody}, query={"version": Version})
     async def get_topology(request: web.Request) -> web.Response:
         version = _int_param(request, "version", monitor.version)
         t = await state.topology(pool, version)
@@ -63,10 +75,17 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
         )
 
     @r.get("/v1/topology/versions")
+    @documented("Every topology version", {200: list[state.VersionRow]})
     async def list_versions(_: web.Request) -> web.Response:
         return json_response(await state.versions(pool))
 
     @r.get("/v1/topology/diff")
+    @documented(
+        "What changed between two versions",
+        {200: TopologyDiff, 404: ErrorBody},
+        query={"from": Version, "to": Version},
+        required_query=["from"],
+    )
     async def get_diff(request: web.Request) -> web.Response:
         old_v, new_v = _int_param(request, "from"), _int_param(request, "to", monitor.version)
         old, new = await state.topology(pool, old_v), await state.topology(pool, new_v)
@@ -75,6 +94,7 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
         return json_response(diff(old, new))
 
     @r.get("/v1/links")
+    @documented("Link health", {200: list[LinkView]}, query={"state": Literal["up", "down", "degraded", "flapping"]})
     async def list_links(request: web.Request) -> web.Response:
         wanted = request.query.get("state")
         if wanted is not None and wanted not in LINK_STATES:
@@ -89,6 +109,7 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
         )
 
     @r.get("/v1/hosts/{name}/distance/{other}")
+    @documented("Hops and bottleneck between two hosts", {200: DistanceView, 503: ErrorBody}, query={"rail": int})
     async def distance(request: web.Request) -> web.Response:
         index = monitor.index
         a, b = request.match_info["name"], request.match_info["other"]
@@ -112,6 +133,7 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
         )
 
     @r.post("/v1/sim/faults")
+    @documented("Inject a fault into the simulated fabric", {202: Fault, 404: ErrorBody, 409: ErrorBody}, body=Fault)
     async def inject_fault(request: web.Request) -> web.Response:
         source = monitor.source
         if not isinstance(source, SimulatedSource):
@@ -128,6 +150,7 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
         return json_response(fault, status=202)
 
     @r.delete("/v1/sim/faults/{link_id}")
+    @documented("Clear a link's simulated fault", {200: Cleared, 409: ErrorBody})
     async def clear_fault(request: web.Request) -> web.Response:
         source = monitor.source
         if not isinstance(source, SimulatedSource):
@@ -136,6 +159,6 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
             source.fabric.clear(request.match_info["link_id"])
         except UnknownLink as e:
             return _not_found(str(e.args[0]))
-        return json_response({"cleared": request.match_info["link_id"]})
+        return json_response(Cleared(cleared=request.match_info["link_id"]))
 
     return r

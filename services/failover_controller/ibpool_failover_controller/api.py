@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Annotated
 
 import msgspec
 from aiohttp import web
 
 from ibpool_core.health.decide import NodeHealth, NodeStatus, max_failed_nodes
-from ibpool_runtime.http import BadBody, json_response
+from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response
 
 from . import state
 from .service import FailoverController
@@ -86,6 +87,7 @@ def routes(controller: FailoverController) -> web.RouteTableDef:
     r = web.RouteTableDef()
 
     @r.get("/health/nodes")
+    @documented("Every node's verdict", {200: list[NodeView]}, query={"status": NodeStatus})
     async def list_nodes(request: web.Request) -> web.Response:
         wanted = request.query.get("status")
         if wanted is not None and wanted not in STATUSES:
@@ -94,6 +96,7 @@ def routes(controller: FailoverController) -> web.RouteTableDef:
         return json_response([node_view(n) for _, n in sorted(nodes.items()) if wanted is None or n.status == wanted])
 
     @r.get("/health/nodes/{node_id}")
+    @documented("A node's verdict", {200: NodeView, 404: ErrorBody})
     async def get_node(request: web.Request) -> web.Response:
         n = controller.state.nodes.get(request.match_info["node_id"])
         if n is None:
@@ -102,6 +105,11 @@ def routes(controller: FailoverController) -> web.RouteTableDef:
         return json_response(node_view(n))
 
     @r.get("/health/verdicts")
+    @documented(
+        "The verdict history, newest first",
+        {200: list[state.VerdictRow]},
+        query={"limit": Annotated[int, msgspec.Meta(ge=1, le=MAX_LIMIT)], "type": str, "key": str},
+    )
     async def list_verdicts(request: web.Request) -> web.Response:
         rows = await state.verdicts(
             controller.kit.store.pool, _limit(request), request.query.get("type"), request.query.get("key")
@@ -109,6 +117,7 @@ def routes(controller: FailoverController) -> web.RouteTableDef:
         return json_response(rows)
 
     @r.get("/health/cluster")
+    @documented("The cluster summary", {200: ClusterView})
     async def cluster(_: web.Request) -> web.Response:
         s = controller.state
         counts: dict[str, int] = {status: 0 for status in STATUSES}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 from aiohttp import web
 
 from ibpool_core.workload import Workload
 from ibpool_proto.node import GpuInfo
-from ibpool_runtime.http import json_response
+from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
 
 from . import state
 from .enforcers import Applied
@@ -22,6 +24,17 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     running: list[Workload]
     # The grants' limits in force on the node (MIG instances, environment), by allocation.
     enforcement: list[Applied] = []
+
+
+class XidBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # The XID code the GPU reports, e.g. 79 (fallen off the bus) or 48 (double-bit ECC error).
+    code: Annotated[int, msgspec.Meta(ge=1, le=65535)]
+
+
+class XidInjected(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    gpu_index: int
+    xid: int
 
 
 class AgentView(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,6 +53,7 @@ def routes(agent: NodeAgent) -> web.RouteTableDef:
     pool = agent.kit.store.pool
 
     @r.get("/v1/agent")
+    @documented("This agent", {200: AgentView})
     async def get_agent(_: web.Request) -> web.Response:
         return json_response(
             AgentView(
@@ -54,6 +68,7 @@ def routes(agent: NodeAgent) -> web.RouteTableDef:
         )
 
     @r.get("/v1/nodes")
+    @documented("The nodes this agent hosts and what runs there", {200: list[NodeView]})
     async def list_nodes(_: web.Request) -> web.Response:
         work = await state.running(pool)
         return json_response(
@@ -72,6 +87,7 @@ def routes(agent: NodeAgent) -> web.RouteTableDef:
         )
 
     @r.get("/v1/nodes/{node_id}")
+    @documented("A node hosted here", {200: NodeView, 404: ErrorBody})
     async def get_node(request: web.Request) -> web.Response:
         node_id = request.match_info["node_id"]
         for n in await state.nodes(pool):
@@ -88,5 +104,23 @@ def routes(agent: NodeAgent) -> web.RouteTableDef:
                     )
                 )
         return json_response({"error": "not found", "detail": f"node {node_id!r} is not hosted here"}, status=404)
+
+    @r.post("/v1/nodes/{node_id}/gpus/{index}/xid")
+    @documented(
+        "A fault drill: the GPU reports the XID", {202: XidInjected, 403: ErrorBody, 409: ErrorBody}, body=XidBody
+    )
+    async def inject_xid(request: web.Request) -> web.Response:
+        """A fault drill (config `fault_injection`, simulated backend): the GPU reports the XID at once."""
+        if not agent.cfg.fault_injection:
+            return json_response({"error": "forbidden", "detail": "fault injection is off on this agent"}, status=403)
+        node_id, index = request.match_info["node_id"], request.match_info["index"]
+        if not index.isdigit():
+            raise BadBody(f"GPU index must be a number, not {index!r}", "$.index")
+        body = await read_body(request, XidBody)
+        try:
+            agent.inject_xid(node_id, int(index), body.code)
+        except ValueError as e:
+            return json_response({"error": "conflict", "detail": str(e)}, status=409)
+        return json_response(XidInjected(node_id=node_id, gpu_index=int(index), xid=body.code), status=202)
 
     return r

@@ -6,6 +6,7 @@ import socket
 import time
 from typing import Any, Protocol
 
+import msgspec
 import psutil
 
 from ibpool_core.gpu_model import SimulatedGpus
@@ -51,12 +52,27 @@ class SimulatedBackend:
             xid_rate=cfg.sim_xid_rate,
         )
         self.enforcer: Enforcer = SimulatedEnforcer(node_id, self.model.inventory())
+        # GPU index -> XID codes injected since the last sample (a fault drill), reported by the next one.
+        self.injected_xids: dict[int, list[int]] = {}
 
     def inventory(self) -> list[GpuInfo]:
         return self.model.inventory()
 
+    def inject_xid(self, index: int, code: int) -> None:
+        """The GPU `index` reports XID `code` in the next sample, as NVML would after the fault."""
+        if not 0 <= index < self.model.count:
+            raise ValueError(f"node {self.node_id} has no GPU {index} (0..{self.model.count - 1})")
+        self.injected_xids.setdefault(index, []).append(code)
+
     def sample(self, dt_s: float, load: dict[int, int]) -> list[GpuSample]:
-        return self.model.sample(dt_s, load)
+        out = self.model.sample(dt_s, load)
+        if self.injected_xids:
+            injected, self.injected_xids = self.injected_xids, {}
+            out = [
+                msgspec.structs.replace(g, xids=[*g.xids, *injected[g.index]]) if g.index in injected else g
+                for g in out
+            ]
+        return out
 
     def host(self, load: dict[int, int]) -> HostSample:
         # A simulated node's host follows its work: each busy GPU keeps about 1.5 cores of 32 busy

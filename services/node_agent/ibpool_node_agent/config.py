@@ -26,6 +26,9 @@ class NodeAgentConfig(BaseConfig, frozen=True, kw_only=True):
     # Simulated fault rates per telemetry sample (0 turns them off).
     sim_ecc_rate: float = 2e-4
     sim_xid_rate: float = 2e-5
+    # Accept `POST /v1/nodes/{node}/gpus/{index}/xid` (simulated backend only): an operator's fault
+    # drill that makes a simulated GPU report an XID in the next telemetry sample, sent at once.
+    fault_injection: bool = False
     # Report this host's InfiniBand ports (sysfs) for the fabric monitor: auto = on NVML hosts that have them.
     hca_ports: Literal["auto", "sysfs", "off"] = "auto"
     # Run grants' commands as processes (the process launcher); off: such grants are refused.

@@ -25,7 +25,7 @@ from ibpool_runtime.service import Kit, sleep_unless_stopped
 from ibpool_runtime.telemetry_buffer import TelemetryBuffer
 
 from . import state
-from .backends import GpuBackend, node_prefix
+from .backends import GpuBackend, SimulatedBackend, node_prefix
 from .config import NodeAgentConfig
 from .enforcers import EnforcementError
 from .launcher import LaunchError, ProcessLauncher
@@ -60,6 +60,8 @@ class NodeAgent:
         # node id -> GPU index -> (when, XID code) seen in telemetry: a process that dies after an XID
         # on its GPUs exits with reason "xid".
         self.xids: dict[str, dict[int, list[tuple[dt.datetime, int]]]] = {n: {} for n in self.backends}
+        # Set by an injected XID: sample and publish now rather than at the next interval.
+        self.sample_now = asyncio.Event()
 
     @property
     def node_ids(self) -> list[str]:
@@ -231,7 +233,31 @@ class NodeAgent:
             if self.reports_hca_ports:
                 await self.report_hca_ports()
             await self.telemetry.flush()
-            await sleep_unless_stopped(stop, self.cfg.telemetry_interval_s)
+            await self._until_next_sample(stop)
+
+    async def _until_next_sample(self, stop: asyncio.Event) -> None:
+        """`telemetry_interval_s`, or less when stopping or when a fault was injected meanwhile."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (stop, self.sample_now)]
+        try:
+            await asyncio.wait(waits, timeout=self.cfg.telemetry_interval_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        self.sample_now.clear()
+
+    def inject_xid(self, node_id: str, gpu_index: int, code: int) -> None:
+        """A fault drill: the simulated GPU reports XID `code` in a sample sent at once. ValueError when
+        injection is off, the node is not hosted here or not simulated, or it has no such GPU."""
+        if not self.cfg.fault_injection:
+            raise ValueError("fault injection is off (config fault_injection)")
+        backend = self.backends.get(node_id)
+        if backend is None:
+            raise ValueError(f"node {node_id!r} is not hosted here")
+        if not isinstance(backend, SimulatedBackend):
+            raise ValueError(f"node {node_id!r} runs the {backend.name} backend: only simulated GPUs take XIDs")
+        backend.inject_xid(gpu_index, code)
+        log.warning("XID injected", node_id=node_id, gpu_index=gpu_index, xid=code)
+        self.sample_now.set()
 
     async def report_hca_ports(self) -> None:
         """This host's InfiniBand ports, for the fabric monitor's link health (telemetry, buffered like samples)."""

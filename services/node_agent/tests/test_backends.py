@@ -73,3 +73,19 @@ def test_hostname_in_the_prefix_gives_each_replica_its_own_node_ids() -> None:
     cfg = NodeAgentConfig(nodes=2, node_prefix="{hostname}-sim", backend="simulated")
     host = socket.gethostname().split(".")[0]
     assert node_ids(cfg) == [f"{host}-sim-001", f"{host}-sim-002"]
+
+
+def test_an_injected_xid_is_reported_once_by_the_next_sample_of_that_gpu() -> None:
+    [b] = make_backends(NodeAgentConfig(nodes=1, backend="simulated", sim_xid_rate=0.0, gpus_per_node=4))
+    assert isinstance(b, SimulatedBackend)
+    b.inject_xid(2, 79)
+    b.inject_xid(2, 48)
+    first, second = b.sample(1.0, {}), b.sample(1.0, {})
+    assert [g.xids for g in first] == [[], [], [79, 48], []]
+    assert all(g.xids == [] for g in second)
+    try:
+        b.inject_xid(4, 79)
+    except ValueError as e:
+        assert "no GPU 4" in str(e)
+    else:
+        raise AssertionError("GPU 4 of a 4-GPU node took an XID")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -23,7 +24,7 @@ from ibpool_proto.pool import (
     Share,
     WorkloadSpec,
 )
-from ibpool_runtime.http import BadBody, json_response, read_body
+from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
 
 from .service import PoolAllocator
 
@@ -121,6 +122,16 @@ class QuotaBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     cohort: str | None = None
 
 
+class Granted(msgspec.Struct, frozen=True, kw_only=True):
+    allocation_id: str
+    grants: list[AllocationGranted]
+
+
+class Released(msgspec.Struct, frozen=True, kw_only=True):
+    released: str
+    events: list[Any]  # the ledger events of the release
+
+
 def pool_view(
     ledger: Ledger, fragmentation: PoolFragmentation | None = None, fabric: FabricAbout | None = None
 ) -> PoolView:
@@ -211,17 +222,20 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
     source = allocator.kit.source
 
     @r.get("/v1/pool")
+    @documented("The pool: models, nodes, quotas, fragmentation", {200: PoolView})
     async def get_pool(_: web.Request) -> web.Response:
         ledger = allocator.ledger
         return json_response(pool_view(ledger, allocator.fragmentation.read(ledger), allocator.fabric.about))
 
     @r.get("/v1/allocations")
+    @documented("Live allocations", {200: list[AllocationView]}, query={"owner": str})
     async def list_allocations(request: web.Request) -> web.Response:
         owner = request.query.get("owner")
         allocs = sorted(allocator.ledger.allocations.values(), key=lambda a: a.allocation_id)
         return json_response([allocation_view(a) for a in allocs if owner is None or a.owner == owner])
 
     @r.get("/v1/allocations/{id}")
+    @documented("A live allocation", {200: AllocationView, 404: ErrorBody})
     async def get_allocation(request: web.Request) -> web.Response:
         a = allocator.ledger.allocations.get(request.match_info["id"])
         if a is None:
@@ -229,6 +243,7 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
         return json_response(allocation_view(a))
 
     @r.post("/v1/allocations")
+    @documented("Request an allocation", {200: Granted, 201: Granted, 409: ErrorBody}, body=AllocationAsk)
     async def request_allocation(request: web.Request) -> web.Response:
         ask = await read_body(request, AllocationAsk)
         if ask.lease_s is not None and ask.lease_s <= 0:
@@ -259,9 +274,10 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
                 status=409,
             )
         grants: list[AllocationGranted] = decision.granted
-        return json_response({"allocation_id": cmd.id, "grants": grants}, status=201 if not decision.repeat else 200)
+        return json_response(Granted(allocation_id=cmd.id, grants=grants), status=201 if not decision.repeat else 200)
 
     @r.delete("/v1/allocations/{id}")
+    @documented("Release an allocation", {200: Released, 404: ErrorBody}, query={"reason": str})
     async def release_allocation(request: web.Request) -> web.Response:
         allocation_id = request.match_info["id"]
         reason = request.query.get("reason", "released through the API")
@@ -269,13 +285,15 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
         decision = await allocator.submit(cmd)
         if not decision.events:
             return _not_found(decision.note or f"no allocation {allocation_id}")
-        return json_response({"released": allocation_id, "events": list(decision.events)})
+        return json_response(Released(released=allocation_id, events=list(decision.events)))
 
     @r.get("/v1/quotas")
+    @documented("Quotas and their use", {200: list[QuotaView]})
     async def list_quotas(_: web.Request) -> web.Response:
         return json_response(quota_views(allocator.ledger))
 
     @r.put("/v1/quotas/{tenant}")
+    @documented("Set a tenant's or a queue's quota", {200: Quota}, body=QuotaBody)
     async def put_quota(request: web.Request) -> web.Response:
         body = await read_body(request, QuotaBody)
         quota = Quota(
@@ -288,6 +306,10 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
             cohort=body.cohort,
         )
         problems = quotas.problems(quota)
+        try:
+            SetQuota.subject(quota.name)
+        except ValueError as e:
+            problems = [f"tenant in the path: {e}", *problems]
         if problems:
             raise BadBody("; ".join(problems), "$")
         decision = await allocator.submit(SetQuota(source=source, key=quota.name, quota=quota))

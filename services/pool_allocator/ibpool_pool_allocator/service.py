@@ -27,7 +27,14 @@ from ibpool_core.pool.placement import Placer
 from ibpool_core.pool.policy_placer import policy_placer
 from ibpool_proto.health import Cordoned, DrainRequested, GpuFailed, NodeFailed, NodeRecovered, Uncordoned
 from ibpool_proto.node import NodeDeregistered, NodeRegistered
-from ibpool_proto.pool import ProposePlacement, ReleaseAllocation, RenewLease, RequestAllocation, SetQuota
+from ibpool_proto.pool import (
+    ProposePlacement,
+    ProposePlacements,
+    ReleaseAllocation,
+    RenewLease,
+    RequestAllocation,
+    SetQuota,
+)
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit, sleep_unless_stopped
@@ -40,7 +47,7 @@ from .fragmentation_measure import FragmentationReader
 
 log = get_logger(__name__)
 
-COMMANDS = (ProposePlacement, RequestAllocation, ReleaseAllocation, RenewLease, SetQuota)
+COMMANDS = (ProposePlacement, ProposePlacements, RequestAllocation, ReleaseAllocation, RenewLease, SetQuota)
 NODE_NEWS = (NodeRegistered, NodeDeregistered)
 HEALTH_NEWS = (NodeFailed, NodeRecovered, GpuFailed, Cordoned, Uncordoned, DrainRequested)
 
@@ -95,8 +102,15 @@ class PoolAllocator:
             self.fabric_feed.subscription(),
         ]
 
-    async def on_input(self, message: Input, ctx: HandlerContext) -> None:
+    async def on_input(self, message: Input | ProposePlacements, ctx: HandlerContext) -> None:
         assert ctx.tx is not None
+        if isinstance(message, ProposePlacements):
+            # A batch: each placement decided and answered as a ProposePlacement of its own, in
+            # order, in this one transaction (the ledger lock and catch-up are taken once). Fencing
+            # is the batch's: a stale term rejects every placement of it as `stale`.
+            for proposal in message.proposals():
+                await self.commit(ctx.tx, self.decider(proposal))
+            return
         decision = await self.commit(ctx.tx, self.decider(message))
         if decision.note:
             log.info("nothing to do", type=type(message).__name__, id=message.id, note=decision.note)

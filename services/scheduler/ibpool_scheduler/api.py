@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import msgspec
 from aiohttp import web
@@ -12,7 +12,7 @@ from aiohttp import web
 from ibpool_proto import new_id
 from ibpool_proto.job import JobSpec, TopologyConstraint
 from ibpool_proto.pool import GpuAssignment, ResourceRequest, WorkloadSpec
-from ibpool_runtime.http import BadBody, json_response, read_body
+from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
 
 from . import state
 from .jobs import LIVE, JobRecord, JobState
@@ -46,6 +46,7 @@ class JobBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     memory_mib: Annotated[int, msgspec.Meta(ge=1)] | None = None
     topology: TopologyBody = TopologyBody()
     dataset: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] | None = None
+    gpu_model: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
     time_limit_s: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
     workload: WorkloadSpec | None = None
 
@@ -81,6 +82,9 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
 
 class QueueView(msgspec.Struct, frozen=True, kw_only=True):
     queue: str
+    # The queue's own policy and backfill (`queue_policies`), else the scheduler's.
+    policy: str = ""
+    backfill: str = ""
     queued: int = 0
     proposed: int = 0
     scheduled: int = 0
@@ -95,6 +99,14 @@ class QueuesView(msgspec.Struct, frozen=True, kw_only=True):
     backfill: str
     served: list[str]
     queues: list[QueueView]
+    # tenant -> fair-share factor of the last cycle (1: used nothing, 0.5: used its share, towards 0 above).
+    fairshare: dict[str, float] = {}
+
+
+class DatasetBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """PUT /v1/datasets/{name}: the nodes holding a copy (replaces the stored list; empty removes it)."""
+
+    nodes: list[Annotated[str, msgspec.Meta(min_length=1, max_length=256)]]
 
 
 class SchedulerView(msgspec.Struct, frozen=True, kw_only=True):
@@ -145,7 +157,11 @@ def spec_of(body: JobBody) -> JobSpec:
         if body.nodes != 1 or (body.gpus or 1) != 1 or (body.gpus_per_node or 1) != 1:
             raise BadBody("a fraction is a share of one GPU on one node", "$.fraction")
         request = ResourceRequest(
-            kind="fraction", gpus=1, milli=max(1, round(body.fraction * 1000)), memory_mib=body.memory_mib
+            kind="fraction",
+            gpus=1,
+            milli=max(1, round(body.fraction * 1000)),
+            memory_mib=body.memory_mib,
+            gpu_model=body.gpu_model,
         )
     elif body.nodes > 1:
         if body.gpus_per_node is None:
@@ -156,11 +172,11 @@ def spec_of(body: JobBody) -> JobSpec:
             per_node = body.gpus_per_node
             if body.gpus is not None and body.gpus != per_node * body.nodes:
                 raise BadBody(f"gpus {body.gpus} is not nodes x gpus_per_node = {per_node * body.nodes}", "$.gpus")
-        request = ResourceRequest(kind="gang", gpus=per_node, hosts=body.nodes)
+        request = ResourceRequest(kind="gang", gpus=per_node, hosts=body.nodes, gpu_model=body.gpu_model)
     else:
         if body.gpus is not None and body.gpus_per_node is not None and body.gpus != body.gpus_per_node:
             raise BadBody("on one node, gpus and gpus_per_node must agree", "$.gpus")
-        request = ResourceRequest(kind="whole", gpus=body.gpus or body.gpus_per_node or 1)
+        request = ResourceRequest(kind="whole", gpus=body.gpus or body.gpus_per_node or 1, gpu_model=body.gpu_model)
     if body.memory_mib is not None and body.fraction is None:
         raise BadBody("memory_mib goes with a fraction (whole GPUs come with all their memory)", "$.memory_mib")
     return JobSpec(
@@ -177,8 +193,13 @@ def spec_of(body: JobBody) -> JobSpec:
     )
 
 
-def queue_views(live: list[JobRecord], now: dt.datetime) -> list[QueueView]:
-    counts: dict[str, dict[str, float]] = {}
+def queue_views(
+    live: list[JobRecord], now: dt.datetime, rules: dict[str, tuple[str, str]] | None = None
+) -> list[QueueView]:
+    """Per queue (every queue with live jobs, and every queue of `rules`): counts, and its policy
+    and backfill from `rules` (queue -> (policy, backfill); "" for a queue not in it)."""
+    rules = rules or {}
+    counts: dict[str, dict[str, float]] = {q: {} for q in rules}
     for job in live:
         c = counts.setdefault(job.queue, {})
         c[job.state] = c.get(job.state, 0) + 1
@@ -190,6 +211,8 @@ def queue_views(live: list[JobRecord], now: dt.datetime) -> list[QueueView]:
     return [
         QueueView(
             queue=q,
+            policy=rules.get(q, ("", ""))[0],
+            backfill=rules.get(q, ("", ""))[1],
             queued=int(c.get("queued", 0)),
             proposed=int(c.get("proposed", 0)),
             scheduled=int(c.get("scheduled", 0)),
@@ -214,6 +237,7 @@ def _query_int(request: web.Request, name: str, default: int, low: int, high: in
 def routes(scheduler: Scheduler) -> list[web.RouteDef]:
     store = scheduler.kit.store
 
+    @documented("Submit a job", {201: JobView}, body=JobBody)
     async def submit(request: web.Request) -> web.Response:
         body = await read_body(request, JobBody)
         spec = spec_of(body)
@@ -224,6 +248,17 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
             return json_response({"error": "not accepted", "detail": accepted}, status=400)
         return json_response(job_view(accepted), status=201)
 
+    @documented(
+        "Jobs, filtered by state, queue and tenant",
+        {200: list[JobView]},
+        query={
+            "state": str,
+            "live": Literal["true", "false"],
+            "queue": str,
+            "tenant": str,
+            "limit": Annotated[int, msgspec.Meta(ge=1, le=10_000)],
+        },
+    )
     async def list_jobs(request: web.Request) -> web.Response:
         states = [s for s in request.query.get("state", "").split(",") if s]
         unknown = [s for s in states if s not in _STATES]
@@ -240,12 +275,14 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
         )
         return json_response([job_view(j) for j in found])
 
+    @documented("A job, with why it waits", {200: JobView, 404: ErrorBody})
     async def show(request: web.Request) -> web.Response:
         job = await state.get_job(store.pool, request.match_info["job_id"])
         if job is None:
             return json_response({"error": "not found", "detail": f"no job {request.match_info['job_id']}"}, 404)
         return json_response(job_view(job))
 
+    @documented("Cancel a job", {200: JobView, 404: ErrorBody, 409: ErrorBody})
     async def cancel(request: web.Request) -> web.Response:
         job_id = request.match_info["job_id"]
         async with store.transaction() as tx:
@@ -256,6 +293,7 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
             return json_response({"error": "already ended", "detail": f"job {job_id} is {job.state}"}, 409)
         return json_response(job_view(job))
 
+    @documented("The queues", {200: QueuesView})
     async def queues(_: web.Request) -> web.Response:
         live = await state.live_jobs(store.pool)
         return json_response(
@@ -263,10 +301,12 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
                 policy=scheduler.cfg.policy,
                 backfill=scheduler.cfg.backfill,
                 served=scheduler.cfg.queues,
-                queues=queue_views(live, scheduler.clock.now()),
+                queues=queue_views(live, scheduler.clock.now(), scheduler.queue_policy_names(live)),
+                fairshare={t: round(f, 4) for t, f in scheduler.fairshare_factors.items()},
             )
         )
 
+    @documented("This scheduler instance", {200: SchedulerView})
     async def about(_: web.Request) -> web.Response:
         lead = scheduler.leadership
         plan = scheduler.last_plan
@@ -284,7 +324,25 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
             )
         )
 
+    @documented("Store which nodes hold a dataset (data locality)", {200: dict[str, Any]}, body=DatasetBody)
+    async def put_dataset(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if not re.fullmatch(r"[A-Za-z0-9._/-]{1,512}", name):
+            raise BadBody("dataset name: 1..512 of letters, digits and ._/-", "$.name")
+        body = await read_body(request, DatasetBody)
+        await state.put_dataset(store.pool, name, body.nodes, scheduler.clock.now())
+        return json_response({"dataset": name, "nodes": sorted(set(body.nodes))})
+
+    @documented("The dataset registry: dataset -> nodes (config and stored)", {200: dict[str, list[str]]})
+    async def get_datasets(_: web.Request) -> web.Response:
+        stored = await state.datasets(store.pool)
+        merged = {k: sorted({*v, *stored.get(k, [])}) for k, v in scheduler.cfg.datasets.items()}
+        merged.update({k: sorted(v) for k, v in stored.items() if k not in merged})
+        return json_response(merged)
+
     return [
+        web.put("/v1/datasets/{name}", put_dataset),
+        web.get("/v1/datasets", get_datasets),
         web.post("/v1/jobs", submit),
         web.get("/v1/jobs", list_jobs),
         web.get("/v1/jobs/{job_id}", show),

@@ -22,5 +22,5 @@ async def bootstrap(
         migrations=state.MIGRATIONS,
         add_routes=lambda app: app.router.add_routes(api.routes(scheduler)),
         # The cycle loop first: tests reach the scheduler through it.
-        tasks=[scheduler.cycle_loop, scheduler.leader_loop, scheduler.feed.run],
+        tasks=[scheduler.cycle_loop, scheduler.leader_loop, scheduler.feed.run, scheduler.nodes.run],
     )

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
+
+import msgspec
 
 from ibpool_runtime.config import BaseConfig
+
+
+class QueueConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One queue's policy (a name of `ibpool_core.sched.queueing.POLICIES`) and backfill; a field
+    left out takes the scheduler-wide `policy` / `backfill`."""
+
+    policy: str | None = None
+    backfill: Literal["none", "greedy", "easy"] | None = None
 
 
 class SchedulerConfig(BaseConfig, frozen=True, kw_only=True):
@@ -17,6 +27,28 @@ class SchedulerConfig(BaseConfig, frozen=True, kw_only=True):
     # tiresias, gittins, dynamic. An unknown name stops the service at start.
     policy: str = "priority"
     backfill: Literal["none", "greedy", "easy"] = "easy"
+    # Per queue: its own policy and backfill (TOML `[scheduler.queue_policies.<queue>]`); queues
+    # not named here use `policy` and `backfill`. An unknown policy name stops the service at start.
+    queue_policies: dict[str, QueueConfig] = {}
+    # Placement: "framework" runs the placement plugins (`ibpool_core.sched.framework`, profile
+    # below); "leaf" the core's plain `LeafPlacer` (best fit, gangs on the fewest leaves).
+    placement: Literal["framework", "leaf"] = "framework"
+    # The framework's profile (`ibpool_core.sched.framework.ProfileConfig` fields: plugins per point,
+    # score weights, plugin args), merged over the scheduler's default profile (see the README).
+    placement_profile: dict[str, Any] = {}
+    # A single-host job is scored on at most this many hosts (the fullest that fit, plus the holders
+    # of its dataset); 0: every host. Bounds a cycle's cost on a large cluster.
+    placement_sample: int = 16
+    # The dataset registry: dataset -> node ids holding a copy (more entries: PUT /v1/datasets/{name}).
+    datasets: dict[str, list[str]] = {}
+    # Node label whose value "true" marks a node under a SHARP-capable leaf switch.
+    sharp_label: str = "ibpool.io/sharp"
+    # Telemetry older than this is ignored (the node reads as idle and cool).
+    telemetry_max_age_s: float = 120.0
+    # Fair share per tenant (`ibpool_core.sched.fairshare`): usage decays with this half-life;
+    # `fairshare_shares` gives tenants unequal shares (absent tenants: 1). Read by the priority policy.
+    fairshare_half_life_s: float = 7 * 86_400.0
+    fairshare_shares: dict[str, float] = {}
     # Queue positions examined per cycle.
     scan_depth: int = 128
     # A cycle runs this often, and soon after a job arrives or capacity frees up.
@@ -25,6 +57,8 @@ class SchedulerConfig(BaseConfig, frozen=True, kw_only=True):
     cycle_debounce_s: float = 0.02
     # Lease of every proposed allocation; the leader renews leases when half of it is left.
     lease_s: float = 300.0
+    # Send a cycle's proposals as one ProposePlacements command (off: one ProposePlacement each).
+    batch_proposals: bool = True
     # After an `over_quota` or `invalid` rejection the job waits this long before it is placed again.
     retry_after_s: float = 5.0
     # A job requeued this many times (hardware failures, lost leases) ends as failed.

@@ -44,6 +44,7 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     topology: TopologyConstraint = "preferred"
     topology_level: int = 1
     dataset: str | None = None
+    gpu_model: str | None = None
     time_limit_s: float | None = None
     workload: WorkloadSpec | None = None
     submitted_at: dt.datetime

@@ -10,15 +10,19 @@ scheduler already knows: a proposal in flight, or a grant the replica has not fo
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import msgspec
 
+from ibpool_core.fabric.index import FabricIndex
+from ibpool_core.fabric.link_health import LinkState
 from ibpool_core.pool.ledger import Ledger, Node
+from ibpool_core.sched import framework as fw
 from ibpool_core.sched.backfill import reserve
-from ibpool_core.sched.cycle import CycleConfig, SchedulingReply, SchedulingRequest, schedule
+from ibpool_core.sched.cycle import CycleConfig, Preemption, SchedulingReply, SchedulingRequest, Start, schedule
+from ibpool_core.sched.framework_placer import AskHints, FrameworkPlacer, leaf_fabric
 from ibpool_core.sched.jobs import ClusterView, Job, RunningJob, estimated_runtime, host_shares
-from ibpool_core.sched.placer import FreeView, LeafPlacer, min_leaf_span
+from ibpool_core.sched.placer import FreeView, LeafPlacer, Placer, min_leaf_span
 from ibpool_core.sched.queueing import QueuePolicy
 from ibpool_proto.pool import GpuAssignment
 
@@ -27,6 +31,8 @@ from .jobs import JobRecord
 UNLABELLED_LEAF = ""
 # The core's reason when a cycle meets a job with no GPU free at all; it computes no reservation then.
 NO_FREE_GPUS = "no free GPUs"
+# The end of the core's reason for a job that no release of running jobs would let start.
+NEVER_FITS = "never fits the current hosts"
 
 
 class Proposal(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,6 +122,103 @@ class PlanCache:
         self.offers: FreeCache = {}
         self.node_ids: list[str] = []
         self.running: dict[str, tuple[JobRecord, RunningJob]] = {}
+        # The placement view (framework.ClusterView) and the fabric it sits on, while their inputs hold.
+        self.fabric_key: object = None
+        self.fabric: FabricIndex | None = None
+        self.view_key: object = None
+        self.view: fw.ClusterView | None = None
+
+
+class PlacementInputs:
+    """What the framework's plugins read besides the ledger, for one cycle.
+
+    framework   the built profile (None: the core's `LeafPlacer` places)
+    telemetry   node id -> its newest telemetry (absent: idle and cool)
+    node_links  node id -> worst state of its links (absent: up); `links_version` changes with it
+    datasets    dataset -> node ids holding it; `datasets_version` changes with it
+    sharp_label node label whose value "true" puts the node under a SHARP-capable leaf
+    sample      hosts scored per single-host job (0: all)
+    fairshare   tenant -> fair-share factor (`ibpool_core.sched.fairshare`), read by the policies
+    """
+
+    def __init__(
+        self,
+        framework: fw.Framework | None = None,
+        *,
+        telemetry: Mapping[str, fw.Telemetry] | None = None,
+        node_links: Mapping[str, LinkState] | None = None,
+        links_version: int = 0,
+        datasets: Mapping[str, Collection[str]] | None = None,
+        datasets_version: int = 0,
+        sharp_label: str = "ibpool.io/sharp",
+        sample: int = 0,
+        fairshare: Mapping[str, float] | None = None,
+    ) -> None:
+        self.framework = framework
+        self.telemetry = telemetry or {}
+        self.node_links = node_links or {}
+        self.links_version = links_version
+        self.datasets = datasets or {}
+        self.datasets_version = datasets_version
+        self.sharp_label = sharp_label
+        self.sample = sample
+        self.fairshare = fairshare or {}
+
+
+NO_PLACEMENT_INPUTS = PlacementInputs()
+IDLE = fw.Telemetry()
+
+
+def placement_view(ledger: Ledger, view: HostView, inputs: PlacementInputs, cache: PlanCache | None) -> fw.ClusterView:
+    """The framework's view of the cycle's hosts: the fabric of their leaves, GPU models, telemetry,
+    link states and datasets; reused from `cache` while those inputs hold (telemetry is refreshed in
+    place; free GPUs are brought in step by `FrameworkPlacer` before each placement)."""
+    nodes = ledger.nodes
+    offers = [(n, nodes[n]) for n in view.node_ids]
+    leaf_of: dict[str, str] = {}
+    sharp_leaves: set[str] = set()
+    for h, (n, node) in enumerate(offers):
+        leaf_name = str(view.cluster.leaf_of[h])
+        leaf_of[n] = leaf_name
+        if node.labels.get(inputs.sharp_label, "").lower() == "true":
+            sharp_leaves.add(leaf_name)
+    fabric_key = (tuple(view.node_ids), tuple(view.cluster.leaf_of), tuple(sorted(sharp_leaves)))
+    if cache is not None and cache.fabric is not None and cache.fabric_key == fabric_key:
+        fabric = cache.fabric
+    else:
+        fabric = leaf_fabric(leaf_of, sharp_leaves)
+        if cache is not None:
+            cache.fabric_key, cache.fabric, cache.view_key, cache.view = fabric_key, fabric, None, None
+    models = tuple(nodes[n].gpus[0].model if nodes[n].gpus else "" for n in view.node_ids)
+    view_key = (fabric_key, models, tuple(view.cluster.capacity), inputs.links_version, inputs.datasets_version)
+    telemetry = inputs.telemetry
+    if cache is not None and cache.view is not None and cache.view_key == view_key:
+        placement = cache.view
+        for n, host in placement.hosts.items():
+            t = telemetry.get(n, IDLE)
+            if host.telemetry is not t and host.telemetry != t:
+                placement.replace_host(msgspec.structs.replace(host, telemetry=t))
+        return placement
+    hosts = [
+        fw.HostState(
+            name=n,
+            gpu_model=models[h],
+            total_gpus=view.cluster.capacity[h],
+            free_gpus=view.cluster.free[h],
+            telemetry=telemetry.get(n, IDLE),
+        )
+        for h, n in enumerate(view.node_ids)
+    ]
+    placement = fw.ClusterView(fabric, hosts, link_state=dict(inputs.node_links), datasets=inputs.datasets)
+    if cache is not None:
+        cache.view_key, cache.view = view_key, placement
+    return placement
+
+
+def hints_of(job: JobRecord) -> AskHints:
+    """What placement reads of a job beyond its GPUs: a fraction (an inference share) is not
+    compute-heavy; every whole-GPU job is."""
+    return AskHints(gpu_model=job.gpu_model, dataset=job.dataset, compute_heavy=job.milli >= 1000)
 
 
 def host_view(ledger: Ledger, taken: dict[str, set[int]], leaf_label: str, cache: FreeCache | None = None) -> HostView:
@@ -213,6 +316,9 @@ def running_jobs(
     return out
 
 
+QueueRule = tuple[QueuePolicy, CycleConfig]
+
+
 def plan_cycle(
     ledger: Ledger,
     jobs: Sequence[JobRecord],
@@ -221,28 +327,109 @@ def plan_cycle(
     config: CycleConfig,
     leaf_label: str,
     cache: PlanCache | None = None,
+    *,
+    placement: PlacementInputs = NO_PLACEMENT_INPUTS,
+    queue_rules: Mapping[str, QueueRule] | None = None,
 ) -> CyclePlan:
-    """Decide one cycle over the live `jobs` on `ledger`; see the module docstring and `PlanCache`."""
+    """Decide one cycle over the live `jobs` on `ledger`; see the module docstring and `PlanCache`.
+
+    `placement`: the framework and what its plugins read (default: the core's `LeafPlacer`).
+    `queue_rules`: queue -> its own (policy, cycle config); other queues use `policy`/`config`.
+    With several queues waiting, each is decided by its own policy in turn on what the previous
+    ones left, the queue whose oldest job has waited longest first (see `cycle_by_queue`).
+    """
     view = host_view(ledger, taken_in_flight(ledger, jobs), leaf_label, cache.offers if cache else None)
     index = {n: i for i, n in enumerate(view.node_ids)}
-    queue = [core_job(j) for j in jobs if j.state == "queued" and (j.not_before is None or j.not_before <= now)]
+    waiting = [j for j in jobs if j.state == "queued" and (j.not_before is None or j.not_before <= now)]
     running = running_jobs(jobs, index, view.node_ids, config.safety_margin, now.timestamp(), cache)
-    request = SchedulingRequest(
-        now=now.timestamp(),
-        queue=queue,
-        running=running,
-        cluster=view.cluster,
-        policy=policy,
-        config=msgspec.structs.replace(config, hosts_per_leaf=view.hosts_per_leaf),
-    )
-    reply = schedule(request)
+    placer: Placer | None = None
+    if placement.framework is not None and view.node_ids:
+        fw_view = placement_view(ledger, view, placement, cache)
+        hints = {j.job_id: hints_of(j) for j in waiting if j.dataset or j.gpu_model or j.milli < 1000}
+        placer = FrameworkPlacer(placement.framework, fw_view, view.node_ids, hints, now, placement.sample)
+    groups: dict[str, list[Job]] = {}
+    for j in waiting:
+        groups.setdefault(j.queue, []).append(core_job(j))
+    rules = queue_rules or {}
+    order = sorted(groups, key=lambda q: (min(job.submit_time for job in groups[q]), q))
+    cluster = view.cluster
+    replies: list[SchedulingReply] = []
+    waiting_why: dict[str, str] = {}
+    for q in order or [""]:
+        q_policy, q_config = rules.get(q, (policy, config))
+        queue = groups.get(q, [])
+        request = SchedulingRequest(
+            now=now.timestamp(),
+            queue=queue,
+            running=running,
+            cluster=cluster,
+            policy=q_policy,
+            config=msgspec.structs.replace(q_config, hosts_per_leaf=view.hosts_per_leaf),
+            fairshare=placement.fairshare,
+            placer=placer,
+        )
+        reply = schedule(request)
+        replies.append(reply)
+        waiting_why.update(explain_head(reply, request, queue))
+        if len(order) > 1:
+            cluster, running = after(reply, request)
+    reply = merged(replies)
+    if isinstance(placer, FrameworkPlacer):
+        # Say what the plugins found missing when no future frees it (a GPU model, a dataset's holders).
+        for job_id, why in waiting_why.items():
+            if why.endswith(NEVER_FITS) and (found := placer.reasons.get(job_id)):
+                waiting_why[job_id] = f"{why} ({found})"
     return CyclePlan(
         ledger_version=ledger.version,
         proposals=assign(reply, view, {j.job_id: j for j in jobs}),
         preempted=[(p.job_id, p.for_job_id) for p in reply.preemptions],
         killed=list(reply.kills),
-        waiting=explain_head(reply, request, queue),
+        waiting=waiting_why,
         order=reply.order,
+    )
+
+
+def after(reply: SchedulingReply, request: SchedulingRequest) -> tuple[ClusterView, list[RunningJob]]:
+    """The cluster and the running jobs once `reply` is carried out: kills and preemptions free
+    their GPUs, starts take theirs (for the next queue of the same cycle)."""
+    free = list(request.cluster.free)
+    gone = set(reply.kills) | {p.job_id for p in reply.preemptions}
+    running = []
+    for r in request.running:
+        if r.job.id in gone:
+            for h, g in r.hosts:
+                free[h] += g
+        else:
+            running.append(r)
+    by_id = {j.id: j for j in request.queue}
+    for start in reply.starts:
+        for h, g in start.hosts:
+            free[h] -= g
+        running.append(
+            RunningJob(
+                job=by_id[start.job_id],
+                hosts=tuple(start.hosts),
+                started_at=request.now,
+                planned_end=start.planned_end,
+            )
+        )
+    return msgspec.structs.replace(request.cluster, free=free), running
+
+
+def merged(replies: Sequence[SchedulingReply]) -> SchedulingReply:
+    if len(replies) == 1:
+        return replies[0]
+    starts: list[Start] = []
+    preemptions: list[Preemption] = []
+    kills: list[str] = []
+    waiting: dict[str, str] = {}
+    for r in replies:
+        starts.extend(r.starts)
+        preemptions.extend(r.preemptions)
+        kills.extend(k for k in r.kills if k not in kills)
+        waiting.update(r.waiting)
+    return SchedulingReply(
+        order=",".join(r.order for r in replies), starts=starts, preemptions=preemptions, kills=kills, waiting=waiting
     )
 
 
@@ -273,7 +460,8 @@ def explain_head(reply: SchedulingReply, request: SchedulingRequest, queue: Sequ
         head.topology == "preferred" and request.now - head.submit_time >= request.config.span_relax_after_s
     ):
         max_leaves = min_leaf_span(head.nodes, request.config.hosts_per_leaf)
-    found = reserve(free, running, head, request.now, LeafPlacer(), max_leaves=max_leaves)
+    placer = request.placer if request.placer is not None else LeafPlacer()
+    found = reserve(free, running, head, request.now, placer, max_leaves=max_leaves)
     if found is not None:
         span = max_leaves or "any number of"
         needs = (

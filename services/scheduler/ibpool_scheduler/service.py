@@ -6,7 +6,7 @@ allocations (revoked, expired, requeue requested by the failover controller) and
 starts and exits. They never decide where a job goes.
 
 The cycle (the elected leader only) reads the live jobs, builds the pool from its ledger replica
-(`pool_feed.py`), decides with `ibpool_core.sched.cycle.schedule` (`plan.py`) and writes, in one
+(`ibpool_runtime.ledger_replica`), decides with `ibpool_core.sched.cycle.schedule` (`plan.py`) and writes, in one
 transaction, the jobs' new states and every event of the cycle to the outbox: all proposals of the
 cycle leave in one commit. The transaction takes the cycle lock and checks the leader's term
 against the stored fence, and every proposal carries the term, so a deposed leader that has not
@@ -20,12 +20,15 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
+from typing import Any
 
 import msgspec
 from prometheus_client import Counter, Histogram
 
 from ibpool_core.clock import Clock
 from ibpool_core.sched.cycle import CycleConfig
+from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors
+from ibpool_core.sched.framework import Framework, Telemetry, build_profile
 from ibpool_core.sched.queueing import QueuePolicy, make_policy
 from ibpool_proto import Message
 from ibpool_proto.health import RequeueRequested
@@ -46,13 +49,16 @@ from ibpool_proto.pool import (
     AllocationGranted,
     AllocationRejected,
     AllocationRevoked,
+    PlacementItem,
     ProposePlacement,
+    ProposePlacements,
     ReleaseAllocation,
     RenewLease,
 )
 from ibpool_runtime.config import ConfigError
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.leader import Leadership
+from ibpool_runtime.ledger_replica import LedgerReplica
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit
 from ibpool_runtime.store import Transaction
@@ -60,8 +66,8 @@ from ibpool_runtime.store import Transaction
 from . import jobs, state
 from .config import SchedulerConfig
 from .jobs import JobRecord
-from .plan import CyclePlan, PlanCache, plan_cycle
-from .pool_feed import PoolFeed
+from .node_feed import NodeFeed, telemetry_of
+from .plan import CyclePlan, PlacementInputs, PlanCache, QueueRule, plan_cycle
 
 log = get_logger(__name__)
 
@@ -69,6 +75,23 @@ JOB_NEWS = (SubmitJob, CancelJob, JobStarted, JobExited)
 POOL_NEWS = (AllocationGranted, AllocationRejected, AllocationRevoked, AllocationExpired)
 HEALTH_NEWS = (RequeueRequested,)
 RETRY_AT_ONCE = ("conflict", "stale")
+
+# The placement profile the scheduler runs unless `placement_profile` says otherwise: the cycle holds
+# the GPUs it gives (no Reserve/Permit plugins: a gang is whole or not placed by the cycle itself).
+DEFAULT_PROFILE: dict[str, Any] = {
+    "name": "scheduler",
+    "pre_filter": [{"name": "data-locality"}],
+    "filter": [{"name": "fits"}, {"name": "health"}, {"name": "gpu-model"}, {"name": "data-locality"}],
+    "score": [
+        {"name": "topology", "weight": 10},
+        {"name": "load", "weight": 6},
+        {"name": "data-locality", "weight": 6},
+        {"name": "link-health", "weight": 3},
+        {"name": "binpack", "weight": 1},
+    ],
+    "reserve": [],
+    "permit": [],
+}
 
 CONDITIONAL_UPDATE = (
     "UPDATE jobs SET state = u.state, updated_at = $1, body = u.body"
@@ -80,6 +103,26 @@ CONDITIONAL_UPDATE = (
 def release_id(allocation_id: str) -> str:
     """One id for every release of an allocation: the outbox and JetStream keep one of them."""
     return f"{allocation_id}-release"
+
+
+def seeded_usage(
+    history: list[tuple[str, int, float, dt.datetime]],
+    live: list[JobRecord],
+    now: dt.datetime,
+    half_life_s: float,
+) -> FairShareState:
+    """Fair-share usage at `now` from the job history: each ended job's GPU-seconds, decayed from
+    when it ended, plus what the jobs holding GPUs used since they started (decay inside a job's
+    run is not modelled). What a new leader starts from."""
+    usage: dict[str, float] = {}
+    for tenant, gpus, runtime_s, ended in history:
+        age = max(0.0, (now - ended).total_seconds())
+        usage[tenant] = usage.get(tenant, 0.0) + gpus * runtime_s * 0.5 ** (age / half_life_s)
+    for job in live:
+        since = job.started_at or job.scheduled_at
+        if job.holding and since is not None:
+            usage[job.tenant] = usage.get(job.tenant, 0.0) + job.gpus * max(0.0, (now - since).total_seconds())
+    return FairShareState(usage_gpu_s=usage, updated_at=now.timestamp())
 
 
 def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord | str:
@@ -104,6 +147,7 @@ def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord 
         topology=spec.topology,
         topology_level=spec.topology_level,
         dataset=spec.dataset,
+        gpu_model=r.gpu_model,
         time_limit_s=spec.runtime_limit_s,
         workload=spec.workload,
         submitted_at=now,
@@ -123,7 +167,32 @@ class Scheduler:
         self.cycle_config = CycleConfig(
             backfill=cfg.backfill, scan_depth=cfg.scan_depth, span_relax_after_s=cfg.span_relax_after_s
         )
-        self.feed = PoolFeed(kit.bus, pool_from_seq)
+        self.queue_rules: dict[str, QueueRule] = {}
+        for queue, qc in cfg.queue_policies.items():
+            try:
+                policy = make_policy(qc.policy) if qc.policy is not None else self.policy
+            except KeyError as e:
+                raise ConfigError(
+                    f"invalid scheduler config: field `queue_policies.{queue}.policy`: {e.args[0]}"
+                ) from None
+            backfill = qc.backfill if qc.backfill is not None else cfg.backfill
+            self.queue_rules[queue] = (policy, msgspec.structs.replace(self.cycle_config, backfill=backfill))
+        self.framework: Framework | None = None
+        if cfg.placement == "framework":
+            try:
+                self.framework = Framework(build_profile({**DEFAULT_PROFILE, **cfg.placement_profile}))
+            except ValueError as e:
+                raise ConfigError(f"invalid scheduler config: field `placement_profile`: {e}") from None
+        if cfg.placement_sample < 0:
+            raise ConfigError("invalid scheduler config: field `placement_sample`: must be >= 0")
+        # The dataset registry: the config's, plus what PUT /v1/datasets/{name} stored (read each cycle).
+        self.datasets: dict[str, list[str]] = dict(cfg.datasets)
+        self.datasets_version = 0
+        self.fairshare = FairShareState()
+        self.fairshare_factors: dict[str, float] = {}
+        self.nodes = NodeFeed(kit.bus)
+        self._telemetry: dict[str, tuple[object, Telemetry]] = {}
+        self.feed = LedgerReplica(kit.bus, pool_from_seq)
         # Terms are only comparable within one election, so the fencing group defaults to its key.
         self.group = cfg.scheduler_group or cfg.leader_key
         self.leadership: Leadership | None = None
@@ -163,6 +232,16 @@ class Scheduler:
             return Subscription(f"{p}-{name}", tuple(t.subject_pattern() for t in types), self.on_news)
 
         return [sub("jobs", JOB_NEWS), sub("pool", POOL_NEWS), sub("health", HEALTH_NEWS)]
+
+    def queue_policy_names(self, live: list[JobRecord]) -> dict[str, tuple[str, str]]:
+        """queue -> (policy name, backfill) for every configured, served or live queue."""
+        cfg = self.cfg
+        queues = {*cfg.queue_policies, *cfg.queues, *(j.queue for j in live)}
+        out: dict[str, tuple[str, str]] = {}
+        for q in sorted(queues):
+            rule = self.queue_rules.get(q)
+            out[q] = (rule[0].name, rule[1].backfill) if rule is not None else (self.policy.name, cfg.backfill)
+        return out
 
     def serves(self, queue: str) -> bool:
         return not self.cfg.queues or queue in self.cfg.queues
@@ -374,6 +453,8 @@ class Scheduler:
     async def cycle_once(self) -> CyclePlan | None:
         """One scheduling decision, committed; None when not leading, not caught up, or fenced."""
         if not self.is_leader or not self.feed.caught_up:
+            if not self.is_leader and self.fairshare.updated_at:
+                self.fairshare = FairShareState()  # leading again later starts from the history anew
             return None
         async with self._lock:
             started = time.perf_counter()
@@ -395,11 +476,79 @@ class Scheduler:
             live = await state.live_jobs(tx.conn, decoded=self.decoded)
             now = self.clock.now()
             ledger = self.feed.ledger
-            plan = plan_cycle(ledger, live, now, self.policy, self.cycle_config, self.cfg.leaf_label, self.plan_cache)
+            if self.framework is not None:
+                await self.refresh_datasets(tx)
+            if self.fairshare.updated_at == 0.0:
+                # First cycle of this leader: usage from the job history (4 half-lives back).
+                since = now - dt.timedelta(seconds=4 * self.cfg.fairshare_half_life_s)
+                history = await state.usage_history(tx.conn, since)
+                self.fairshare = seeded_usage(history, live, now, self.cfg.fairshare_half_life_s)
+            plan = plan_cycle(
+                ledger,
+                live,
+                now,
+                self.policy,
+                self.cycle_config,
+                self.cfg.leaf_label,
+                self.plan_cache,
+                placement=self.placement_inputs(live, now),
+                queue_rules=self.queue_rules,
+            )
             self.backlog = sum(1 for j in live if j.state == "queued") - len(plan.proposals)
             await self._write(tx, plan, {j.job_id: j for j in live}, term, now)
             await tx.outbox(*self.renewals(live, now))
         return plan
+
+    def placement_inputs(self, live: list[JobRecord], now: dt.datetime) -> PlacementInputs:
+        """Fair share brought to `now` (usage of the jobs holding GPUs), and what the plugins read."""
+        held: dict[str, int] = {}
+        for job in live:
+            if job.holding or job.state == "proposed":
+                held[job.tenant] = held.get(job.tenant, 0) + job.gpus
+        if self.fairshare.updated_at == 0.0:
+            self.fairshare = FairShareState(updated_at=now.timestamp())
+        self.fairshare = accrue(self.fairshare, now.timestamp(), held, self.cfg.fairshare_half_life_s)
+        tenants = sorted({j.tenant for j in live if j.state == "queued"})
+        self.fairshare_factors = fairshare_factors(self.fairshare, tenants, self.cfg.fairshare_shares or None)
+        if self.framework is None:
+            return PlacementInputs(fairshare=self.fairshare_factors)
+        return PlacementInputs(
+            self.framework,
+            telemetry=self.telemetry(now),
+            node_links=self.nodes.node_links(),
+            links_version=self.nodes.links_version,
+            datasets=self.datasets,
+            datasets_version=self.datasets_version,
+            sharp_label=self.cfg.sharp_label,
+            sample=self.cfg.placement_sample,
+            fairshare=self.fairshare_factors,
+        )
+
+    def telemetry(self, now: dt.datetime) -> dict[str, Telemetry]:
+        """node id -> the placement view of its newest telemetry not older than `telemetry_max_age_s`."""
+        out: dict[str, Telemetry] = {}
+        nodes = self.feed.ledger.nodes
+        max_age = self.cfg.telemetry_max_age_s
+        for node_id, (at, sample) in self.nodes.samples.items():
+            if (now - at).total_seconds() > max_age:
+                continue
+            hit = self._telemetry.get(node_id)
+            if hit is None or hit[0] is not sample:
+                node = nodes.get(node_id)
+                memory = {g.index: g.memory_mib for g in node.gpus} if node is not None else {}
+                hit = self._telemetry[node_id] = (sample, telemetry_of(sample, memory))
+            out[node_id] = hit[1]
+        return out
+
+    async def refresh_datasets(self, tx: Transaction) -> None:
+        """The dataset registry: the config's entries plus the stored ones (PUT /v1/datasets)."""
+        stored = await state.datasets(tx.conn)
+        merged: dict[str, list[str]] = {k: list(v) for k, v in self.cfg.datasets.items()}
+        for name, nodes in stored.items():
+            merged[name] = sorted({*merged.get(name, []), *nodes})
+        if merged != self.datasets:
+            self.datasets = merged
+            self.datasets_version += 1
 
     async def _write(
         self, tx: Transaction, plan: CyclePlan, live: dict[str, JobRecord], term: int | None, now: dt.datetime
@@ -475,11 +624,44 @@ class Scheduler:
         kept = {r["job_id"] for r in written}
         out: list[Message] = []
         # Releases and preemptions first: the allocator frees the victims' GPUs before the proposals need them.
-        for job_id in [*plan.preempted_ids(), *plan.killed, *(p.job_id for p in plan.proposals)]:
+        for job_id in [*plan.preempted_ids(), *plan.killed]:
             if job_id in kept:
                 out.extend(changes[job_id][2])
+        proposals = [
+            m
+            for p in plan.proposals
+            if p.job_id in kept
+            for m in changes[p.job_id][2]
+            if isinstance(m, ProposePlacement)
+        ]
+        if self.cfg.batch_proposals and len(proposals) > 1:
+            out.append(self.batch(proposals, plan.ledger_version, term))
+        else:
+            out.extend(proposals)
         await tx.outbox(*out)
         self.proposed.inc(sum(1 for p in plan.proposals if p.job_id in kept))
+
+    def batch(self, proposals: list[ProposePlacement], ledger_version: int, term: int | None) -> ProposePlacements:
+        """The cycle's proposals as one command; each keeps its id (the job's `proposal_id`)."""
+        return ProposePlacements(
+            source=self.kit.source,
+            key=self.group,
+            ledger_version=ledger_version,
+            scheduler_group=self.group,
+            fencing_term=term,
+            placements=[
+                PlacementItem(
+                    id=p.id,
+                    job_id=p.job_id,
+                    tenant=p.tenant,
+                    queue=p.queue,
+                    assignments=p.assignments,
+                    lease_s=p.lease_s,
+                    workload=p.workload,
+                )
+                for p in proposals
+            ],
+        )
 
     def renewals(self, live: list[JobRecord], now: dt.datetime) -> list[RenewLease]:
         """Renew the leases of held allocations with less than half of `lease_s` left (once per quarter)."""

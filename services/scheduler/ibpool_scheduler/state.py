@@ -112,3 +112,37 @@ async def fence(conn: asyncpg.Connection, term: int) -> bool:
         term,
     )
     return got is not None
+
+
+async def datasets(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, list[str]]:
+    """The stored dataset registry: dataset -> node ids holding it."""
+    rows = await conn.fetch("SELECT name, nodes FROM datasets")
+    return {r["name"]: list(r["nodes"]) for r in rows}
+
+
+async def put_dataset(
+    conn: asyncpg.Connection | asyncpg.Pool, name: str, nodes: Sequence[str], now: dt.datetime
+) -> None:
+    """Store (replace) which nodes hold `name`; no nodes removes the entry."""
+    if not nodes:
+        await conn.execute("DELETE FROM datasets WHERE name = $1", name)
+        return
+    await conn.execute(
+        "INSERT INTO datasets (name, nodes, updated_at) VALUES ($1, $2, $3)"
+        " ON CONFLICT (name) DO UPDATE SET nodes = $2, updated_at = $3",
+        name,
+        sorted(set(nodes)),
+        now,
+    )
+
+
+async def usage_history(conn: asyncpg.Connection, since: dt.datetime) -> list[tuple[str, int, float, dt.datetime]]:
+    """(tenant, GPUs, runtime s, ended at) of every job that ended after `since`: what fair share
+    starts from when a replica begins to lead."""
+    rows = await conn.fetch(
+        "SELECT tenant, body::jsonb->>'gpus_per_host' AS g, body::jsonb->>'hosts' AS h,"
+        " body::jsonb->>'runtime_s' AS r, updated_at FROM jobs"
+        " WHERE state IN ('completed', 'failed', 'cancelled', 'killed') AND updated_at > $1",
+        since,
+    )
+    return [(r["tenant"], int(r["g"] or 1) * int(r["h"] or 1), float(r["r"] or 0.0), r["updated_at"]) for r in rows]

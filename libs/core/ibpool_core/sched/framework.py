@@ -273,6 +273,28 @@ class ClusterView:
         per[host] = per.get(host, 0) + gpus
         return True
 
+    def set_free(self, host: str, free: int) -> None:
+        """Set the free GPUs of `host` from outside the framework (a caller that keeps its own
+        account of free GPUs, e.g. `framework_placer.FrameworkPlacer`), keeping the capacity index
+        in step. Reservations held in the view are not touched. KeyError for an unknown host."""
+        before = self._free[host]
+        if free < 0:
+            raise ValueError(f"host {host!r}: free GPUs must be >= 0, not {free}")
+        if free != before:
+            self._free[host] = free
+            self._shift(host, before, free)
+
+    def replace_host(self, state: HostState) -> None:
+        """Replace a host's state (telemetry, health, datasets it reports) between placements,
+        keeping its free GPUs as the view counts them. The GPU model and count must not change
+        (they are in the capacity index: build a new view for that). ValueError otherwise."""
+        old = self.hosts.get(state.name)
+        if old is None:
+            raise ValueError(f"host {state.name!r} is not in the view")
+        if old.gpu_model != state.gpu_model or old.total_gpus != state.total_gpus:
+            raise ValueError(f"host {state.name!r}: GPU model or count changed; build a new view")
+        self.hosts[state.name] = state
+
     def release(self, job_id: str, host: str) -> int:
         """Undo `job_id`'s reservation on `host`; returns the GPUs given back (0 if none)."""
         per = self._held.get(job_id)
@@ -643,7 +665,12 @@ class _Search:
         out: list[tuple[float, str]] = []
         rejections = self.rejections
         host_scores = self.host_scores
-        for name in view.group_hosts[group]:
+        names: Iterable[str] = view.group_hosts[group]
+        if allowed is not None and len(allowed) < len(view.group_hosts[group]):
+            # a small allowed set (a PreFilter's, or the caller's `candidates`): walk it, not the group
+            group_of = view.group_of
+            names = [n for n in allowed if group_of.get(n) == group]
+        for name in names:
             if free[name] < g or (allowed is not None and name not in allowed):
                 continue
             host = hosts[name]
@@ -809,17 +836,21 @@ class Framework:
 
     # ------------------------------------------------------------------------------- placing
 
-    def place(self, ask: PlacementAsk, view: ClusterView, now: dt.datetime) -> PlacementResult:
+    def place(
+        self, ask: PlacementAsk, view: ClusterView, now: dt.datetime, *, candidates: frozenset[str] | None = None
+    ) -> PlacementResult:
         """Place `ask` on `view`: PreFilter, choose (Filter/Score), Reserve, Permit.
 
         Returns admitted or waiting with every member reserved in `view`, or unschedulable /
         rejected with nothing reserved for the job (whatever was reserved on the way is undone).
         A job that already holds reservations in `view` is rejected (place it once per cycle).
+        `candidates`: only these hosts are looked at (as if a PreFilter returned them): a caller's
+        bound on the hosts scored per placement on a large cluster (None: every host).
         """
         job = ask.job_id
         if view.held(job) or job in view.waiting:
             return PlacementResult(job_id=job, status="rejected", reason="the job already holds a reservation")
-        allowed: frozenset[str] | None = None
+        allowed: frozenset[str] | None = candidates
         for name, pf in self.profile.pre_filters:
             res = pf.pre_filter(ask, view)
             if res.reject is not None:

@@ -48,6 +48,8 @@ def expand_hostlist(expression: str, *, file: str = "<hostlist>", line: int | No
         names: list[str] = hostlist.expand_hostlist(expression)
     except hostlist.BadHostlist as error:
         raise FormatError(file, line, f"bad hostlist {expression!r}: {error}") from None
+    except RecursionError:  # python-hostlist recurses once per part: a pathological expression
+        raise FormatError(file, line, f"bad hostlist {expression[:80]!r}: nested too deeply to expand") from None
     return names
 
 
@@ -210,6 +212,8 @@ def _blocks_topology(
     if sizes is not None:
         line, values = sizes
         smallest = min((len(v) for v in nodes.values()), default=0)
+        if any(v < 1 for v in values):
+            raise FormatError(file, line, f"BlockSizes={values}: a block size is a number of nodes, at least 1")
         if not values:
             warnings.append(where(file, line, "BlockSizes= is empty"))
         elif any(b <= a or b % a or (b // a) & (b // a - 1) for a, b in itertools.pairwise(values)):

@@ -8,6 +8,7 @@ data-locality   PreFilter, Filter, HostScore    data_locality
 topology        GangScore                       scores
 load            HostScore                       scores
 link-health     HostScore                       scores
+binpack         HostScore                       scores
 gpus            Reserve                         gang
 gang-barrier    Permit                          gang
 """
@@ -18,7 +19,7 @@ from ..framework import Registry
 from .data_locality import make_data_locality
 from .filters import make_fits, make_gpu_model, make_health
 from .gang import make_gang_barrier, make_reserve_gpus
-from .scores import make_link_health, make_load, make_topology
+from .scores import make_binpack, make_link_health, make_load, make_topology
 
 
 def default_registry() -> Registry:
@@ -31,6 +32,7 @@ def default_registry() -> Registry:
     registry.register("topology", make_topology)
     registry.register("load", make_load)
     registry.register("link-health", make_link_health)
+    registry.register("binpack", make_binpack)
     registry.register("gpus", make_reserve_gpus)
     registry.register("gang-barrier", make_gang_barrier)
     return registry

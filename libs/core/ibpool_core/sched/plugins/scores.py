@@ -97,6 +97,29 @@ class LinkHealthScore:
         return 100.0 if state is None else self._by_state[state]
 
 
+class BinPack:
+    """`binpack` (HostScore): fill partly used hosts first, so whole hosts stay free for gangs (best
+    fit, like the cycle's `LeafPlacer`): 100 when the member takes the host's last free GPUs, 0 when
+    the host was wholly free, linear between:
+
+        score = 100 * (1 - left / (total - gpus))   left = free GPUs of the host after the member
+
+    (100 when the member needs the whole host.) Contract: reads `view.free` and `host.total_gpus` only.
+    """
+
+    def score_host(self, ask: PlacementAsk, view: ClusterView, host: HostState) -> float:
+        room = host.total_gpus - ask.gpus_per_node
+        if room <= 0:
+            return 100.0
+        left = view.free(host.name) - ask.gpus_per_node
+        return 100.0 * (1.0 - left / room)
+
+
+def make_binpack(args: Mapping[str, Any]) -> BinPack:
+    numeric_args(args, {})
+    return BinPack()
+
+
 def make_topology(args: Mapping[str, Any]) -> Topology:
     numeric_args(args, {})
     return Topology()

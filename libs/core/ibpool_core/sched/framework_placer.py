@@ -1,0 +1,202 @@
+"""The placement framework (framework.py) as the scheduling cycle's `Placer`. Pure.
+
+The cycle (cycle.py) decides on dense host indices and a `placer.FreeView` of free GPUs, and asks a
+`Placer` where one job goes, many times per cycle (every job it examines, the head's reservation on
+future views, backfill on a restricted view). `FrameworkPlacer` answers with the plugin framework:
+PreFilter, Filter and Score plugins of a `Profile` on one `framework.ClusterView` built for the
+cycle (telemetry, health, GPU models, datasets, link health, the fabric).
+
+The cycle's `FreeView` stays the one truth of what is free: before each placement the framework's
+view is brought to the free counts of the `FreeView` it is asked about (only the hosts that differ
+change, O(hosts) compare), and the profile has no Reserve or Permit plugins, so `Framework.place`
+holds nothing; the cycle itself applies the placement and keeps gangs whole (a placement is the
+whole gang or None). Reserve/Permit plugins in the profile are tolerated: whatever they hold is
+released at once.
+
+`leaf_fabric` builds a two-level fabric (one leaf switch per leaf group, one spine above them) for
+callers that know only which leaf each host hangs off (a node label), so that the topology score,
+the leaf-group search and SHARP work the same as on a discovered fabric.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from collections.abc import Collection, Iterable, Mapping, Sequence
+
+import msgspec
+
+from ..fabric.index import FabricIndex
+from ..fabric.model import Ca, Host, Link, PortRef, Switch, build_topology
+from .framework import ClusterView, Framework, Locality, PlacementAsk, PlacementResult
+from .jobs import Job, host_shares
+from .placer import FreeView, Placement
+
+_CHUNK = 64
+
+
+def _guid(kind: int, index: int) -> str:
+    return f"0x{(kind << 40) | index:016x}"
+
+
+def leaf_fabric(leaf_of: Mapping[str, str], sharp_leaves: Collection[str] = ()) -> FabricIndex:
+    """A fabric with one leaf switch per distinct leaf name of `leaf_of` (host -> leaf), each host
+    cabled to its leaf by one adapter, and one spine joining the leaves (when there are several).
+
+    `sharp_leaves`: leaves whose switch is SHARP-capable; the spine is SHARP-capable when every leaf
+    is. Hosts and leaves are taken in name order, so equal inputs build equal fabrics.
+    """
+    leaves = sorted(set(leaf_of.values()))
+    members: dict[str, list[str]] = {leaf: [] for leaf in leaves}
+    for host in sorted(leaf_of):
+        members[leaf_of[host]].append(host)
+    sharp = set(sharp_leaves)
+    switches: list[Switch] = []
+    cas: list[Ca] = []
+    links: list[Link] = []
+    spine = _guid(2, 0)
+    for li, leaf in enumerate(leaves):
+        guid = _guid(1, li)
+        hosts = members[leaf]
+        switches.append(
+            Switch(guid=guid, name=f"leaf {leaf or '(unlabelled)'}", radix=len(hosts) + 1, sharp=leaf in sharp)
+        )
+        for port, host in enumerate(hosts, start=1):
+            ca = _guid(16, len(cas))
+            cas.append(Ca(guid=ca, host=host, name="mlx5_0", ports=1))
+            links.append(Link(a=PortRef(guid, port), b=PortRef(ca, 1)))
+        if len(leaves) > 1:
+            links.append(Link(a=PortRef(guid, len(hosts) + 1), b=PortRef(spine, li + 1)))
+    if len(leaves) > 1:
+        switches.append(Switch(guid=spine, name="spine", radix=len(leaves), sharp=sharp >= set(leaves)))
+    topology = build_topology(
+        name="leaf groups",
+        hosts=[Host(name=h) for h in leaf_of],
+        cas=cas,
+        switches=switches,
+        links=links,
+    )
+    return FabricIndex(topology)
+
+
+class AskHints(msgspec.Struct, frozen=True, kw_only=True):
+    """What a job asks of placement beyond GPUs (the rest of `framework.PlacementAsk`)."""
+
+    gpu_model: str | None = None
+    dataset: str | None = None
+    data_locality: Locality = "preferred"
+    compute_heavy: bool = True
+    wants_sharp: bool | None = None
+
+
+NO_HINTS = AskHints()
+
+
+class FrameworkPlacer:
+    """`placer.Placer` by the plugin framework on `view` (see the module docstring).
+
+    `names[h]` is the host name of the cycle's host index h; every name must be a host of `view`.
+    `hints`: job id -> `AskHints` (absent: none). `now` is the time Permit plugins see.
+    `sample`: a single-host job is scored on at most this many hosts (0: all), taken from the
+    fullest hosts that fit (best fit first, as `LeafPlacer`), plus every host with room that holds
+    the job's dataset: what bounds a placement's cost on a large cluster (kube-scheduler scores a
+    share of the nodes for the same reason). Gangs are always placed on the whole view.
+    After a cycle, `results` holds the framework's last admitted result per job id (hosts in rank
+    order, scores, SHARP) and `reasons` the last reason a job could not be placed.
+    """
+
+    def __init__(
+        self,
+        framework: Framework,
+        view: ClusterView,
+        names: Sequence[str],
+        hints: Mapping[str, AskHints],
+        now: dt.datetime,
+        sample: int = 0,
+    ) -> None:
+        missing = [n for n in names if n not in view.hosts]
+        if missing:
+            raise ValueError(f"hosts not in the placement view: {', '.join(missing[:5])}")
+        self.framework = framework
+        self.view = view
+        self.names = list(names)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.hints = hints
+        self.now = now
+        self.sample = sample
+        self._synced = [view.free(n) for n in self.names]
+        self.results: dict[str, PlacementResult] = {}
+        self.reasons: dict[str, str] = {}
+
+    def _sync(self, free: Sequence[int]) -> None:
+        synced = self._synced
+        if synced == free:
+            return
+        view, names = self.view, self.names
+        # A placement changes a few hosts: compare in chunks (C speed), walk only the chunks that differ.
+        for lo in range(0, len(synced), _CHUNK):
+            hi = lo + _CHUNK
+            if synced[lo:hi] == free[lo:hi]:
+                continue
+            for h in range(lo, min(hi, len(synced))):
+                if synced[h] != free[h]:
+                    view.set_free(names[h], free[h])
+                    synced[h] = free[h]
+
+    def ask_of(self, job: Job, max_leaves: int | None) -> PlacementAsk:
+        hints = self.hints.get(job.id, NO_HINTS)
+        return PlacementAsk(
+            job_id=job.id,
+            gpus_per_node=host_shares(job)[0],
+            nodes=job.nodes,
+            gpu_model=hints.gpu_model,
+            dataset=hints.dataset,
+            data_locality=hints.data_locality,
+            topology_level=1 if max_leaves == 1 else None,
+            topology_mode="required" if max_leaves == 1 else "preferred",
+            wants_sharp=hints.wants_sharp,
+            compute_heavy=hints.compute_heavy,
+        )
+
+    def candidates(self, view: FreeView, job: Job) -> frozenset[str] | None:
+        """The hosts a single-host job is scored on (see `sample`), None for all."""
+        if job.nodes > 1 or self.sample <= 0:
+            return None
+        names, want = self.names, self.sample
+        out: list[str] = []
+        for bucket in itertools.islice(view.by_free, job.gpus, None):
+            out.extend(names[h] for h in itertools.islice(bucket, want - len(out)))
+            if len(out) >= want:
+                break
+        dataset = self.hints.get(job.id, NO_HINTS).dataset
+        if dataset is not None:
+            free = self.view.free
+            out.extend(h for h in self.view.dataset_hosts.get(dataset, ()) if free(h) >= job.gpus)
+        return frozenset(out)
+
+    def place(self, view: FreeView, job: Job, max_leaves: int | None) -> Placement | None:
+        if job.gpus > view.total_free:
+            return None
+        self._sync(view.free)
+        ask = self.ask_of(job, max_leaves)
+        result = self.framework.place(ask, self.view, self.now, candidates=self.candidates(view, job))
+        for host in list(self.view.held(job.id)):
+            self.view.release(job.id, host)
+        self.view.waiting.pop(job.id, None)
+        if result.status != "admitted":
+            self.reasons[job.id] = result.reason
+            return None
+        hosts = [self.index[h] for h in result.hosts]
+        if max_leaves is not None and len({view.leaf_of[h] for h in hosts}) > max_leaves:
+            self.reasons[job.id] = f"needs {job.nodes} hosts under {max_leaves} leaves"
+            return None
+        self.results[job.id] = result
+        return list(zip(hosts, host_shares(job), strict=True))
+
+
+def dataset_registry(entries: Iterable[tuple[str, Iterable[str]]]) -> dict[str, frozenset[str]]:
+    """dataset -> hosts, merging repeated datasets (the config's registry plus the API's)."""
+    out: dict[str, set[str]] = {}
+    for name, hosts in entries:
+        out.setdefault(name, set()).update(hosts)
+    return {k: frozenset(v) for k, v in out.items()}

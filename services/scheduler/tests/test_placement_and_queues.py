@@ -1,0 +1,233 @@
+"""The service's cycle with the placement framework, fair share and per-queue policies, without a
+bus or database: config errors, per-queue policy rules, and the exact placements a cycle makes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ibpool_core.sched.cycle import CycleConfig
+from ibpool_core.sched.fairshare import fairshare_factors
+from ibpool_core.sched.framework import Framework, Telemetry, build_profile
+from ibpool_core.sched.queueing import make_policy
+from ibpool_proto.fabric import LinkDegraded, LinkRecovered
+from ibpool_proto.node import GpuSample, HcaPort, HcaPortsReported, NodeRegistered, TelemetryReported
+from ibpool_runtime.clock import SystemClock
+from ibpool_runtime.config import ConfigError, load_config
+from ibpool_runtime.metrics import ServiceMetrics
+from ibpool_runtime.service import Kit
+from ibpool_scheduler import jobs
+from ibpool_scheduler.api import queue_views
+from ibpool_scheduler.config import SchedulerConfig
+from ibpool_scheduler.node_feed import NodeFeed, link_guids, telemetry_of
+from ibpool_scheduler.plan import PlacementInputs, PlanCache, plan_cycle
+from ibpool_scheduler.service import DEFAULT_PROFILE, Scheduler, seeded_usage
+
+from .test_glue import T0, job, ledger_of, node
+
+HOT = Telemetry(gpu_util=0.9, temperature_c=83.0, memory_used=0.8)
+
+
+def scheduler(**fields: object) -> Scheduler:
+    kit = Kit(
+        name="scheduler",
+        config=msgspec.convert(fields, SchedulerConfig),
+        bus=None,
+        store=None,
+        metrics=ServiceMetrics("s"),
+    )  # type: ignore[arg-type]
+    return Scheduler(kit, SystemClock())
+
+
+def framework() -> Framework:
+    return Framework(build_profile(DEFAULT_PROFILE))
+
+
+def hosts_of(plan: object) -> dict[str, list[str]]:
+    return {p.job_id: sorted({a.node_id for a in p.assignments}) for p in plan.proposals}  # type: ignore[attr-defined]
+
+
+# -- config -----------------------------------------------------------------------------------------
+
+
+def test_unknown_policy_of_one_queue_stops_the_service_naming_the_queue() -> None:
+    with pytest.raises(ConfigError, match=r"queue_policies\.batch\.policy.*unknown queue policy 'lottery'"):
+        scheduler(queue_policies={"batch": {"policy": "lottery"}})
+
+
+def test_queue_policies_from_toml_and_their_names(tmp_path: Path) -> None:
+    toml = tmp_path / "scheduler.toml"
+    toml.write_text(
+        '[scheduler.queue_policies.short]\npolicy = "sjf"\n[scheduler.queue_policies.gpu]\nbackfill = "none"\n'
+    )
+    cfg = load_config(SchedulerConfig, "scheduler", env={}, toml_path=toml)
+    kit = Kit(name="scheduler", config=cfg, bus=None, store=None, metrics=ServiceMetrics("s"))  # type: ignore[arg-type]
+    sched = Scheduler(kit, SystemClock())
+    names = sched.queue_policy_names([job("x")])  # queue "q" of the job: the scheduler's own
+    assert names == {"gpu": ("priority", "none"), "q": ("priority", "easy"), "short": ("sjf", "easy")}
+    views = {v.queue: v for v in queue_views([job("x")], T0, names)}
+    assert (views["short"].policy, views["short"].queued) == ("sjf", 0)
+    assert (views["q"].policy, views["q"].queued) == ("priority", 1)
+
+
+def test_bad_placement_profile_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"placement_profile.*unknown plugin 'warp'"):
+        scheduler(placement_profile={"score": [{"name": "warp"}]})
+
+
+# -- the cycle --------------------------------------------------------------------------------------
+
+
+def test_a_compute_heavy_job_avoids_the_hot_node_and_a_fraction_does_not_care() -> None:
+    ledger = ledger_of(node("n1", 8), node("n2", 8))
+    inputs = PlacementInputs(framework(), telemetry={"n1": HOT})
+    plan = plan_cycle(ledger, [job("a", 2)], T0, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf", placement=inputs)
+    assert hosts_of(plan) == {"a": ["n2"]}
+    # the plain LeafPlacer reads no telemetry: lowest index
+    plain = plan_cycle(ledger, [job("a", 2)], T0, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf")
+    assert hosts_of(plain) == {"a": ["n1"]}
+
+
+def test_a_job_goes_where_its_dataset_is_and_required_gpu_model_filters() -> None:
+    ledger = ledger_of(node("n1", 8), node("n2", 8), node("n3", 8))
+    inputs = PlacementInputs(framework(), datasets={"imagenet": ["n3"]})
+    jobs = [job("d", 2, dataset="imagenet"), job("m", 1, at=1, gpu_model="B200")]
+    plan = plan_cycle(ledger, jobs, T0, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf", placement=inputs)
+    assert hosts_of(plan) == {"d": ["n3"]}
+    assert plan.waiting["m"] == (
+        "waiting for 1 GPUs on one host; never fits the current hosts"
+        " (needs 1 host with 1 free GPU of B200; 0 in the whole fabric)"
+    )
+
+
+def test_gang_stays_on_one_leaf_with_the_framework() -> None:
+    ledger = ledger_of(*(node(f"n{i}", 8, leaf="a" if i <= 2 else "b") for i in range(1, 6)))
+    inputs = PlacementInputs(framework())
+    plan = plan_cycle(
+        ledger, [job("g", 8, hosts=3)], T0, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf", placement=inputs
+    )
+    assert hosts_of(plan) == {"g": ["n3", "n4", "n5"]}
+
+
+def test_the_cache_reuses_the_placement_view_and_gives_the_same_plan() -> None:
+    ledger = ledger_of(node("n1", 8), node("n2", 8))
+    cache = PlanCache()
+    for telemetry, expect in (({"n1": HOT}, ["n2"]), ({"n2": HOT}, ["n1"]), ({"n1": HOT}, ["n2"])):
+        inputs = PlacementInputs(framework(), telemetry=telemetry)
+        args = (ledger, [job("a", 2)], T0, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf")
+        cached = plan_cycle(*args, cache, placement=inputs)
+        assert hosts_of(cached) == {"a": expect}
+        assert cached == plan_cycle(*args, placement=inputs)
+    assert cache.view is not None
+
+
+def test_fair_share_puts_the_light_tenant_first_under_the_priority_policy() -> None:
+    ledger = ledger_of(node("n1", 8))
+    jobs = [job("heavy", 8, at=0), msgspec.structs.replace(job("light", 8, at=10), tenant="u")]
+    policy = make_policy("priority")
+    unfair = plan_cycle(ledger, jobs, T0, policy, CycleConfig(), "l", placement=PlacementInputs())
+    assert hosts_of(unfair) == {"heavy": ["n1"]}
+    fair = plan_cycle(ledger, jobs, T0, policy, CycleConfig(), "l", placement=PlacementInputs(fairshare={"t": 0.25}))
+    assert hosts_of(fair) == {"light": ["n1"]}
+
+
+def test_each_queue_is_ordered_by_its_own_policy() -> None:
+    ledger = ledger_of(node("n1", 2))
+    base = [job("long", 1, at=0, time_limit_s=3600), job("short", 1, at=1, time_limit_s=60), job("mid", 1, at=2)]
+    none = CycleConfig(backfill="none")
+    # the scheduler's policy (fifo) for queue q: the first two submitted
+    fifo = plan_cycle(ledger, base, T0, make_policy("fifo"), none, "l")
+    assert sorted(hosts_of(fifo)) == ["long", "short"]
+    # queue q under its own sjf: the shortest limits first (a job without a limit is the longest)
+    rules = {"q": (make_policy("sjf"), none)}
+    sjf = plan_cycle(ledger_of(node("n1", 1)), base, T0, make_policy("fifo"), none, "l", queue_rules=rules)
+    assert sorted(hosts_of(sjf)) == ["short"]
+    fifo1 = plan_cycle(ledger_of(node("n1", 1)), base, T0, make_policy("fifo"), none, "l")
+    assert sorted(hosts_of(fifo1)) == ["long"]
+
+
+def test_two_queues_share_the_capacity_of_one_cycle_without_double_booking() -> None:
+    ledger = ledger_of(node("n1", 4))
+    a = [job(f"a{i}", 1, at=i) for i in range(3)]
+    b = [msgspec.structs.replace(job(f"b{i}", 1, at=0.5 + i), queue="other") for i in range(3)]
+    rules = {"other": (make_policy("fifo"), CycleConfig())}
+    plan = plan_cycle(ledger, a + b, T0, make_policy("fifo"), CycleConfig(), "l", queue_rules=rules)
+    gpus = [(x.node_id, x.gpu_index) for p in plan.proposals for x in p.assignments]
+    assert len(gpus) == 4 and len(set(gpus)) == 4
+    assert {"a0", "b0"} <= set(hosts_of(plan))  # the queue with the oldest job first, the other one next
+
+
+# -- telemetry and links -----------------------------------------------------------------------------
+
+
+def test_telemetry_of_a_sample_and_link_states_per_node() -> None:
+    sample = TelemetryReported(
+        source="t",
+        key="n1",
+        node_id="n1",
+        gpus=[
+            GpuSample(index=0, uuid="g0", utilization_pct=100.0, memory_used_mib=40_000, temperature_c=80.0, power_w=1),
+            GpuSample(index=1, uuid="g1", utilization_pct=0.0, memory_used_mib=0, temperature_c=40.0, power_w=1),
+        ],
+    )
+    t = telemetry_of(sample, {0: 80_000, 1: 80_000})
+    assert (t.gpu_util, t.temperature_c, t.memory_used) == (0.5, 80.0, 0.25)
+    feed = NodeFeed(bus=None)  # type: ignore[arg-type]
+    feed.on_message(
+        HcaPortsReported(
+            source="t",
+            key="n1",
+            node_id="n1",
+            ports=[HcaPort(device="mlx5_0", port=1, node_guid="0xaa", state="ACTIVE")],
+        )
+    )
+    link = "0xaa:1-0xbb:7"
+    assert link_guids(link) == ("0xaa", "0xbb")
+    feed.on_message(LinkDegraded(source="f", key=link, link_id=link, topology_version=1, occurred_at=T0))
+    assert feed.node_links() == {"n1": "degraded"}
+    later = T0 + dt.timedelta(seconds=5)
+    feed.on_message(
+        LinkRecovered(source="f", key=link, link_id=link, topology_version=1, problem="errors", occurred_at=later)
+    )
+    assert feed.node_links() == {}
+
+
+def test_a_new_leader_seeds_fair_share_from_the_job_history() -> None:
+    day = 86_400.0
+    history = [
+        ("heavy", 8, 3600.0, T0 - dt.timedelta(days=7)),  # one half-life ago: counts half
+        ("light", 1, 3600.0, T0),
+    ]
+    running = jobs.granted(jobs.proposed(job("r", 2), "p", [], None), "p", ["n1"], T0 - dt.timedelta(seconds=100))
+    state = seeded_usage(history, [running, job("q")], T0, 7 * day)
+    assert state.usage_gpu_s == pytest.approx({"heavy": 8 * 3600 / 2, "light": 3600.0, "t": 200.0})
+    assert state.updated_at == T0.timestamp()
+    factors = fairshare_factors(state, ["heavy", "light", "t"])
+    assert factors["heavy"] < factors["light"] < 1.0
+
+
+def test_a_multi_node_gang_goes_under_a_sharp_capable_leaf_without_asking() -> None:
+    def labelled(node_id: str, leaf: str, sharp: bool) -> NodeRegistered:
+        n = node(node_id, 8, leaf=leaf)
+        return msgspec.structs.replace(n, labels={**n.labels, "ibpool.io/sharp": "true"} if sharp else n.labels)
+
+    ledger = ledger_of(*(labelled(f"n{i}", "a" if i <= 3 else "b", sharp=i > 3) for i in range(1, 7)))
+    gang = [job("g", 8, hosts=2)]
+    with_sharp = plan_cycle(
+        ledger, gang, T0, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf", placement=PlacementInputs(framework())
+    )
+    assert hosts_of(with_sharp) == {"g": ["n4", "n5"]}
+    # the same fabric with no SHARP label: the first leaf
+    no_sharp = plan_cycle(
+        ledger,
+        gang,
+        T0,
+        make_policy("fifo"),
+        CycleConfig(),
+        "ibpool.io/leaf",
+        placement=PlacementInputs(framework(), sharp_label="ibpool.io/none"),
+    )
+    assert hosts_of(no_sharp) == {"g": ["n1", "n2"]}
