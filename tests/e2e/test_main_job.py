@@ -51,4 +51,5 @@ def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
     assert "node-017's agent SIGKILLed: failed by the failover controller" in out
     assert "jobs submitted to the scheduler" in out and "7 of 7" in out
     assert "inference deployment scaled up with the load and back down" in out
+    assert "elastic training job grown into idle GPUs" in out
     assert "stack stopped" in out

@@ -41,7 +41,7 @@ from ibpool_proto.health import Cordoned, NodeFailed, NodeRecovered, NodeSuspect
 from ibpool_proto.job import JobExited, JobFinished, JobQueued, JobScheduled, JobStarted
 from ibpool_proto.message import every_subject
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered
-from ibpool_proto.scale import ScaleDecided
+from ibpool_proto.scale import ElasticJobResized, ScaleDecided
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus
 
@@ -157,6 +157,8 @@ class Observed:
     jobs_finished: dict[str, str] = field(default_factory=dict)
     # the inference deployment's replica targets, in the order the autoscaler chose them
     replica_targets: list[int] = field(default_factory=list)
+    # the elastic training job's worker counts after each resize
+    elastic_sizes: list[int] = field(default_factory=list)
     total: int = 0
     undecodable: int = 0
 
@@ -220,6 +222,8 @@ def _observer(obs: Observed, expected_nodes: int):  # type: ignore[no-untyped-de
                 obs.jobs_finished[ev.job_id] = ev.state
             case ScaleDecided():
                 obs.replica_targets.append(ev.target_replicas)
+            case ElasticJobResized():
+                obs.elastic_sizes.append(ev.workers_to)
             case _:
                 pass
 
@@ -256,8 +260,8 @@ def _view(obs: Observed, nodes: int, phase: str, pool: PoolSeen | None = None) -
     head.add_row(
         "inference replicas (autoscaler)",
         " -> ".join(map(str, obs.replica_targets[-6:])) or "-",
-        "",
-        "",
+        "elastic training workers",
+        " -> ".join(map(str, obs.elastic_sizes[-6:])) or "-",
     )
     head.add_row(
         "nodes suspected / failed / recovered",
@@ -298,6 +302,9 @@ DEMO_DEPLOYMENT = {
     "targets": {"requests_per_s": 10},
     "reactive": {"metric_window_s": 5, "scale_down_window_s": 5, "down_percent": 100, "down_period_s": 2},
 }
+# An elastic training job below everything else: the autoscaler grows it into GPUs left idle and
+# shrinks it whenever work of higher priority waits.
+DEMO_ELASTIC_JOB = {"tenant": "demo", "priority": -10, "min_workers": 1, "max_workers": 4, "gpus_per_worker": 1}
 
 
 def _allocation_asks(seed: int) -> list[dict[str, object]]:
@@ -598,6 +605,8 @@ async def _scenario(
                 submitted = await _submit_jobs(http, by_name["scheduler"].url, args.seed)
                 async with http.put(f"{by_name['autoscaler'].url}/v1/deployments/chat", json=DEMO_DEPLOYMENT) as r:
                     r.raise_for_status()
+                async with http.put(f"{by_name['autoscaler'].url}/v1/elastic-jobs/train", json=DEMO_ELASTIC_JOB) as r:
+                    r.raise_for_status()
                 ramp_length = 120.0 if args.serve else 0.75 * args.duration
                 ramp = LoadRamp(bus, "chat", duration_s=ramp_length, base=5, peak=35)
                 ramp_task = asyncio.create_task(ramp.run(ramp_stop))
@@ -720,6 +729,11 @@ def _summary(
             bool(obs.replica_targets)
             and max(obs.replica_targets) >= 3
             and obs.replica_targets[-1] < max(obs.replica_targets),
+        ),
+        (
+            "elastic training job grown into idle GPUs",
+            " -> ".join(map(str, obs.elastic_sizes)) or "-",
+            bool(obs.elastic_sizes) and max(obs.elastic_sizes) > DEMO_ELASTIC_JOB["min_workers"],  # type: ignore[operator]
         ),
         (
             "jobs submitted to the scheduler (a 2-host gang, small jobs, inference slices) completed",
