@@ -165,6 +165,18 @@ def test_killed_node_is_suspected_then_failed_cordoned_drained_and_its_work_requ
     assert isinstance(cordon, Cordoned) and cordon.scope == "node"
 
 
+def test_a_beat_exactly_at_the_late_threshold_is_on_time_and_a_microsecond_past_it_is_not() -> None:
+    """The boundary of the on-time fast path (healthy nodes judged by one comparison) is the rule's:
+    late only when the gap exceeds suspect_after_intervals x interval (2.5 s here)."""
+    state = decide(FailoverRequest(state=HealthState(), now=at(0.0), observations=[registered("n0", 0.0)],
+                                   config=CONFIG)).state  # fmt: skip
+    state = decide(FailoverRequest(state=state, now=at(1.0), observations=[beat("n0", 1.0, 1.0)], config=CONFIG)).state
+    on_time = decide(FailoverRequest(state=state, now=at(3.5), config=CONFIG))
+    assert on_time.events == [] and on_time.state.nodes["n0"].status == "healthy"
+    late = decide(FailoverRequest(state=state, now=at(3.5) + dt.timedelta(microseconds=1), config=CONFIG))
+    assert [type(e).__name__ for e in late.events] == ["NodeSuspected"]
+
+
 def test_jittered_heartbeats_never_change_the_verdict() -> None:
     c = Cluster(["n0", "n1"])
     # every third beat of each node arrives 0.9 s late: gaps of 1.9 s, inside the 2.5-interval window

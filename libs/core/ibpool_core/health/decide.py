@@ -551,11 +551,23 @@ class _Decision:
             if (now - left).total_seconds() > cfg.flap_memory_s:
                 del self.departed[node_id]
         lost: list[NodeHealth] = []
+        # The common case at scale, a healthy node that beat on time with no GPU cordon to lift, is
+        # decided by one comparison against its interval's latest on-time beat (computed once per
+        # interval): nothing else in the loop can change such a node.
+        on_time_after: dict[float, dt.datetime] = {}
         for node_id in sorted(self.nodes):
-            n = self.lift_gpu_cordons(self.nodes[node_id])
+            n = self.nodes[node_id]
             last_beat = n.last_beat
             if last_beat is None:
                 continue
+            if n.status == "healthy" and not n.gpus:
+                cutoff = on_time_after.get(n.interval_s)
+                if cutoff is None:
+                    late_after = cfg.heartbeat.suspect_after_intervals * n.interval_s
+                    cutoff = on_time_after[n.interval_s] = now - dt.timedelta(seconds=late_after)
+                if last_beat >= cutoff:
+                    continue
+            n = self.lift_gpu_cordons(n)
             live = liveness(last_beat, n.interval_s, now, cfg.heartbeat)
             gap = (now - last_beat).total_seconds()
             if live != "alive" and n.status == "healthy":
