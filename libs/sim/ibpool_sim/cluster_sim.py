@@ -42,7 +42,7 @@ from ibpool_core.sched.cycle import CycleConfig, SchedulingRequest, schedule
 from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors
 from ibpool_core.sched.jobs import ClusterView, Job, QueueStats, RunningJob
 from ibpool_core.sched.queueing import LeastAttainedService, QueuePolicy, SortKey, make_policy
-from ibpool_core.sched.runtime import JobFeatures, RecentMedianEstimator, RuntimeEstimator
+from ibpool_core.sched.runtime import JobFeatures, RecentMedianEstimator, RuntimeEstimator, RuntimeHistory
 
 from .traces import TraceJob
 
@@ -273,7 +273,8 @@ def simulate(
     wait_p90 = 0.0
     starts_since_p90 = 0
     fairshare = FairShareState()
-    thresholds = policy.thresholds if isinstance(policy, LeastAttainedService) else ()
+    las = policy if isinstance(policy, LeastAttainedService) else None
+    learned = getattr(policy, "history", None)  # a policy that learns runtimes from ended jobs
     report_every = max(1, len(trace) // 100)
     n_total = len(trace)
 
@@ -338,6 +339,8 @@ def simulate(
         )
         if not killed:
             estimator.observe(features(t), t.duration_s)
+            if isinstance(learned, RuntimeHistory):
+                learned.observe(features(t), t.duration_s)
         if progress is not None and len(outcomes) % report_every == 0:
             progress(len(outcomes) / n_total)
 
@@ -374,7 +377,7 @@ def simulate(
             free[host] -= gpus
             on_host[host].add(job_id)
         push(now + restore + prog.remaining_s * stretch, _FINISH, job_id, prog.generation)
-        for threshold in thresholds:
+        for threshold in las.thresholds_gpu_s(job.gpus) if las is not None else ():
             if threshold > job.attained_gpu_s:
                 push(now + restore + (threshold - job.attained_gpu_s) / job.gpus, _DEMOTE, job_id, prog.generation)
                 break
@@ -427,7 +430,8 @@ def simulate(
                 if key in active and active[key].generation == generation:
                     act = active[key]
                     attained = act.run.job.attained_gpu_s + act.run.job.gpus * (now - act.run.started_at)
-                    for threshold in thresholds:
+                    assert las is not None
+                    for threshold in las.thresholds_gpu_s(act.run.job.gpus):
                         if threshold > attained + 1e-6:
                             push(now + (threshold - attained) / act.run.job.gpus, _DEMOTE, key, generation)
                             break

@@ -3,7 +3,8 @@
 Every entry is (label, queue policy, backfill mode). Baselines: `fifo` (strict order), `fifo+easy`
 (EASY backfill on predicted runtimes), `oracle-sjf` (true durations, non-preemptive, starts any job
 that fits in order) and `oracle-srtf` (true remaining time, preemptive). The ibpool policies use the
-online `RecentMedianEstimator` and no future knowledge.
+online `RecentMedianEstimator` (and `gittins-learned` its `RuntimeHistory`, fed as jobs end) and no
+future knowledge.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -19,6 +21,9 @@ from ibpool_core.sched.cycle import BackfillMode, CycleConfig
 from .cluster_sim import HostFailure, SimConfig, SimResult, simulate
 from .traces import TraceJob
 
+# `gittins-learned`'s queues: seconds of service, 600 s then doubling from 1 h to 256 h (docs/scheduling.md).
+LEARNED_GITTINS_THRESHOLDS_S = [600.0, *(3600.0 * 2**k for k in range(9))]
+
 
 class LineupEntry(msgspec.Struct, frozen=True, kw_only=True):
     label: str
@@ -26,6 +31,7 @@ class LineupEntry(msgspec.Struct, frozen=True, kw_only=True):
     backfill: BackfillMode
     baseline: bool = False
     oracle: bool = False
+    params: dict[str, Any] = {}  # the queue policy's parameters (queueing.make_policy)
 
 
 LINEUP: tuple[LineupEntry, ...] = (
@@ -36,6 +42,12 @@ LINEUP: tuple[LineupEntry, ...] = (
     LineupEntry(label="predictive", policy="predictive", backfill="easy"),
     LineupEntry(label="las", policy="las", backfill="greedy"),
     LineupEntry(label="gittins", policy="gittins", backfill="greedy"),
+    LineupEntry(
+        label="gittins-learned",
+        policy="gittins-learned",
+        backfill="greedy",
+        params={"service": "time", "thresholds": LEARNED_GITTINS_THRESHOLDS_S},
+    ),
     LineupEntry(label="dynamic", policy="dynamic", backfill="greedy"),
     LineupEntry(label="oracle-sjf", policy="oracle-sjf", backfill="greedy", baseline=True, oracle=True),
     LineupEntry(label="oracle-srtf", policy="oracle-srtf", backfill="greedy", baseline=True, oracle=True),
@@ -69,6 +81,7 @@ def config_for(
     return SimConfig(
         nodes=nodes,
         policy=entry.policy,
+        policy_params=dict(entry.params),
         cycle=CycleConfig(backfill=entry.backfill, span_relax_after_s=span_relax_s),
         failures=list(failures),
         label=entry.label,

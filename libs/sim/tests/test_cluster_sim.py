@@ -96,3 +96,38 @@ def test_allreduce_cost_model_stretches_only_gangs_spread_past_their_minimal_spa
     assert cost.stretch(hosts=16, leaves=3, min_leaves=2) == 1.0
     # t = (S / B) * 2(n-1)/n: 1 GB over 8 hosts at 200 Gb/s.
     assert cost.allreduce_s(1e9, 8, 1) == pytest.approx(1e9 / 25e9 * 2 * 7 / 8)
+
+
+def test_learned_gittins_learns_only_from_jobs_that_ended() -> None:
+    from ibpool_core.sched.queueing import LearnedGittins
+
+    trace = synthetic(60)
+    policy = LearnedGittins(service="time")
+    config = SimConfig(nodes=6, policy="gittins-learned", cycle=CycleConfig(backfill="greedy"))
+    result = simulate(trace, config, policy=policy)
+    assert_sane(result, trace)
+    # One observation per job that ended, fed by the simulator as it ended.
+    assert policy.history.version == len(trace)
+    assert sorted(policy.history.samples("t0", 1)) == sorted(
+        t.duration_s for t in trace if t.tenant == "t0" and t.gpus == 1
+    )
+
+
+def test_1d_las_demotes_a_gang_by_seconds_run_not_gpu_seconds() -> None:
+    # An 8-GPU job that ran 1,000 s is in queue 1 by GPU-time (8,000 > 3,600) and is preempted by a
+    # newcomer; by time (1,000 < 3,600) it is not.
+    trace = [
+        TraceJob(id="gang", tenant="t", gpus=8, submit_s=0.0, duration_s=2000.0),
+        TraceJob(id="new", tenant="t", gpus=8, submit_s=1000.0, duration_s=100.0),
+    ]
+    ends = {}
+    for service in ("gpu-time", "time"):
+        config = SimConfig(
+            nodes=1,
+            policy="las",
+            policy_params={"thresholds": [3600.0], "service": service},
+            cycle=CycleConfig(backfill="greedy"),
+        )
+        ends[service] = {o.id: o.end_s for o in simulate(trace, config).outcomes}
+    assert ends["gpu-time"]["new"] == pytest.approx(1100.0)
+    assert ends["time"]["new"] == pytest.approx(2100.0)

@@ -256,6 +256,7 @@ class _Cycle:
                 eligible=eligible,
                 placer=self.placer,
                 hosts_per_leaf=self.cfg.hosts_per_leaf,
+                max_leaves=self.max_leaves(job),
             )
             if chosen is None:
                 continue

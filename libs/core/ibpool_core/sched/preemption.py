@@ -44,11 +44,13 @@ def choose_victims(
     eligible: Callable[[RunningJob], bool],
     placer: Placer,
     hosts_per_leaf: int,
+    max_leaves: int | None = None,
 ) -> tuple[list[RunningJob], Placement] | None:
     """Victims and the placement they make possible, or None when no eligible set frees enough.
 
     Does not mutate `view`. The returned placement is valid on `view` once the victims' GPUs are
-    given back; the whole gang is placed or nothing.
+    given back; the whole gang is placed or nothing, on at most `max_leaves` leaves when given (the
+    cycle passes the gang's minimal span while it waits for it, as when it starts on free GPUs).
     """
     victims_on: dict[int, list[RunningJob]] = {}
     for run in running:
@@ -84,7 +86,7 @@ def choose_victims(
     for run in victims.values():
         for host, gpus in run.hosts:
             after.give(host, gpus)
-    placement = placer.place(after, job, None)
+    placement = placer.place(after, job, max_leaves)
     if placement is None:
         return None
     return list(victims.values()), placement

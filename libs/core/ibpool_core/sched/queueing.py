@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .jobs import Job, QueueStats, RunningJob
+from .runtime import RuntimeHistory
 
 SortKey = tuple[float, float, str]
 NO_FAIRSHARE: Mapping[str, float] = {}
@@ -150,38 +151,76 @@ class PriorityAging(_NonPreemptive):
 
 
 DEFAULT_LAS_THRESHOLDS_GPU_S = (3_600.0, 36_000.0, 360_000.0)
+SERVICES = {"gpu-time": 0.0, "time": 1.0}
 
 
 class LeastAttainedService:
     """Tiresias' discretised 2D-LAS: queues by attained GPU-time (GPUs x seconds run), FIFO inside.
 
-    A job is in queue i when its attained GPU-seconds passed i of the `thresholds`. Preemptive: a
+    A job is in queue i when its attained service passed i of the `thresholds`. Preemptive: a
     waiting job displaces running jobs of a strictly higher queue, so a job is demoted, not
-    preempted, at every small step. Needs no runtime estimate at all.
+    preempted, at every small step. Needs no runtime estimate at all. `service` is what the
+    thresholds count: "gpu-time" (GPU-seconds, Tiresias' 2D-LAS, the default) or "time" (seconds
+    run, whatever the GPU count: 1D-LAS, which demotes an 8-GPU job 8x later than 2D-LAS does); a
+    number e counts attained GPU-seconds / GPUs^e (0 is "gpu-time", 1 is "time").
     """
 
     preemptive = True
     refresh_s: float | None = None
 
-    def __init__(self, thresholds: Sequence[float] = DEFAULT_LAS_THRESHOLDS_GPU_S) -> None:
+    def __init__(
+        self, thresholds: Sequence[float] = DEFAULT_LAS_THRESHOLDS_GPU_S, service: str | float = "gpu-time"
+    ) -> None:
+        if isinstance(service, str) and service not in SERVICES:
+            raise ValueError(f"LAS service must be one of {', '.join(SERVICES)} or an exponent, got {service!r}")
+        self._exponent = SERVICES[service] if isinstance(service, str) else float(service)
         self.thresholds = tuple(sorted(thresholds))
+        self.service = service
+        self._units: dict[int, float] = {}
         self.name = "las"
         self.orders: tuple[str, ...] = ("las",)
 
-    def queue_of(self, attained_gpu_s: float) -> int:
-        return bisect.bisect_right(self.thresholds, attained_gpu_s)
+    def service_of(self, gpus: int, attained_gpu_s: float) -> float:
+        """Attained service in the unit of the thresholds."""
+        return attained_gpu_s / self._per_unit(gpus)
+
+    def _per_unit(self, gpus: int) -> float:
+        """GPU-seconds per unit of service for a job of `gpus` GPUs (GPUs^exponent), memoised."""
+        unit = self._units.get(gpus)
+        if unit is None:
+            unit = self._units[gpus] = 1.0 if self._exponent == 0.0 else float(max(1, gpus)) ** self._exponent
+        return unit
+
+    def thresholds_gpu_s(self, gpus: int) -> tuple[float, ...]:
+        """The thresholds in attained GPU-seconds for a job of `gpus` GPUs (when its queue changes)."""
+        per_unit = self._per_unit(gpus)
+        return self.thresholds if per_unit == 1.0 else tuple(t * per_unit for t in self.thresholds)
+
+    def queue_of(self, attained: float) -> int:
+        """The queue of a job with `attained` service (in the thresholds' unit)."""
+        return bisect.bisect_right(self.thresholds, attained)
+
+    def job_queue(self, job: Job, attained_gpu_s: float) -> int:
+        return self.queue_of(self.service_of(job.gpus, attained_gpu_s))
 
     def choose_order(self, stats: QueueStats) -> str:
         return self.orders[0]
 
     def order_key(self, order: str, job: Job, fairshare: Mapping[str, float]) -> SortKey:
-        return (float(self.queue_of(job.attained_gpu_s)), job.submit_time, job.id)
+        return (float(self.job_queue(job, job.attained_gpu_s)), job.submit_time, job.id)
 
     def waiting_rank(self, job: Job) -> float:
-        return float(self.queue_of(job.attained_gpu_s))
+        return float(self.job_queue(job, job.attained_gpu_s))
 
     def running_rank(self, run: RunningJob, now: float) -> float:
-        return float(self.queue_of(attained_at(run, now)))
+        # job_queue(run.job, attained_at(run, now)) inlined: called for every running job every cycle.
+        job = run.job
+        ran = now - run.started_at
+        attained = job.attained_gpu_s + job.gpus * (ran if ran > 0.0 else 0.0)
+        unit = self._units.get(job.gpus)
+        if unit is None:
+            unit = self._per_unit(job.gpus)
+        return float(bisect.bisect_right(self.thresholds, attained / unit))
 
 
 def attained_at(run: RunningJob, now: float) -> float:
@@ -211,12 +250,18 @@ def gittins_index(samples: Sequence[float], attained: float, quanta: Sequence[fl
 class Gittins(LeastAttainedService):
     """Tiresias' Gittins-index variant: inside each LAS queue, highest Gittins index first.
 
-    The index comes from a GPU-time distribution (sorted `samples`, e.g. earlier jobs' GPU-times) at
-    the job's attained GPU-time, with the quanta the queue thresholds. Preemption is by queue, as LAS.
+    The index comes from a service distribution (sorted `samples` in the unit of `service`, e.g.
+    earlier jobs' GPU-times) at the job's attained service, with the quanta the queue thresholds.
+    Preemption is by queue, as LAS.
     """
 
-    def __init__(self, samples: Sequence[float] = (), thresholds: Sequence[float] = DEFAULT_LAS_THRESHOLDS_GPU_S):
-        super().__init__(thresholds)
+    def __init__(
+        self,
+        samples: Sequence[float] = (),
+        thresholds: Sequence[float] = DEFAULT_LAS_THRESHOLDS_GPU_S,
+        service: str | float = "gpu-time",
+    ):
+        super().__init__(thresholds, service)
         self.name = "gittins"
         self.orders = ("gittins",)
         self.samples = sorted(samples)
@@ -229,9 +274,108 @@ class Gittins(LeastAttainedService):
             found = self._memo[attained] = gittins_index(self.samples, attained, self._quanta) if self.samples else 0.0
         return found
 
+    def job_index(self, job: Job) -> float:
+        """The job's Gittins index at its attained service (higher runs first)."""
+        return self.index(self.service_of(job.gpus, job.attained_gpu_s))
+
     def order_key(self, order: str, job: Job, fairshare: Mapping[str, float]) -> SortKey:
-        queue = self.queue_of(job.attained_gpu_s)
-        return (queue - min(0.999, self.index(job.attained_gpu_s)), job.submit_time, job.id)
+        queue = self.job_queue(job, job.attained_gpu_s)
+        return (queue - min(0.999, self.job_index(job)), job.submit_time, job.id)
+
+
+class LearnedGittins(Gittins):
+    """Gittins index from the learned, conditional runtime distribution of the job's own kind.
+
+    The index of a job comes from `history` (`RuntimeHistory`): the runtimes of finished jobs of the
+    same tenant and GPU count (else the tenant, else all), in the unit of `service` (x GPUs for
+    GPU-time), at the job's attained service, with the quanta the thresholds and 10x the last. The
+    caller feeds `history.observe` as jobs end; what is derived from it is recomputed once
+    `refresh_every` more jobs ended. A waiting job's key is computed when it is queued (arrival or
+    requeue) and kept while it waits. With no history yet every index is 0 (FIFO).
+
+    `ranks` says what orders and preempts:
+      - "queue": as `gittins`: LAS queues by the thresholds, highest index first inside a queue,
+        a waiting job preempts only running jobs of a strictly higher queue;
+      - "index": highest index first, whatever the queue, and a waiting job preempts a running one
+        whose index (at the last threshold its attained service passed) is below its own divided by
+        `index_margin`: the margin keeps jobs of close indices from thrashing and pays for the
+        checkpoint/restore. A long job whose kind usually ends soon after the service it attained
+        keeps its GPUs; one past every sample of its kind is the first to go.
+    """
+
+    def __init__(
+        self,
+        history: RuntimeHistory | None = None,
+        thresholds: Sequence[float] = DEFAULT_LAS_THRESHOLDS_GPU_S,
+        service: str | float = "gpu-time",
+        *,
+        ranks: str = "queue",
+        index_margin: float = 2.0,
+        refresh_every: int = 1,
+    ) -> None:
+        super().__init__((), thresholds, service)
+        if ranks not in ("queue", "index"):
+            raise ValueError(f"gittins-learned ranks must be queue or index, got {ranks!r}")
+        if index_margin < 1.0 or refresh_every < 1:
+            raise ValueError(f"index_margin must be >= 1 and refresh_every >= 1, got {index_margin}, {refresh_every}")
+        self.name = "gittins-learned"
+        self.orders = ("gittins-learned",)
+        self.history = history if history is not None else RuntimeHistory()
+        self.ranks = ranks
+        self._log_margin = math.log2(index_margin)
+        self._refresh_every = refresh_every
+        self._learned_memo: dict[tuple[object, int, float], float] = {}
+        self._run_ranks: dict[str, tuple[int, int, float]] = {}  # job id -> (queue, memo version, rank)
+        self._memo_version = -refresh_every
+
+    def index_at(self, job: Job, attained: float) -> float:
+        """The job's index at `attained` service (in the thresholds' unit)."""
+        history = self.history
+        if history.version - self._memo_version >= self._refresh_every:
+            self._learned_memo.clear()
+            self._run_ranks.clear()
+            self._memo_version = history.version
+        memo_key = (history.key_for(job.tenant, job.gpus), job.gpus, attained)
+        found = self._learned_memo.get(memo_key)
+        if found is None:
+            runtimes = history.samples(job.tenant, job.gpus)
+            scale = max(1, job.gpus) / self._per_unit(job.gpus)  # runtime s -> service unit
+            samples = [r * scale for r in runtimes] if scale != 1.0 else runtimes
+            found = gittins_index(samples, attained, self._quanta) if samples else 0.0
+            self._learned_memo[memo_key] = found
+        return found
+
+    def job_index(self, job: Job) -> float:
+        return self.index_at(job, self.service_of(job.gpus, job.attained_gpu_s))
+
+    def order_key(self, order: str, job: Job, fairshare: Mapping[str, float]) -> SortKey:
+        index = self.job_index(job)
+        if self.ranks == "index":
+            return (-index, job.submit_time, job.id)
+        # index / (1 + index) keeps the order of any indices inside [0, 1): the queue stays the major key.
+        return (self.job_queue(job, job.attained_gpu_s) - index / (1.0 + index), job.submit_time, job.id)
+
+    def waiting_rank(self, job: Job) -> float:
+        if self.ranks == "queue":
+            return super().waiting_rank(job)
+        return _log_rank(self.job_index(job))
+
+    def running_rank(self, run: RunningJob, now: float) -> float:
+        if self.ranks == "queue":
+            return LeastAttainedService.running_rank(self, run, now)
+        queue = self.job_queue(run.job, attained_at(run, now))
+        cached = self._run_ranks.get(run.job.id)
+        if cached is not None and cached[0] == queue and cached[1] == self._memo_version:
+            return cached[2]
+        passed = self.thresholds[queue - 1] if queue > 0 else 0.0
+        rank = _log_rank(self.index_at(run.job, passed)) - self._log_margin
+        self._run_ranks[run.job.id] = (queue, self._memo_version, rank)
+        return rank
+
+
+def _log_rank(index: float) -> float:
+    """-log2(index): smaller for a higher index; an index of 0 (nothing known) ranks last."""
+    return -math.log2(index) if index > 0 else math.inf
 
 
 class OracleSrtf:
@@ -303,7 +447,7 @@ class Dynamic(Gittins):
     def order_key(self, order: str, job: Job, fairshare: Mapping[str, float]) -> SortKey:
         if order == "gittins":
             return super().order_key(order, job, fairshare)
-        queue = float(self.queue_of(job.attained_gpu_s))
+        queue = float(self.job_queue(job, job.attained_gpu_s))
         return (queue * 1e15 + planned_runtime(job, "predicted") * job.gpus, job.submit_time, job.id)
 
 
@@ -318,6 +462,7 @@ POLICIES: dict[str, PolicyFactory] = {
     "las": LeastAttainedService,
     "tiresias": LeastAttainedService,
     "gittins": Gittins,
+    "gittins-learned": LearnedGittins,
     "dynamic": Dynamic,
     "oracle-srtf": OracleSrtf,
 }

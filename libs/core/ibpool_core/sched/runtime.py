@@ -92,3 +92,50 @@ class RecentMedianEstimator:
         self._everything.append(runtime_s)
         for key in (pair_key, job.tenant, None):
             self._cache.pop(key, None)
+
+
+class RuntimeHistory:
+    """The learned runtime distribution: sorted recent runtimes per (tenant, GPUs), else tenant, else all.
+
+    What a Gittins-index policy reads (`samples`): the last `window` runtimes of finished jobs of the
+    same tenant (Philly: virtual cluster) and GPU count, once there are `min_samples` of them; else
+    of the tenant; else of every job (empty until something finished). Only `observe` (a job that
+    ended) changes it, so it never sees a runtime before the job finished. `version` counts the
+    observations, for callers that cache what they derive from the samples.
+    """
+
+    def __init__(self, *, window: int = 256, min_samples: int = 8) -> None:
+        if window < 1 or min_samples < 1:
+            raise ValueError(f"window and min_samples must be >= 1, got {window} and {min_samples}")
+        self._window = window
+        self._min_samples = min_samples
+        self._recent: dict[object, deque[float]] = {}
+        self._sorted: dict[object, tuple[float, ...]] = {}
+        self.version = 0
+
+    def observe(self, job: JobFeatures, runtime_s: float) -> None:
+        if runtime_s < 0 or runtime_s != runtime_s:
+            raise ValueError(f"runtime of {job.tenant}/{job.num_gpus} GPUs must be >= 0, got {runtime_s}")
+        for key in ((job.tenant, job.num_gpus), job.tenant, None):
+            window = self._recent.get(key)
+            if window is None:
+                window = self._recent[key] = deque(maxlen=self._window if key is not None else self._window * 8)
+            window.append(runtime_s)
+            self._sorted.pop(key, None)
+        self.version += 1
+
+    def key_for(self, tenant: str, num_gpus: int) -> object:
+        """The key whose samples describe such a job: (tenant, GPUs), tenant or None (everything)."""
+        for key in ((tenant, num_gpus), tenant):
+            window = self._recent.get(key)
+            if window is not None and len(window) >= self._min_samples:
+                return key
+        return None
+
+    def samples(self, tenant: str, num_gpus: int) -> tuple[float, ...]:
+        """Sorted runtimes (seconds) of the most specific key with enough observations."""
+        key = self.key_for(tenant, num_gpus)
+        found = self._sorted.get(key)
+        if found is None:
+            found = self._sorted[key] = tuple(sorted(self._recent.get(key, ())))
+        return found
