@@ -3,9 +3,10 @@
 Every scenario gets its own docker network and containers named `chaos-<run>-<part>`, so several
 runs never meet. The parts: a 3-node NATS JetStream cluster (R3 streams, `sync_interval: always`,
 as in compose.yaml but without TLS and users: the bus's security has its own tests), Postgres, the
-pool allocator, two scheduler replicas (leader election and fencing), the failover controller, and
-node agents of simulated nodes. The test process reaches them only through ports published on
-loopback, fixed at start so that a restarted container keeps them.
+fabric monitor, the pool allocator, two scheduler replicas (leader election and fencing), the
+failover controller, the autoscaler, and node agents of simulated nodes. The test process reaches
+them only through ports published on loopback, fixed at start so that a restarted container keeps
+them.
 
 Parts are named by role (`nats-2`, `scheduler-1`, `agent-3`); the fault timeline may also name a
 role that is resolved when the fault fires: `scheduler-leader` (the replica that says it leads) and
@@ -31,7 +32,16 @@ from testcontainers.core.network import Network
 
 from ibpool_runtime.devstack import free_port
 
-IMAGES = ("nats", "postgres", "pool-allocator", "scheduler", "failover-controller", "node-agent")
+IMAGES = (
+    "nats",
+    "postgres",
+    "fabric-monitor",
+    "pool-allocator",
+    "scheduler",
+    "failover-controller",
+    "autoscaler",
+    "node-agent",
+)
 NATS_NODES = 3
 POSTGRES_PASSWORD = "chaos"
 
@@ -159,6 +169,11 @@ class System:
             )
             self.http_ports[f"scheduler-{i}"] = self._publish(c, 8080)
             c.start()
+        c = self._service_env(self._container("fabric-monitor", "fabric-monitor"))
+        c.with_env("IBPOOL_FABRIC_MONITOR_PUBLIC_URL", f"http://{self.name('fabric-monitor')}:8080")
+        c.start()
+        c = self._service_env(self._container("autoscaler", "autoscaler"))
+        c.start()
         c = self._service_env(self._container("failover", "failover-controller"))
         c.with_env("IBPOOL_FAILOVER_CONTROLLER_STABLE_WINDOW_S", "3")
         c.with_env("IBPOOL_FAILOVER_CONTROLLER_MAX_FAILED_FRACTION", str(lo.max_failed_fraction))

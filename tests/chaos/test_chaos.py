@@ -36,6 +36,10 @@ async def test_each_service_killed_in_turn(system: System, outcomes: list[Outcom
         Fault(10, "start", "scheduler-leader"),
         Fault(11, "kill", "failover"),
         Fault(13, "start", "failover"),
+        Fault(14, "kill", "fabric-monitor"),
+        Fault(15, "kill", "autoscaler"),
+        Fault(17, "start", "fabric-monitor"),
+        Fault(18, "start", "autoscaler"),
     ]
     await _check("each service SIGKILLed in turn", system, faults, outcomes)
 
@@ -65,7 +69,8 @@ async def test_a_nats_node_partitioned(system: System, outcomes: list[Outcome]) 
 
 
 async def test_everything_killed_at_once(system: System, outcomes: list[Outcome]) -> None:
-    parts = ("allocator", "scheduler-1", "scheduler-2", "failover", "agent-1", "agent-2")
+    parts = ("fabric-monitor", "allocator", "scheduler-1", "scheduler-2", "failover", "autoscaler")
+    parts += ("agent-1", "agent-2")
     faults = [Fault(5, "kill", p) for p in parts] + [Fault(9, "start", p) for p in parts]
     await _check("every service and agent SIGKILLed at once", system, faults, outcomes)
 
