@@ -289,16 +289,20 @@ async def outbox_drained(dsn: str, timeout_s: float = 30) -> Verdict:
     return Verdict("no event left in an outbox", held, f"{len(schemas)} services' outboxes, {sum(left.values())} left")
 
 
-def dead_letters(dlq: list[Recorded], flooded: dict[str, int]) -> Verdict:
-    """Nothing dead-lettered but the flood; every flooded subject's messages all in the DLQ."""
+def dead_letters(dlq: list[Recorded], flooded: set[str], consumed: dict[str, int]) -> Verdict:
+    """Nothing dead-lettered but the flood (on `flooded` subjects); on each `consumed` subject, every
+    one of its `n` flooded messages in the DLQ."""
     by_subject: dict[str, set[str]] = defaultdict(set)
     for r in dlq:
         by_subject[r.headers.get("ibpool-dlq-subject", "?")].add(r.headers.get("Nats-Msg-Id", str(r.seq)))
-    stray = sorted(set(by_subject) - set(flooded))
-    short = {s: f"{len(by_subject.get(s, ()))}/{n}" for s, n in flooded.items() if len(by_subject.get(s, ())) < n}
+    stray = sorted(set(by_subject) - flooded)
+    short = {s: f"{len(by_subject.get(s, ()))}/{n}" for s, n in consumed.items() if len(by_subject.get(s, ())) < n}
     held = not stray and not short
+    detail = f"{len(dlq)} dead letters"
+    if flooded:
+        detail += f" from {len(by_subject)} of the {len(flooded)} flooded subjects"
     return Verdict("malformed events in the DLQ, nothing else", held,
-                   f"{len(dlq)} dead letters" + (f"; stray subjects {stray[:3]}" if stray else "")
+                   detail + (f"; stray subjects {stray[:3]}" if stray else "")
                    + (f"; short {short}" if short else ""))  # fmt: skip
 
 

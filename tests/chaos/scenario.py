@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from ibpool_proto.codec import ALL_MESSAGES
 from ibpool_proto.job import JobFinished
 from ibpool_proto.pool import AllocationGranted
 from ibpool_runtime.bus import STREAMS, Bus
@@ -28,8 +29,10 @@ JOBS = 30
 RATE_PER_S = 2.0
 FINISH_TIMEOUT_S = 240.0
 
-# Malformed bodies on subjects services consume: broken JSON, wrong types, unknown tags.
-FLOODED = (
+# Malformed bodies (broken JSON, wrong types, unknown tags) on the subject of every message of the
+# contract. Each of these six is read by a durable consumer of a service, so all of its flood must
+# reach the dead-letter stream; on the others the check is that nothing but the flood does.
+CONSUMED = (
     "ibpool.pool.placement.propose.x",
     "ibpool.pool.allocation.request.x",
     "ibpool.job.job.submit.x",
@@ -37,7 +40,8 @@ FLOODED = (
     "ibpool.health.node.failed.x",
     "ibpool.fabric.topology.published.x",
 )
-FLOOD_PER_SUBJECT = 50
+FLOODED = tuple(sorted({f"{m.subject_root()}.x" for m in ALL_MESSAGES} | set(CONSUMED)))
+FLOOD_PER_SUBJECT = 20
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,9 @@ async def run(name: str, system: System, faults: list[Fault], *, extra: tuple[st
         inv.killed_work_regranted(killed_nodes, job_events, require_requeue=not failover_killed),
         inv.subscriber_saw_everything(pool, observer.seen),
         await inv.outbox_drained(system.postgres_dsn),
-        inv.dead_letters(dlq, {s: FLOOD_PER_SUBJECT for s in FLOODED} if flooded else {}),
+        inv.dead_letters(
+            dlq, set(FLOODED) if flooded else set(), {s: FLOOD_PER_SUBJECT for s in CONSUMED} if flooded else {}
+        ),
         await recovered(system),
     ]
     if "fencing" in extra:
