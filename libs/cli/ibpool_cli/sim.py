@@ -1,6 +1,7 @@
 """`ibpool sim`: replay a job trace through the scheduler core under every policy and compare them.
 
     ibpool sim --trace philly --nodes 80 --policy all [--limit N] [--failures K --seed N]
+               [--placement leaf|framework [--sharp-leaves SHARE]]
                [--plot FILE.png] [--format table|json] [--jobs P]
 
 `--trace` is `philly` (../shared/data/traces/philly/philly.csv) or the path of a generic CSV
@@ -24,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ibpool_sim.cluster_sim import SimResult
-from ibpool_sim.sched_lineup import LineupEntry, check_floors, random_failures, run_entry, select
+from ibpool_sim.sched_lineup import LineupEntry, RunOptions, check_floors, random_failures, run_entry, select
 from ibpool_sim.shared_data import locate
 from ibpool_sim.traces import TraceError, TraceJob, load_generic_jobs, philly_trace_jobs
 
@@ -48,6 +49,18 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="a gang that waited this many hours may span more leaves than its minimum (default: never)",
     )
+    p.add_argument(
+        "--placement",
+        choices=["leaf", "framework"],
+        default="leaf",
+        help="leaf: the core's best-fit leaf placer; framework: the scheduler service's plugin profile",
+    )
+    p.add_argument(
+        "--sharp-leaves",
+        type=float,
+        default=0.0,
+        help="share of the leaf switches that can aggregate (SHARP), 0..1; framework placement only",
+    )
     return p
 
 
@@ -60,19 +73,13 @@ def load_trace(name: str, limit: int | None) -> list[TraceJob]:
     return load_generic_jobs(Path(name), limit)
 
 
-def _one(args: tuple[LineupEntry, list[TraceJob], int, list[Any], float]) -> SimResult:
-    entry, trace, nodes, failures, relax = args
-    return run_entry(entry, trace, nodes=nodes, failures=failures, span_relax_s=relax)
+def _one(args: tuple[LineupEntry, list[TraceJob], RunOptions]) -> SimResult:
+    entry, trace, options = args
+    return run_entry(entry, trace, options)
 
 
 def run_all(
-    entries: Sequence[LineupEntry],
-    trace: list[TraceJob],
-    nodes: int,
-    failures: list[Any],
-    jobs: int,
-    quiet: bool,
-    relax: float = math.inf,
+    entries: Sequence[LineupEntry], trace: list[TraceJob], options: RunOptions, jobs: int, quiet: bool
 ) -> list[SimResult]:
     console = Console(stderr=True)
     columns = (
@@ -90,12 +97,10 @@ def run_all(
                 def advance(fraction: float, task: Any = tasks[e.label]) -> None:
                     bar.update(task, completed=fraction)
 
-                results.append(
-                    run_entry(e, trace, nodes=nodes, failures=failures, span_relax_s=relax, progress=advance)
-                )
+                results.append(run_entry(e, trace, options, progress=advance))
             return results
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_one, (e, trace, nodes, failures, relax)) for e in entries]
+            futures = [pool.submit(_one, (e, trace, options)) for e in entries]
             results = []
             for e, f in zip(entries, futures, strict=True):
                 results.append(f.result())
@@ -110,14 +115,15 @@ def _hours(seconds: float) -> str:
 def format_table(summaries: list[dict[str, Any]], floors: list[Any]) -> str:
     head = (
         "| policy | avg JCT s | median JCT s | p99 JCT s | avg queueing s | utilisation | makespan d |"
-        " preemptions | min leaf span | CPU s | wall s |"
+        " preemptions | min leaf span | SHARP | CPU s | wall s |"
     )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summaries:
         lines.append(
             f"| {s['policy']} | {_hours(s['avg_jct_s'])} | {_hours(s['median_jct_s'])} | {_hours(s['p99_jct_s'])} |"
             f" {_hours(s['avg_queue_s'])} | {s['utilisation']:.1%} | {s['makespan_s'] / 86400:.1f} |"
-            f" {s['preemptions']} | {s['min_span_share']:.1%} | {s['cpu_s']:.1f} | {s['wall_s']:.1f} |"
+            f" {s['preemptions']} | {s['min_span_share']:.1%} | {s['sharp_share']:.1%} | {s['cpu_s']:.1f} |"
+            f" {s['wall_s']:.1f} |"
         )
     for f in floors:
         verdict = "holds" if f.holds else "DOES NOT hold"
@@ -162,6 +168,9 @@ def main(argv: Sequence[str]) -> int:
     if args.nodes < 1:
         print("ibpool sim: --nodes must be >= 1", file=sys.stderr)
         return 1
+    if not 0.0 <= args.sharp_leaves <= 1.0 or (args.sharp_leaves and args.placement != "framework"):
+        print("ibpool sim: --sharp-leaves must be within 0..1 and goes with --placement framework", file=sys.stderr)
+        return 1
     try:
         trace = load_trace(args.trace, args.limit)
     except (OSError, TraceError) as e:
@@ -169,9 +178,15 @@ def main(argv: Sequence[str]) -> int:
         return 2
     horizon = max((t.submit_s for t in trace), default=0.0)
     failures = random_failures(args.seed, args.failures, args.nodes, horizon) if args.failures else []
+    options = RunOptions(
+        nodes=args.nodes,
+        failures=tuple(failures),
+        span_relax_s=math.inf if args.span_relax_h is None else args.span_relax_h * 3600.0,
+        placement=args.placement,
+        sharp_leaf_share=args.sharp_leaves,
+    )
     try:
-        relax = math.inf if args.span_relax_h is None else args.span_relax_h * 3600.0
-        results = run_all(entries, trace, args.nodes, failures, args.jobs, quiet=args.format == "json", relax=relax)
+        results = run_all(entries, trace, options, args.jobs, quiet=args.format == "json")
     except ValueError as e:
         print(f"ibpool sim: {e}", file=sys.stderr)
         return 2
@@ -186,13 +201,19 @@ def main(argv: Sequence[str]) -> int:
             "hosts_per_leaf": 8,
             "failures": len(failures),
             "span_relax_h": args.span_relax_h,
+            "placement": args.placement,
+            "sharp_leaves": args.sharp_leaves,
             "seed": args.seed,
             "policies": summaries,
             "floors": [{"name": f.name, "value": f.value, "limit": f.limit, "holds": f.holds} for f in floors],
         }
         print(json.dumps(out, indent=2))
     else:
-        print(f"{args.trace}: {len(trace)} jobs on {args.nodes} nodes x 8 GPUs (8 nodes per leaf)")
+        sharp = f", SHARP on {args.sharp_leaves:.0%} of the leaves" if args.sharp_leaves else ""
+        print(
+            f"{args.trace}: {len(trace)} jobs on {args.nodes} nodes x 8 GPUs (8 nodes per leaf),"
+            f" {args.placement} placement{sharp}"
+        )
         print(format_table(summaries, floors))
     if args.plot is not None:
         plot_cdf(results, args.plot, f"JCT CDF, {args.trace} ({len(trace)} jobs), {args.nodes} nodes x 8 GPUs")

@@ -33,8 +33,20 @@ def test_sim_table_on_a_generic_csv(capsys: pytest.CaptureFixture[str], tmp_path
     assert "| fifo |" in out and "| las |" in out
 
 
+def test_sim_with_the_service_placement_profile_and_sharp_leaves(capsys: pytest.CaptureFixture[str]) -> None:
+    need("traces/philly/philly.csv")
+    argv = ["--trace", "philly", "--nodes", "16", "--limit", "300", "--policy", "fifo+easy,las", "--format", "json"]
+    assert main([*argv, "--placement", "framework", "--sharp-leaves", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["placement"] == "framework" and out["sharp_leaves"] == 1.0
+    # The slice has multi-node jobs; under SHARP-capable leaves every one of them got SHARP.
+    assert [p["sharp_share"] for p in out["policies"]] == [1.0, 1.0]
+
+
 def test_sim_usage_and_input_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["--policy", "nope"]) == 1
+    assert main(["--sharp-leaves", "0.5"]) == 1  # SHARP goes with the framework placement
+    assert main(["--placement", "framework", "--sharp-leaves", "2"]) == 1
     bad = tmp_path / "bad.csv"
     bad.write_text("when,what\n1,2\n")
     assert main(["--trace", str(bad)]) == 2

@@ -16,9 +16,21 @@ With `comm_fraction` the share of the step spent in allreduce at the best placem
 of bandwidth B runs (1 - f) + f * B_best / B times as long (S and n cancel in the ratio).
 Defaults: 200 Gb/s per host (one HDR port), 2:1 spine oversubscription, f = 0.3: a gang that fits
 one leaf but is spread over two runs 1.3x longer; gangs that cannot fit one leaf pay nothing extra.
+With SHARP (in-network reduction) the switches aggregate: each host sends its S bytes up the tree
+once and receives the result once, t = S / B, instead of the ring's 2(n - 1)/n * S / B; a gang
+placed with SHARP on (`sharp_leaf_share` of the leaves have SHARP-capable switches, and the
+framework placement decided it) therefore runs (1 - f) + f * n / (2(n - 1)) * B_best / B times as
+long, shorter than the trace (which is taken as measured without in-network reduction).
 A preempted job is charged `checkpoint_restore_s` (default 60 s) when it restarts and resumes
 where it stopped; a job on a failing host restarts from its last start (no checkpoint), plus the
 restore cost.
+
+Placement: `placement="leaf"` is the core's `LeafPlacer` (best fit, gangs on the fewest leaves);
+`"framework"` is the plugin framework with the scheduler service's own profile
+(`ibpool_core.sched.profiles.SCHEDULER_PROFILE`: fits, health, GPU model, data locality filters;
+topology, load, data locality, link health and bin-packing scores) through the same
+`FrameworkPlacer` the service runs, on a fabric of one switch per leaf under one spine. The trace
+has no telemetry, datasets or link faults, so those plugins see an idle, healthy cluster.
 
 Speed: the queue is kept sorted per policy order (bisect inserts), so a cycle costs O(scan depth)
 plus the running set, not O(queue); the free-capacity view is one list updated in place; cycles run
@@ -28,6 +40,7 @@ only when a job could start (free GPUs, or a preemptive policy with something wa
 from __future__ import annotations
 
 import bisect
+import datetime as dt
 import heapq
 import math
 import statistics
@@ -38,9 +51,12 @@ from typing import Any
 
 import msgspec
 
+from ibpool_core.sched import framework as fw
 from ibpool_core.sched.cycle import CycleConfig, SchedulingRequest, schedule
 from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors
+from ibpool_core.sched.framework_placer import FrameworkPlacer, leaf_fabric
 from ibpool_core.sched.jobs import ClusterView, Job, QueueStats, RunningJob
+from ibpool_core.sched.profiles import SCHEDULER_PROFILE
 from ibpool_core.sched.queueing import LeastAttainedService, QueuePolicy, SortKey, make_policy
 from ibpool_core.sched.runtime import JobFeatures, RecentMedianEstimator, RuntimeEstimator, RuntimeHistory
 
@@ -58,16 +74,19 @@ class CostModel(msgspec.Struct, frozen=True, kw_only=True):
     def bottleneck_gbps(self, leaves: int) -> float:
         return self.host_link_gbps if leaves <= 1 else self.host_link_gbps / self.spine_oversubscription
 
-    def allreduce_s(self, size_bytes: float, hosts: int, leaves: int) -> float:
-        """Ring allreduce time t = (S / B) * 2(n - 1) / n, B in bytes/s."""
+    def allreduce_s(self, size_bytes: float, hosts: int, leaves: int, sharp: bool = False) -> float:
+        """Ring allreduce time t = (S / B) * 2(n - 1) / n, B in bytes/s; with SHARP t = S / B."""
         bandwidth = self.bottleneck_gbps(leaves) * 1e9 / 8
+        if sharp:
+            return size_bytes / bandwidth
         return size_bytes / bandwidth * 2 * (hosts - 1) / hosts
 
-    def stretch(self, hosts: int, leaves: int, min_leaves: int) -> float:
-        """How much longer a gang runs on `leaves` leaves than on its minimal span."""
-        if hosts <= 1 or leaves <= min_leaves:
+    def stretch(self, hosts: int, leaves: int, min_leaves: int, sharp: bool = False) -> float:
+        """How much longer a gang runs on `leaves` leaves (with or without SHARP) than on its minimal
+        span without SHARP, the trace's own runtime; below 1 when SHARP saves more than the span costs."""
+        if hosts <= 1 or (leaves <= min_leaves and not sharp):
             return 1.0
-        ratio = self.allreduce_s(1.0, hosts, leaves) / self.allreduce_s(1.0, hosts, min_leaves)
+        ratio = self.allreduce_s(1.0, hosts, leaves, sharp) / self.allreduce_s(1.0, hosts, min_leaves)
         return (1.0 - self.comm_fraction) + self.comm_fraction * ratio
 
 
@@ -90,6 +109,12 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     failures: list[HostFailure] = []
     fairshare_half_life_s: float = 7 * 86_400.0
     label: str | None = None
+    # "leaf": the core's LeafPlacer; "framework": the service's plugin profile (module docstring).
+    placement: str = "leaf"
+    # Share of the leaves (the first ones) whose switches can aggregate (SHARP); framework only.
+    sharp_leaf_share: float = 0.0
+    # Hosts a single-host job is scored on (the service's `placement_sample`); 0: all.
+    placement_sample: int = 16
 
 
 class JobOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,6 +129,7 @@ class JobOutcome(msgspec.Struct, frozen=True, kw_only=True):
     leaves: int
     min_leaves: int
     killed: bool = False
+    sharp: bool = False
 
 
 class SimResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,6 +142,7 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     cpu_s: float
     multi_node_starts: int
     minimal_span_starts: int
+    sharp_starts: int = 0
 
     @property
     def makespan_s(self) -> float:
@@ -140,6 +167,7 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
             "makespan_s": makespan,
             "preemptions": sum(o.preemptions for o in self.outcomes),
             "min_span_share": self.minimal_span_starts / self.multi_node_starts if self.multi_node_starts else 1.0,
+            "sharp_share": self.sharp_starts / self.multi_node_starts if self.multi_node_starts else 0.0,
             "cycles": self.cycles,
             "wall_s": self.wall_s,
             "cpu_s": self.cpu_s,
@@ -164,6 +192,7 @@ class _Progress(msgspec.Struct, kw_only=True):
     restarts: int = 0
     leaves: int = 0
     min_leaves: int = 1
+    sharp: bool = False
 
 
 class _SortedQueues:
@@ -235,6 +264,7 @@ def simulate(
         capacity=[config.gpus_per_node] * config.nodes,
         leaf_of=[h // config.hosts_per_leaf for h in range(config.nodes)],
     )
+    placer = framework_placer(config) if config.placement == "framework" else None
     total_gpus = config.gpus_per_node * config.nodes
     too_big = [t.id for t in trace if gang_nodes(t.gpus, config.gpus_per_node) > config.nodes]
     if too_big:
@@ -266,7 +296,7 @@ def simulate(
     down: set[int] = set()
     outcomes: list[JobOutcome] = []
     busy_gpu_s = 0.0
-    cycles = multi_node_starts = minimal_span_starts = 0
+    cycles = multi_node_starts = minimal_span_starts = sharp_starts = 0
     waiting_gpus = 0
     oldest: list[tuple[float, str]] = []  # (submit, id) of waiting jobs; lazily cleaned
     recent_waits: deque[float] = deque(maxlen=256)
@@ -335,6 +365,7 @@ def simulate(
                 leaves=prog.leaves,
                 min_leaves=prog.min_leaves,
                 killed=killed,
+                sharp=prog.sharp,
             )
         )
         if not killed:
@@ -347,19 +378,22 @@ def simulate(
     def start(
         job_id: str, hosts: list[tuple[int, int]], leaves: int, min_leaves: int, planned_end: float, now: float
     ) -> None:
-        nonlocal waiting_gpus, multi_node_starts, minimal_span_starts, starts_since_p90
+        nonlocal waiting_gpus, multi_node_starts, minimal_span_starts, sharp_starts, starts_since_p90
         job = queues.remove(job_id)
+        placed = placer.results.pop(job_id, None) if placer is not None else None
+        sharp = placed is not None and placed.sharp and job.nodes > 1
         waiting_gpus -= job.gpus
         prog = progress_of[job_id]
         if prog.first_start_s is None:
             prog.first_start_s = now
             recent_waits.append(now - job.submit_time)
             starts_since_p90 += 1
-        prog.leaves, prog.min_leaves = leaves, min_leaves
+        prog.leaves, prog.min_leaves, prog.sharp = leaves, min_leaves, sharp
         if job.nodes > 1:
             multi_node_starts += 1
             minimal_span_starts += leaves <= min_leaves
-        stretch = cost.stretch(job.nodes, leaves, min_leaves)
+            sharp_starts += sharp
+        stretch = cost.stretch(job.nodes, leaves, min_leaves, sharp)
         restore = cost.checkpoint_restore_s if prog.restarts else 0.0
         run = RunningJob(job=job, hosts=tuple(hosts), started_at=now, planned_end=planned_end)
         i = bisect.bisect_left(running_keys, (planned_end, job_id))
@@ -479,6 +513,7 @@ def simulate(
                 stats=queue_stats,
                 queue_order=order,
                 fairshare=queues.fairshare,
+                placer=placer,
             )
         )
         cycles += 1
@@ -502,6 +537,34 @@ def simulate(
         cpu_s=time.process_time() - started_cpu,
         multi_node_starts=multi_node_starts,
         minimal_span_starts=minimal_span_starts,
+        sharp_starts=sharp_starts,
+    )
+
+
+def host_name(h: int) -> str:
+    return f"h{h:05d}"
+
+
+def framework_placer(config: SimConfig) -> FrameworkPlacer:
+    """The service's placement (`SCHEDULER_PROFILE`) on the simulated cluster: one leaf switch per
+    `hosts_per_leaf` hosts (the first `sharp_leaf_share` of them SHARP-capable) under one spine."""
+    if not 0.0 <= config.sharp_leaf_share <= 1.0:
+        raise ValueError(f"sharp_leaf_share must be within 0..1, got {config.sharp_leaf_share}")
+    names = [host_name(h) for h in range(config.nodes)]
+    leaves = -(-config.nodes // config.hosts_per_leaf)
+    sharp = {f"leaf{i:04d}" for i in range(math.ceil(config.sharp_leaf_share * leaves - 1e-9))}
+    fabric = leaf_fabric({n: f"leaf{h // config.hosts_per_leaf:04d}" for h, n in enumerate(names)}, sharp)
+    hosts = [
+        fw.HostState(name=n, gpu_model="", total_gpus=config.gpus_per_node, free_gpus=config.gpus_per_node)
+        for n in names
+    ]
+    return FrameworkPlacer(
+        fw.Framework(fw.build_profile(SCHEDULER_PROFILE)),
+        fw.ClusterView(fabric, hosts),
+        names,
+        {},
+        dt.datetime(2017, 1, 1, tzinfo=dt.UTC),
+        sample=config.placement_sample,
     )
 
 

@@ -74,31 +74,37 @@ def random_failures(seed: int, count: int, nodes: int, horizon_s: float, down_s:
     )
 
 
-def config_for(
-    entry: LineupEntry, *, nodes: int, failures: Sequence[HostFailure] = (), span_relax_s: float = math.inf
-) -> SimConfig:
-    """The simulator config of one line-up entry; by default gangs wait for their minimal leaf span."""
+class RunOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What every policy of one run shares: the cluster, injected failures, gang span relaxation, placement."""
+
+    nodes: int = 80
+    failures: tuple[HostFailure, ...] = ()
+    span_relax_s: float = math.inf  # by default gangs wait for their minimal leaf span
+    placement: str = "leaf"  # "leaf" or "framework" (cluster_sim.SimConfig.placement)
+    sharp_leaf_share: float = 0.0
+
+
+def config_for(entry: LineupEntry, options: RunOptions) -> SimConfig:
+    """The simulator config of one line-up entry under the run's options."""
     return SimConfig(
-        nodes=nodes,
+        nodes=options.nodes,
         policy=entry.policy,
         policy_params=dict(entry.params),
-        cycle=CycleConfig(backfill=entry.backfill, span_relax_after_s=span_relax_s),
-        failures=list(failures),
+        cycle=CycleConfig(backfill=entry.backfill, span_relax_after_s=options.span_relax_s),
+        failures=list(options.failures),
         label=entry.label,
+        placement=options.placement,
+        sharp_leaf_share=options.sharp_leaf_share,
     )
 
 
 def run_entry(
     entry: LineupEntry,
     trace: Sequence[TraceJob],
-    *,
-    nodes: int,
-    failures: Sequence[HostFailure] = (),
-    span_relax_s: float = math.inf,
+    options: RunOptions,
     progress: Callable[[float], None] | None = None,
 ) -> SimResult:
-    config = config_for(entry, nodes=nodes, failures=failures, span_relax_s=span_relax_s)
-    return simulate(trace, config, progress=progress)
+    return simulate(trace, config_for(entry, options), progress=progress)
 
 
 class FloorCheck(msgspec.Struct, frozen=True, kw_only=True):

@@ -6,7 +6,7 @@ import pytest
 
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_sim.cluster_sim import CostModel, HostFailure, SimConfig, SimResult, simulate
-from ibpool_sim.sched_lineup import LINEUP, check_floors, config_for, random_failures
+from ibpool_sim.sched_lineup import LINEUP, RunOptions, check_floors, config_for, random_failures
 from ibpool_sim.shared_data import need
 from ibpool_sim.traces import TraceJob, philly_trace_jobs
 
@@ -28,9 +28,11 @@ def synthetic(n: int = 120) -> list[TraceJob]:
 def assert_sane(result: SimResult, trace: list[TraceJob]) -> None:
     by_id = {t.id: t for t in trace}
     assert sorted(o.id for o in result.outcomes) == sorted(by_id), "every job finishes exactly once"
+    # SHARP shortens a gang's allreduce below the trace's (measured without it): never more than its share.
+    floor = 1.0 - CostModel().comm_fraction
     for o in result.outcomes:
         assert o.first_start_s >= o.submit_s
-        assert o.end_s - o.submit_s >= by_id[o.id].duration_s - 1e-6, o
+        assert o.end_s - o.submit_s >= by_id[o.id].duration_s * (floor if o.sharp else 1.0) - 1e-6, o
     summary = result.summary()
     assert 0.0 < float(summary["utilisation"]) <= 1.0
     assert float(summary["avg_jct_s"]) >= float(summary["avg_queue_s"])
@@ -39,8 +41,36 @@ def assert_sane(result: SimResult, trace: list[TraceJob]) -> None:
 @pytest.mark.parametrize("entry", LINEUP, ids=[e.label for e in LINEUP])
 def test_every_policy_finishes_every_job_on_a_synthetic_trace(entry: object) -> None:
     trace = synthetic()
-    result = simulate(trace, config_for(entry, nodes=6))  # type: ignore[arg-type]
+    result = simulate(trace, config_for(entry, RunOptions(nodes=6)))  # type: ignore[arg-type]
     assert_sane(result, trace)
+
+
+@pytest.mark.parametrize("entry", LINEUP, ids=[e.label for e in LINEUP])
+def test_every_policy_finishes_every_job_with_the_service_placement_profile(entry: object) -> None:
+    trace = synthetic()
+    options = RunOptions(nodes=24, placement="framework", sharp_leaf_share=0.5)
+    result = simulate(trace, config_for(entry, options))  # type: ignore[arg-type]
+    assert_sane(result, trace)
+    summary = result.summary()
+    assert summary["min_span_share"] == 1.0  # gangs wait for their minimal leaf span by default
+    assert 0.0 < float(summary["sharp_share"]) <= 1.0
+
+
+def test_framework_placement_turns_sharp_on_only_under_sharp_leaves_and_it_shortens_gangs() -> None:
+    # Gangs of 4 hosts (32 GPUs) one after the other on 2 leaves of 8 hosts: each fits one leaf.
+    trace = [TraceJob(id=f"g{i}", tenant="t", gpus=32, submit_s=i * 10_000.0, duration_s=1000.0) for i in range(4)]
+    runs = {}
+    for share in (0.0, 1.0):
+        config = SimConfig(nodes=16, policy="fifo", placement="framework", sharp_leaf_share=share)
+        runs[share] = {o.id: o for o in simulate(trace, config).outcomes}
+    assert not any(o.sharp for o in runs[0.0].values())
+    assert all(o.sharp for o in runs[1.0].values())
+    sharp_stretch = CostModel().stretch(hosts=4, leaves=1, min_leaves=1, sharp=True)
+    for job_id, o in runs[1.0].items():
+        assert o.end_s - o.first_start_s == pytest.approx(1000.0 * sharp_stretch)
+        assert runs[0.0][job_id].end_s - runs[0.0][job_id].first_start_s == pytest.approx(1000.0)
+    with pytest.raises(ValueError, match="sharp_leaf_share"):
+        simulate(trace, SimConfig(nodes=16, placement="framework", sharp_leaf_share=1.5))
 
 
 def test_philly_slice_under_every_policy_keeps_the_invariants() -> None:
@@ -48,7 +78,7 @@ def test_philly_slice_under_every_policy_keeps_the_invariants() -> None:
     assert len(trace) == 1500
     summaries = []
     for entry in LINEUP:
-        result = simulate(trace, config_for(entry, nodes=24))
+        result = simulate(trace, config_for(entry, RunOptions(nodes=24)))
         assert_sane(result, trace)
         summaries.append(result.summary())
     by = {s["policy"]: float(s["avg_jct_s"]) for s in summaries}
@@ -96,6 +126,10 @@ def test_allreduce_cost_model_stretches_only_gangs_spread_past_their_minimal_spa
     assert cost.stretch(hosts=16, leaves=3, min_leaves=2) == 1.0
     # t = (S / B) * 2(n-1)/n: 1 GB over 8 hosts at 200 Gb/s.
     assert cost.allreduce_s(1e9, 8, 1) == pytest.approx(1e9 / 25e9 * 2 * 7 / 8)
+    # SHARP: every host sends and receives S once, t = S / B; for 2 hosts the ring does the same.
+    assert cost.allreduce_s(1e9, 8, 1, sharp=True) == pytest.approx(1e9 / 25e9)
+    assert cost.stretch(hosts=2, leaves=1, min_leaves=1, sharp=True) == pytest.approx(1.0)
+    assert cost.stretch(hosts=8, leaves=1, min_leaves=1, sharp=True) == pytest.approx(0.7 + 0.3 * 8 / 14)
 
 
 def test_learned_gittins_learns_only_from_jobs_that_ended() -> None:

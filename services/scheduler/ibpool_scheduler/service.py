@@ -29,6 +29,7 @@ from ibpool_core.clock import Clock
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
+from ibpool_core.sched.profiles import SCHEDULER_PROFILE
 from ibpool_core.sched.queueing import QueuePolicy, make_policy
 from ibpool_proto import Message
 from ibpool_proto.health import RequeueRequested
@@ -76,22 +77,8 @@ POOL_NEWS = (AllocationGranted, AllocationRejected, AllocationRevoked, Allocatio
 HEALTH_NEWS = (RequeueRequested,)
 RETRY_AT_ONCE = ("conflict", "stale")
 
-# The placement profile the scheduler runs unless `placement_profile` says otherwise: the cycle holds
-# the GPUs it gives (no Reserve/Permit plugins: a gang is whole or not placed by the cycle itself).
-DEFAULT_PROFILE: dict[str, Any] = {
-    "name": "scheduler",
-    "pre_filter": [{"name": "data-locality"}],
-    "filter": [{"name": "fits"}, {"name": "health"}, {"name": "gpu-model"}, {"name": "data-locality"}],
-    "score": [
-        {"name": "topology", "weight": 10},
-        {"name": "load", "weight": 6},
-        {"name": "data-locality", "weight": 6},
-        {"name": "link-health", "weight": 3},
-        {"name": "binpack", "weight": 1},
-    ],
-    "reserve": [],
-    "permit": [],
-}
+# The placement profile the scheduler runs unless `placement_profile` says otherwise (shared with the sim).
+DEFAULT_PROFILE: dict[str, Any] = SCHEDULER_PROFILE
 
 CONDITIONAL_UPDATE = (
     "UPDATE jobs SET state = u.state, updated_at = $1, body = u.body"
