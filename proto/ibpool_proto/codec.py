@@ -13,6 +13,7 @@ from .health import (
     Cordoned,
     DrainRequested,
     GpuFailed,
+    GpuRecovered,
     JobFlagged,
     NodeFailed,
     NodeRecovered,
@@ -46,6 +47,7 @@ from .pool import (
     QuotaChanged,
     ReleaseAllocation,
     RenewLease,
+    ReplaceGangMember,
     RequestAllocation,
     SetQuota,
 )
@@ -67,6 +69,7 @@ AnyMessage = (
     | RequestAllocation
     | ReleaseAllocation
     | RenewLease
+    | ReplaceGangMember
     | AllocationGranted
     | AllocationRejected
     | AllocationReleased
@@ -92,6 +95,7 @@ AnyMessage = (
     | NodeFailed
     | NodeRecovered
     | GpuFailed
+    | GpuRecovered
     | Cordoned
     | Uncordoned
     | DrainRequested

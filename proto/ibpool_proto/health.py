@@ -27,9 +27,13 @@ class NodeFailed(Event, frozen=True, kw_only=True, tag="io.ibpool.health.node.fa
 
 class NodeRecovered(Event, frozen=True, kw_only=True, tag="io.ibpool.health.node.recovered.v1"):
     key_name: ClassVar[str] = "node_id"
-    summary: ClassVar[str] = "A failed or suspected node has been healthy for the stable window."
+    summary: ClassVar[str] = (
+        "A failed or suspected node has been healthy for the stable window, or an operator put it back (`reason`)."
+    )
 
     node_id: str
+    # Empty when the stable window put it back; who and why when an operator did.
+    reason: str = ""
 
 
 class GpuFailed(Event, frozen=True, kw_only=True, tag="io.ibpool.health.gpu.failed.v1"):
@@ -40,6 +44,18 @@ class GpuFailed(Event, frozen=True, kw_only=True, tag="io.ibpool.health.gpu.fail
     gpu_index: int
     reason: str
     xid: int | None = None
+
+
+class GpuRecovered(Event, frozen=True, kw_only=True, tag="io.ibpool.health.gpu.recovered.v1"):
+    key_name: ClassVar[str] = "node_id"
+    summary: ClassVar[str] = (
+        "An operator reset or replaced a failed GPU: its failure is cleared and it may be granted again."
+    )
+
+    node_id: str
+    gpu_index: int
+    # Who and why.
+    reason: str
 
 
 class Cordoned(Event, frozen=True, kw_only=True, tag="io.ibpool.health.cordon.applied.v1"):
@@ -61,6 +77,8 @@ class Uncordoned(Event, frozen=True, kw_only=True, tag="io.ibpool.health.cordon.
     scope: CordonScope
     gpu_index: int | None = None
     rail: int | None = None
+    # Empty when the signal went away; who and why when an operator lifted it.
+    reason: str = ""
 
 
 class DrainRequested(Event, frozen=True, kw_only=True, tag="io.ibpool.health.drain.requested.v1"):

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 import msgspec
 
 from .message import Command, Event, Timestamp
-from .pool import GpuAssignment, ResourceRequest, WorkloadSpec
+from .pool import GpuAssignment, MemberFailure, ResourceRequest, WorkloadSpec
 
 ExitReason = Literal["completed", "failed", "oom", "xid", "signal", "revoked", "lost"]
 TopologyConstraint = Literal["required", "preferred"]
@@ -29,6 +29,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     topology_level: int = 1
     # The data set the job reads (placement prefers nodes that hold it).
     dataset: str | None = None
+    # A gang's answer to a failed member: "restart" the whole gang, or "replace" the failed member
+    # only (elastic or hot-spare-capable multi-node jobs; see ibpool_proto.pool.MemberFailure).
+    on_member_failure: MemberFailure = "restart"
 
 
 class SubmitJob(Command, frozen=True, kw_only=True, tag="io.ibpool.job.job.submit.v1"):

@@ -11,6 +11,10 @@ from .message import Command, Event, Timestamp
 AllocationKind = Literal["whole", "fraction", "mig", "gang", "remote"]
 QuotaScope = Literal["tenant", "queue"]
 RejectReason = Literal["stale", "conflict", "over_quota", "node_not_ready", "would_exceed_capacity", "invalid"]
+# What a gang's allocation does when one member's node or GPU fails: "restart" revokes every member
+# (the job is requeued whole); "replace" revokes the failed member only, and the scheduler asks for a
+# new host in its place (`ReplaceGangMember`), the other members running on.
+MemberFailure = Literal["restart", "replace"]
 
 
 class GpuAssignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,11 +47,18 @@ class Enforcement(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """What to run under the grant: a command for the process launcher, or a simulated duration."""
+    """What to run under the grant: a command for the process launcher, or a simulated duration.
+
+    `env`: environment the scheduler asks for every member of the workload (e.g. NCCL's CollNet /
+    SHARP settings when the placement is under a SHARP-capable subtree). The node agent adds it to
+    the process's environment; the grant's enforcement variables and the rank variables it derives
+    from `AllocationGranted.nodes` take precedence over it.
+    """
 
     command: list[str] = []
     simulated_runtime_s: float | None = None
     simulated_memory_mib: int | None = None
+    env: dict[str, str] = {}
 
 
 class ProposePlacement(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.placement.propose.v1"):
@@ -70,6 +81,8 @@ class ProposePlacement(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.p
     # (`stale`) a proposal whose term is below the highest it granted for that group.
     scheduler_group: str = ""
     fencing_term: int | None = None
+    # A gang's declaration (see MemberFailure); kept by the allocation.
+    on_member_failure: MemberFailure = "restart"
 
 
 class PlacementItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,6 +99,7 @@ class PlacementItem(msgspec.Struct, frozen=True, kw_only=True):
     client_node_id: str | None = None
     cpu_milli: int = 0
     host_memory_mib: int = 0
+    on_member_failure: MemberFailure = "restart"
 
 
 class ProposePlacements(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.placements.propose.v1"):
@@ -121,9 +135,32 @@ class ProposePlacements(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.
                 host_memory_mib=p.host_memory_mib,
                 scheduler_group=self.scheduler_group,
                 fencing_term=self.fencing_term,
+                on_member_failure=p.on_member_failure,
             )
             for p in self.placements
         ]
+
+
+class ReplaceGangMember(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.member.replace.v1"):
+    key_name: ClassVar[str] = "allocation_id"
+    summary: ClassVar[str] = (
+        "A scheduler replaces the failed member of a gang that declared `replace`: the failed node's share"
+        " of the allocation is revoked and a new host granted into the same allocation, at the same rank."
+    )
+
+    allocation_id: str
+    job_id: str
+    # The member to replace: its share is revoked if the allocator has not revoked it already.
+    failed_node_id: str
+    # The new host's GPUs (one node, whole GPUs, as many as each member holds), computed on `ledger_version`.
+    assignments: list[GpuAssignment]
+    ledger_version: int
+    # What the new member runs (the allocation's other members run it already).
+    workload: WorkloadSpec | None = None
+    reason: str = ""
+    # Fencing: see ProposePlacement.
+    scheduler_group: str = ""
+    fencing_term: int | None = None
 
 
 class RequestAllocation(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.allocation.request.v1"):
@@ -175,7 +212,9 @@ class AllocationGranted(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.al
     queue: str = ""
     # The ProposePlacement / RequestAllocation this grant answers (also the allocation id).
     command_id: str = ""
-    # Every node of the allocation (a gang has one grant per node).
+    # Every node of the allocation (a gang has one grant per node), in RANK ORDER: the order of the
+    # proposal's assignments (the scheduler orders a gang so ring/tree neighbours are close on the
+    # fabric); node i is rank i, the first is the rendezvous host.
     nodes: list[str] = []
     cpu_milli: int = 0
     host_memory_mib: int = 0
@@ -186,6 +225,11 @@ class AllocationGranted(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.al
     # The fencing term of the proposal granted, and its scheduler group (see ProposePlacement).
     scheduler_group: str = ""
     fencing_term: int | None = None
+    # The gang's declaration (see MemberFailure).
+    on_member_failure: MemberFailure = "restart"
+    # Set on the grant of a replaced gang member: the node it replaces (its rank in `nodes` is the
+    # replaced one's); `command_id` is then the ReplaceGangMember's id.
+    replaces: str | None = None
 
 
 class AllocationRejected(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.allocation.rejected.v1"):
