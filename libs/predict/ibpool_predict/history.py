@@ -39,6 +39,7 @@ NAN = float("nan")
 _Stats = tuple[float, float, float, float, float, float, float, float]
 _EMPTY_STATS: _Stats = (0.0, NAN, NAN, NAN, NAN, NAN, 0.0, NAN)
 _UNKNOWN_STATS: _Stats = (NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN)
+_MEMO_SIZE = 16  # memoised prefixes per series (a replay asks for a new one per job: keep it small)
 
 
 def log_runtime(runtime_s: float) -> float:
@@ -54,7 +55,7 @@ class _Series:
     the newest dropped finish cannot be answered without the future, so it gets `_UNKNOWN_STATS`.
     """
 
-    __slots__ = ("dropped", "dropped_until", "finish_times", "keep", "logs", "prefix")
+    __slots__ = ("dropped", "dropped_until", "finish_times", "keep", "logs", "memo", "prefix")
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
@@ -63,6 +64,9 @@ class _Series:
         self.finish_times: list[float] = []
         self.logs: list[float] = []
         self.prefix: list[float] = [0.0]  # prefix[i] = sum of every log before held entry i
+        # i -> the stats of entries [0, i) that do not depend on the time asked about. Queued jobs
+        # submitted after the newest finish all ask for the same i: a batch of them computes it once.
+        self.memo: dict[int, tuple[float, float, float, float, float, float]] = {}
 
     def add(self, finished_at: float, log_value: float) -> None:
         if not self.finish_times or finished_at >= self.finish_times[-1]:
@@ -76,11 +80,13 @@ class _Series:
             del self.prefix[i + 1 :]
             for v in self.logs[i:]:
                 self.prefix.append(self.prefix[-1] + v)
+            self.memo.clear()  # the entries from i on moved
         if len(self.logs) > 2 * self.keep:
             cut = len(self.logs) - self.keep
             self.dropped += cut
             self.dropped_until = self.finish_times[cut - 1]
             del self.finish_times[:cut], self.logs[:cut], self.prefix[:cut]
+            self.memo.clear()  # indices shifted
 
     def stats_before(self, t: float) -> _Stats:
         if t <= self.dropped_until:  # some dropped job finished at or after t: its count is not the past's
@@ -91,16 +97,24 @@ class _Series:
             return _EMPTY_STATS
         if i == 0:  # everything before t has been dropped: only the count and all-time mean are left
             return (math.log1p(n), NAN, NAN, NAN, NAN, self.prefix[0] / n, NAN, NAN)
-        last_50 = self.logs[max(0, i - 50) : i]
-        mean_50 = sum(last_50) / len(last_50)
-        std_50 = math.sqrt(sum((v - mean_50) ** 2 for v in last_50) / len(last_50))
+        fixed = self.memo.get(i)
+        if fixed is None:
+            last_50 = self.logs[max(0, i - 50) : i]
+            mean_50 = sum(last_50) / len(last_50)
+            std_50 = math.sqrt(sum([(v - mean_50) ** 2 for v in last_50]) / len(last_50))
+            fixed = (
+                math.log1p(n),
+                self.logs[i - 1],
+                _median(self.logs[max(0, i - 5) : i]),
+                _median(last_50),
+                std_50,
+                self.prefix[i] / n,
+            )
+            if len(self.memo) >= _MEMO_SIZE:
+                self.memo.clear()
+            self.memo[i] = fixed
         return (
-            math.log1p(n),
-            self.logs[i - 1],
-            _median(self.logs[max(0, i - 5) : i]),
-            _median(last_50),
-            std_50,
-            self.prefix[i] / n,
+            *fixed,
             math.log1p(i - bisect.bisect_left(self.finish_times, t - 3_600.0, 0, i)),
             math.log1p(t - self.finish_times[i - 1]),
         )

@@ -82,3 +82,26 @@ def test_out_of_order_finishes_give_the_same_features() -> None:
 def test_row_has_one_value_per_feature_name() -> None:
     job = JobFeatures(tenant="a", num_gpus=4, submit_time=1_700_000_000.0, requested_limit_s=3_600.0, name="bert")
     assert len(FinishedJobHistory().features_at(job)) == len(FEATURE_NAMES) == 4 + len(SCOPES) * len(SCOPE_STATS)
+
+
+def test_rows_asked_between_additions_equal_those_of_a_history_built_afresh() -> None:
+    """Asked again after appends, out-of-order inserts and trims, a row is what a fresh history says."""
+    rng = random.Random(13)
+    live = FinishedJobHistory(keep_per_key=15)  # trims after 30 entries per key
+    added: list[tuple[JobFeatures, float, float]] = []
+    clock, asked = 0.0, 0
+    for k in range(240):
+        clock += rng.uniform(0, 20)
+        finished = clock - (rng.uniform(0, 200) if k % 5 == 0 else 0.0)  # every 5th out of finish order
+        job = JobFeatures(tenant=rng.choice("ab"), num_gpus=rng.choice([1, 2]), submit_time=finished - 5.0)
+        runtime = rng.uniform(1, 500)
+        live.add(job, runtime, finished)
+        added.append((job, runtime, finished))
+        fresh = FinishedJobHistory(keep_per_key=15)
+        for j, r, f in added:
+            fresh.add(j, r, f)
+        for back in (0.0, 10.0, 25.0, 50.0, 100.0, -1.0):
+            probe = JobFeatures(tenant=rng.choice("ab"), num_gpus=rng.choice([1, 2]), submit_time=clock - back)
+            assert _same(live.features_at(probe), fresh.features_at(probe)), (k, probe)
+            asked += 1
+    assert asked == 240 * 6
