@@ -244,6 +244,13 @@ def test_a_gang_is_one_version_with_one_event_per_node() -> None:
     assert all({x.node_id for x in e.assignments} == {e.node_id} and len(e.assignments) == 2 for e in d.granted)
 
 
+def test_a_proposed_gang_keeps_its_rank_order_in_every_grant() -> None:
+    ledger = pool(node("n1"), node("n2"), node("n3"))
+    d = run(ledger, propose("g", a("n3", 0), a("n1", 0), a("n2", 0), version=ledger.version, cmd_id="cmd-g"))
+    assert [g.node_id for g in d.granted] == ["n3", "n1", "n2"]
+    assert all(g.nodes == ["n3", "n1", "n2"] for g in d.granted)
+
+
 def test_repeated_command_gets_the_same_answer_and_one_grant() -> None:
     ledger = pool(node("n1"))
     cmd = propose("j", a("n1", 0), version=1)

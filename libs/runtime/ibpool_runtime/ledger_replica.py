@@ -8,6 +8,10 @@ cordoned, the ledger version a proposal is computed on, and the leases of its gr
 event more than one version ahead: missed, or the stream lost its head to `max_age`) starts the
 replay over; until the replica has read what the stream held when it started, it is not
 `caught_up` and its owner does not decide on it.
+
+The grants of one allocation need not arrive together: a gang that replaced a failed member has an
+`AllocationRevoked` for that node and a later `AllocationGranted` (with `replaces`) for the new node
+under the same allocation id; `apply` folds each per node, so the replica needs nothing of its own.
 """
 
 from __future__ import annotations

@@ -25,13 +25,14 @@ from ibpool_core.pool.fabric_view import FabricView
 from ibpool_core.pool.ledger import Ledger, apply
 from ibpool_core.pool.placement import Placer
 from ibpool_core.pool.policy_placer import policy_placer
-from ibpool_proto.health import Cordoned, DrainRequested, GpuFailed, NodeFailed, NodeRecovered, Uncordoned
+from ibpool_proto.health import Cordoned, DrainRequested, GpuFailed, GpuRecovered, NodeFailed, NodeRecovered, Uncordoned
 from ibpool_proto.node import NodeDeregistered, NodeRegistered
 from ibpool_proto.pool import (
     ProposePlacement,
     ProposePlacements,
     ReleaseAllocation,
     RenewLease,
+    ReplaceGangMember,
     RequestAllocation,
     SetQuota,
 )
@@ -47,9 +48,17 @@ from .fragmentation_measure import FragmentationReader
 
 log = get_logger(__name__)
 
-COMMANDS = (ProposePlacement, ProposePlacements, RequestAllocation, ReleaseAllocation, RenewLease, SetQuota)
+COMMANDS = (
+    ProposePlacement,
+    ProposePlacements,
+    ReplaceGangMember,
+    RequestAllocation,
+    ReleaseAllocation,
+    RenewLease,
+    SetQuota,
+)
 NODE_NEWS = (NodeRegistered, NodeDeregistered)
-HEALTH_NEWS = (NodeFailed, NodeRecovered, GpuFailed, Cordoned, Uncordoned, DrainRequested)
+HEALTH_NEWS = (NodeFailed, NodeRecovered, GpuFailed, GpuRecovered, Cordoned, Uncordoned, DrainRequested)
 
 Choice = Callable[[Ledger, dt.datetime], Decision]
 

@@ -46,6 +46,18 @@ asks the placer. Its answer is checked like a proposal computed on the current v
 quota refuses it, the models it used are excluded and the placer asked again; `over_quota` when
 nothing is left, `would_exceed_capacity` when the placer finds nothing.
 
+ReplaceGangMember (a gang that declared `on_member_failure` replace lost a member): `invalid` when
+the allocation is not live, not the job's, not such a gang, the failed node is not a member, the
+assignment is not one node outside the gang with whole GPUs as many as each member holds, or V is
+above the ledger's version; then fencing, removed or changed hardware (`stale`) and the new node's
+readiness (a leaf cordon counts: it is multi-node work), fit (`conflict` / `would_exceed_capacity`)
+and quota (only what the new member adds beyond the failed member's share) as for a proposal. The
+answer is, in one version, AllocationRevoked for the failed member (unless a failure revoked it
+already) and one AllocationGranted for the new node, into the same allocation id, at the failed
+member's rank in `nodes`, with the allocation's lease; the other members get no event. A failure
+(NodeFailed, GpuFailed, NodeDeregistered, a changed GPU) revokes such a gang on the failed node
+only; expiry and release end every member.
+
 Leases: a grant's lease runs `lease_s` from `now`. RenewLease by the allocation's owner (the
 job id, in `holder`) sets the expiry to max(current expiry, now + extend_s); a renewal at or after
 the expiry, or by anyone else, is rejected (`invalid`). `expire(ledger, now)` ends every
@@ -71,7 +83,15 @@ from typing import NamedTuple, TypedDict
 import msgspec
 
 from ibpool_proto import pool as proto
-from ibpool_proto.health import Cordoned, DrainRequested, GpuFailed, NodeFailed, NodeRecovered, Uncordoned
+from ibpool_proto.health import (
+    Cordoned,
+    DrainRequested,
+    GpuFailed,
+    GpuRecovered,
+    NodeFailed,
+    NodeRecovered,
+    Uncordoned,
+)
 from ibpool_proto.node import NodeDeregistered, NodeRegistered
 from ibpool_proto.pool import (
     AllocationExpired,
@@ -107,6 +127,7 @@ from .quotas import Share
 
 Input = (
     proto.ProposePlacement
+    | proto.ReplaceGangMember
     | proto.RequestAllocation
     | ReleaseAllocation
     | RenewLease
@@ -116,6 +137,7 @@ Input = (
     | NodeFailed
     | NodeRecovered
     | GpuFailed
+    | GpuRecovered
     | Cordoned
     | Uncordoned
     | DrainRequested
@@ -168,12 +190,14 @@ def decide(
     """What `command` does to `ledger` at `now`, as events; the ledger is not changed."""
     ctx = _Ctx(ledger, now, config, command.id, place, hops)
     match command:
-        case proto.ProposePlacement() | proto.RequestAllocation() | RenewLease() | SetQuota() if (
-            command.id in ledger.answers
-        ):
+        case (
+            proto.ProposePlacement() | proto.ReplaceGangMember() | proto.RequestAllocation() | RenewLease() | SetQuota()
+        ) if command.id in ledger.answers:
             return Decision(events=ledger.answers[command.id], repeat=True)
         case proto.ProposePlacement():
             return _propose(ctx, command)
+        case proto.ReplaceGangMember():
+            return _replace(ctx, command)
         case proto.RequestAllocation():
             return _request(ctx, command)
         case ReleaseAllocation():
@@ -196,7 +220,7 @@ def expire(ledger: Ledger, now: dt.datetime, *, config: AllocatorConfig = DEFAUL
     ctx = _Ctx(ledger, now, config, f"expire@{ledger.version + 1}", first_fit, None)
     events: list[LedgerEvent] = []
     for alloc in due:
-        for node_id in alloc.nodes:
+        for node_id in alloc.held_nodes:
             events.append(
                 AllocationExpired(
                     **ctx.envelope(node_id),
@@ -270,7 +294,9 @@ class _Ctx:
         )
         return Decision(events=(event,))
 
-    def revoke(self, allocs: Sequence[Allocation], reason: str) -> list[LedgerEvent]:
+    def revoke(self, allocs: Sequence[Allocation], reason: str, failed: str | None = None) -> list[LedgerEvent]:
+        """Revoke the allocations on every node they hold; a gang that declared `replace` loses only
+        its member on `failed` (the node whose failure revokes), the others keep running."""
         return [
             AllocationRevoked(
                 **self.envelope(node_id),
@@ -281,7 +307,8 @@ class _Ctx:
                 reason=reason,
             )
             for a in sorted(allocs, key=lambda a: a.allocation_id)
-            for node_id in a.nodes
+            for node_id in a.held_nodes
+            if failed is None or not a.replaceable or node_id == failed
         ]
 
     def node_updated(self, node: Node, reason: str, *, gpus: list[PoolGpu] | None = None) -> PoolNodeUpdated:
@@ -329,6 +356,7 @@ class _Claim(NamedTuple):
     hops: int | None
     scheduler_group: str = ""
     fencing_term: int | None = None
+    on_member_failure: proto.MemberFailure = "restart"
 
 
 class _Refusal(NamedTuple):
@@ -398,8 +426,117 @@ def _propose(ctx: _Ctx, cmd: proto.ProposePlacement) -> Decision:
         distance,
         cmd.scheduler_group,
         cmd.fencing_term,
+        cmd.on_member_failure if kind == "gang" else "restart",
     )
     return _commit(ctx, claim, since)
+
+
+def _replace(ctx: _Ctx, cmd: proto.ReplaceGangMember) -> Decision:
+    """Replace the failed member of a gang that declared `replace` (see the module docstring)."""
+    ledger, since = ctx.ledger, cmd.ledger_version
+
+    def reject(reason: RejectReason, detail: str) -> Decision:
+        return ctx.reject(cmd.id, cmd.job_id, reason, detail)
+
+    alloc = ledger.allocations.get(cmd.allocation_id)
+    if alloc is None:
+        return reject("invalid", f"allocation {cmd.allocation_id} is not live: no member to replace")
+    if alloc.job_id != cmd.job_id:
+        return reject("invalid", f"allocation {cmd.allocation_id} belongs to job {alloc.job_id}, not {cmd.job_id}")
+    if not alloc.replaceable:
+        return reject(
+            "invalid", f"allocation {cmd.allocation_id} is not a gang that declared on_member_failure replace"
+        )
+    if cmd.failed_node_id not in alloc.nodes:
+        return reject("invalid", f"node {cmd.failed_node_id} is not a member of allocation {cmd.allocation_id}")
+    new_nodes = {a.node_id for a in cmd.assignments}
+    if len(new_nodes) != 1:
+        return reject("invalid", f"a replacement is one node; the assignments name {len(new_nodes)}")
+    (new_node,) = new_nodes
+    if new_node in alloc.nodes:
+        return reject("invalid", f"node {new_node} is already a member of allocation {cmd.allocation_id}")
+    if not 0 <= since <= ledger.version:
+        return reject("invalid", f"computed on version {since}; the ledger is at {ledger.version}")
+    newest = ledger.terms.get(cmd.scheduler_group)
+    if cmd.fencing_term is not None and newest is not None and cmd.fencing_term < newest:
+        return reject(
+            "stale",
+            f"fenced: term {cmd.fencing_term} of scheduler group {cmd.scheduler_group!r} is below term {newest},"
+            " which was granted a placement since",
+        )
+    node = ledger.nodes.get(new_node)
+    if node is None:
+        gone = ledger.removed_nodes.get(new_node)
+        if gone is not None and gone > since:
+            return reject("stale", f"node {new_node} was removed at version {gone}, after {since}")
+        return reject("invalid", f"unknown node {new_node}")
+    if node.inventory_version > since:
+        return reject("stale", f"node {new_node} changed hardware at version {node.inventory_version}, after {since}")
+    shaped = _shape(ledger, cmd.assignments, None)
+    if isinstance(shaped, str):
+        return reject("invalid", shaped)
+    _, asks = shaped
+    survivors = [n for n in alloc.held_nodes if n != cmd.failed_node_id]
+    model_member = survivors[0] if survivors else alloc.held_nodes[0]
+    per_member = sum(1 for g in alloc.grants if g.node_id == model_member)
+    if any(a.milli < WHOLE or a.mig_profile for a in asks) or len(asks) != per_member:
+        return reject(
+            "invalid", f"a member of this gang holds {per_member} whole GPUs; the replacement names {len(asks)}"
+        )
+    claim = _Claim(
+        cmd.id,
+        alloc.job_id,
+        alloc.tenant,
+        alloc.queue,
+        "gang",
+        asks,
+        1.0,  # unused: the new member gets the allocation's lease (`expires` below)
+        cmd.workload,
+        alloc.cpu_milli,
+        alloc.host_memory_mib,
+        None,
+        None,
+        cmd.scheduler_group,
+        cmd.fencing_term,
+        alloc.on_member_failure,
+    )
+    checked = _check(ctx, claim, since, gang=True)
+    if isinstance(checked, _Refusal):
+        return reject(checked.reason, checked.detail)
+    # Quota: the new member's share, less the failed member's share it takes over when still held.
+    lost = [g for g in alloc.grants if g.node_id == cmd.failed_node_id]
+    freed = _adds(lost)
+    adds: dict[str, Share] = {}
+    for model, share in _adds(checked).items():
+        d = share - freed.get(model, Share())
+        if d.milli > 0 or d.memory_mib > 0:
+            adds[model] = Share(milli=max(0, d.milli), memory_mib=max(0, d.memory_mib))
+    why = quotas.refusal(ledger.quotas, ledger.usage, alloc.tenant, alloc.queue, adds) if adds else None
+    if why is not None:
+        return reject("over_quota", why)
+    events: list[LedgerEvent] = []
+    if lost:
+        events += [
+            AllocationRevoked(
+                **ctx.envelope(cmd.failed_node_id),
+                allocation_id=alloc.allocation_id,
+                job_id=alloc.job_id,
+                node_id=cmd.failed_node_id,
+                ledger_version=ctx.version,
+                reason=f"member replaced by node {new_node}" + (f": {cmd.reason}" if cmd.reason else ""),
+            )
+        ]
+    members = [new_node if n == cmd.failed_node_id else n for n in alloc.nodes]
+    events += _grant(
+        ctx,
+        claim,
+        checked,
+        allocation_id=alloc.allocation_id,
+        members=members,
+        replaces=cmd.failed_node_id,
+        expires=alloc.lease_expires_at,
+    )
+    return Decision(events=tuple(events))
 
 
 def _distance(ctx: _Ctx, client: str, node_id: str) -> int | str:
@@ -471,12 +608,13 @@ def _shape(
     return "whole", asks
 
 
-def _check(ctx: _Ctx, claim: _Claim, since: int | None) -> list[GpuGrant] | _Refusal:
-    """The shares with their MIG starts when the claim fits the ledger now, or the refusal."""
+def _check(ctx: _Ctx, claim: _Claim, since: int | None, *, gang: bool = False) -> list[GpuGrant] | _Refusal:
+    """The shares with their MIG starts when the claim fits the ledger now, or the refusal.
+    `gang`: the claim is part of a multi-node allocation even on one node (a replaced member)."""
     ledger = ctx.ledger
     node_ids = sorted({a.node_id for a in claim.asks})
     nodes = {n: ledger.nodes[n] for n in node_ids}
-    multi_node = len(nodes) > 1
+    multi_node = gang or len(nodes) > 1
     for node in nodes.values():
         if not node.ready:
             return _Refusal("node_not_ready", f"node {node.node_id} is {node.state}")
@@ -549,9 +687,22 @@ def _commit(ctx: _Ctx, claim: _Claim, since: int | None) -> Decision:
     return Decision(events=tuple(_grant(ctx, claim, checked)))
 
 
-def _grant(ctx: _Ctx, claim: _Claim, grants: list[GpuGrant]) -> list[LedgerEvent]:
-    node_ids = sorted({g.node_id for g in grants})
-    expires = ctx.now + dt.timedelta(seconds=claim.lease_s)
+def _grant(
+    ctx: _Ctx,
+    claim: _Claim,
+    grants: list[GpuGrant],
+    *,
+    allocation_id: str | None = None,
+    members: list[str] | None = None,
+    replaces: str | None = None,
+    expires: dt.datetime | None = None,
+) -> list[LedgerEvent]:
+    """One AllocationGranted per node of `grants`. A replaced gang member (`replaces`) goes into the
+    existing `allocation_id`, with the allocation's `members` (rank order) and its lease `expires`."""
+    # In the order of the claim's assignments: for a scheduler's proposal that is the gang's rank order.
+    node_ids = list(dict.fromkeys(g.node_id for g in grants))
+    if expires is None:
+        expires = ctx.now + dt.timedelta(seconds=claim.lease_s)
     events: list[LedgerEvent] = []
     for node_id in node_ids:
         node = ctx.ledger.nodes[node_id]
@@ -567,7 +718,7 @@ def _grant(ctx: _Ctx, claim: _Claim, grants: list[GpuGrant]) -> list[LedgerEvent
         events.append(
             AllocationGranted(
                 **ctx.envelope(node_id),
-                allocation_id=claim.command_id,
+                allocation_id=allocation_id or claim.command_id,
                 job_id=claim.job_id,
                 node_id=node_id,
                 kind=claim.kind,
@@ -588,7 +739,7 @@ def _grant(ctx: _Ctx, claim: _Claim, grants: list[GpuGrant]) -> list[LedgerEvent
                 workload=claim.workload,
                 queue=claim.queue,
                 command_id=claim.command_id,
-                nodes=node_ids,
+                nodes=members if members is not None else node_ids,
                 cpu_milli=claim.cpu_milli,
                 host_memory_mib=claim.host_memory_mib,
                 client_node_id=claim.client_node_id,
@@ -596,6 +747,8 @@ def _grant(ctx: _Ctx, claim: _Claim, grants: list[GpuGrant]) -> list[LedgerEvent
                 hops=claim.hops,
                 scheduler_group=claim.scheduler_group,
                 fencing_term=claim.fencing_term,
+                on_member_failure=claim.on_member_failure,
+                replaces=replaces,
             )
         )
     return events
@@ -785,7 +938,7 @@ def _release(ctx: _Ctx, cmd: ReleaseAllocation) -> Decision:
             ledger_version=ctx.version,
             reason=cmd.reason,
         )
-        for node_id in alloc.nodes
+        for node_id in alloc.held_nodes
     ]
     return Decision(events=tuple(events))
 
@@ -853,13 +1006,21 @@ def _registered(ctx: _Ctx, reg: NodeRegistered) -> Decision:
     if old is not None and not revoked and node == old and pool_gpus(old) == gpus:
         return Decision(note=f"node {reg.node_id} registered as it was")
     allocs = [ctx.ledger.allocations[a] for a in revoked]
-    events = ctx.revoke(allocs, f"GPU changed or removed when node {reg.node_id} registered again")
+    events = ctx.revoke(allocs, f"GPU changed or removed when node {reg.node_id} registered again", reg.node_id)
     reason = "registered" if old is None else "registered again"
     return Decision(events=(*events, ctx.node_updated(node, reason, gpus=gpus)))
 
 
 def _health(
-    ctx: _Ctx, news: NodeDeregistered | NodeFailed | NodeRecovered | GpuFailed | Cordoned | Uncordoned | DrainRequested
+    ctx: _Ctx,
+    news: NodeDeregistered
+    | NodeFailed
+    | NodeRecovered
+    | GpuFailed
+    | GpuRecovered
+    | Cordoned
+    | Uncordoned
+    | DrainRequested,
 ) -> Decision:
     ledger = ctx.ledger
     node = ledger.nodes.get(news.node_id)
@@ -869,7 +1030,7 @@ def _health(
     match news:
         case NodeDeregistered():
             allocs = _touching(ledger, node.node_id)
-            events = ctx.revoke(allocs, f"node {node.node_id} left the pool: {news.reason}")
+            events = ctx.revoke(allocs, f"node {node.node_id} left the pool: {news.reason}", node.node_id)
             gone = PoolNodeUpdated(
                 **ctx.envelope(node.node_id),
                 node_id=node.node_id,
@@ -882,7 +1043,7 @@ def _health(
             if node.failed:
                 return unchanged
             allocs = _touching(ledger, node.node_id)
-            events = ctx.revoke(allocs, f"node {node.node_id} failed: {news.reason}")
+            events = ctx.revoke(allocs, f"node {node.node_id} failed: {news.reason}", node.node_id)
             after = msgspec.structs.replace(node, failed=True)
             return Decision(events=(*events, ctx.node_updated(after, f"failed: {news.reason}")))
         case GpuFailed():
@@ -892,12 +1053,18 @@ def _health(
             if gpu.failed:
                 return unchanged
             allocs = [ledger.allocations[a] for a in gpu.holders]
-            events = ctx.revoke(allocs, f"GPU {gpu.index} of node {node.node_id} failed: {news.reason}")
+            events = ctx.revoke(allocs, f"GPU {gpu.index} of node {node.node_id} failed: {news.reason}", node.node_id)
             after = _with_gpu(node, msgspec.structs.replace(gpu, failed=True))
             return Decision(events=(*events, ctx.node_updated(after, f"GPU {gpu.index} failed: {news.reason}")))
         case NodeRecovered():
             after = msgspec.structs.replace(node, failed=False)
             reason = "recovered"
+        case GpuRecovered():  # an operator reset or replaced it (failover controller, POST .../recover)
+            gpu = node.gpu(news.gpu_index)
+            if gpu is None:
+                return Decision(note=f"node {node.node_id} has no GPU {news.gpu_index}")
+            after = _with_gpu(node, msgspec.structs.replace(gpu, failed=False))
+            reason = f"GPU {gpu.index} recovered: {news.reason}"
         case Cordoned() if news.scope == "node":
             after = msgspec.structs.replace(node, cordoned=True)
             reason = f"cordoned: {news.reason}"

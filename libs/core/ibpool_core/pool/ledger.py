@@ -45,6 +45,7 @@ from ibpool_proto.pool import (
     AllocationRejected,
     AllocationReleased,
     AllocationRevoked,
+    MemberFailure,
 )
 
 from . import mig
@@ -197,6 +198,19 @@ class Allocation(msgspec.Struct, frozen=True, kw_only=True):
     endpoint: str | None = None
     hops: int | None = None
     granted_version: int = 0
+    on_member_failure: MemberFailure = "restart"
+
+    @property
+    def held_nodes(self) -> tuple[str, ...]:
+        """The members that hold a share now, in rank order (a gang that declared `replace` may have
+        lost one whose replacement is not granted yet)."""
+        held = {g.node_id for g in self.grants}
+        return tuple(n for n in self.nodes if n in held)
+
+    @property
+    def replaceable(self) -> bool:
+        """A gang whose failed member is revoked alone (and replaced), not the whole gang."""
+        return self.kind == "gang" and self.on_member_failure == "replace"
 
     @property
     def owner(self) -> str:
@@ -310,7 +324,7 @@ def _granted(ledger: Ledger, ev: AllocationGranted) -> None:
             tenant=ev.tenant,
             queue=ev.queue,
             kind=ev.kind,
-            nodes=tuple(sorted(ev.nodes or [ev.node_id])),
+            nodes=tuple(ev.nodes or [ev.node_id]),  # rank order
             grants=_sorted_grants(grants),
             lease_expires_at=ev.lease_expires_at,
             cpu_milli=ev.cpu_milli,
@@ -319,12 +333,18 @@ def _granted(ledger: Ledger, ev: AllocationGranted) -> None:
             endpoint=ev.endpoint,
             hops=ev.hops,
             granted_version=ev.ledger_version,
+            on_member_failure=ev.on_member_failure,
+        )
+    elif ev.replaces is not None:
+        # A replaced gang member: the new node takes the replaced one's rank (`nodes` in rank order).
+        alloc = msgspec.structs.replace(
+            old, grants=_sorted_grants([*old.grants, *grants]), nodes=tuple(ev.nodes or old.nodes)
         )
     else:
         alloc = msgspec.structs.replace(old, grants=_sorted_grants([*old.grants, *grants]))
     ledger.allocations[alloc.allocation_id] = alloc
     _hold(ledger, alloc, grants, ev.ledger_version, +1)
-    key = alloc.command_id
+    key = ev.command_id if ev.replaces is not None and ev.command_id else alloc.command_id
     ledger.answers[key] = (*ledger.answers.get(key, ()), ev)
 
 
