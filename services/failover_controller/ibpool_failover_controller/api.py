@@ -1,4 +1,5 @@
-"""The failover controller's HTTP API: node verdicts, the verdict history, the cluster summary."""
+"""The failover controller's HTTP API: node verdicts, the verdict history, the cluster summary, and the
+operator's actions (recover a GPU, recover a node, drain a node), which only the deciding replica takes."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import msgspec
 from aiohttp import web
 
 from ibpool_core.health.decide import NodeHealth, NodeStatus, max_failed_nodes
-from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response
+from ibpool_core.health.operator import DrainNode, OperatorAction, Outcome, RecoverGpu, RecoverNode
+from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
 
 from . import state
-from .service import FailoverController
+from .service import FailoverController, NotDeciding
 
 STATUSES: tuple[NodeStatus, ...] = ("healthy", "suspect", "failed")
 MAX_LIMIT = 1000
@@ -39,6 +41,23 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     gpus: list[GpuView]
     rails_cordoned: list[int]
     leaf_cordoned: bool
+    # Who drained it and why; empty when no operator did.
+    operator_drain: str
+
+
+class OperatorBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # Why (a ticket, what was done to the hardware); it goes into the events and the verdict history.
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=1000)]
+    # Who (optional; the API token names a role, not a person).
+    by: Annotated[str, msgspec.Meta(max_length=200)] = ""
+
+
+class OperatorResult(msgspec.Struct, frozen=True, kw_only=True):
+    outcome: Outcome
+    detail: str
+    # The events published for it (none when there was nothing to do).
+    events: list[str]
+    event_ids: list[str]
 
 
 class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,6 +88,7 @@ def node_view(n: NodeHealth) -> NodeView:
         ],
         rails_cordoned=sorted(n.rail_cordons),
         leaf_cordoned=bool(n.leaf_cordons),
+        operator_drain=n.operator_drain,
     )
 
 
@@ -83,8 +103,84 @@ def _limit(request: web.Request) -> int:
     return value
 
 
+def _gpu_index(request: web.Request) -> int:
+    raw = request.match_info["index"]
+    if not (raw.isascii() and raw.isdigit()):
+        raise BadBody(f"the GPU index in the path must be a non-negative integer, got {raw!r}", "{index}")
+    return int(raw)
+
+
+async def _reason(request: web.Request) -> str:
+    try:
+        body = await read_body(request, OperatorBody)
+    except BadBody as e:
+        if e.path is None and "`reason`" in e.detail:  # msgspec names no path for a missing field
+            raise BadBody(e.detail, "$.reason") from None
+        raise
+    if not body.reason.strip():
+        raise BadBody("`reason` must say why (it may not be blank)", "$.reason")
+    return f"{body.reason} (by {body.by})" if body.by else body.reason
+
+
+async def _operate(controller: FailoverController, action: OperatorAction) -> web.Response:
+    reply = await controller.operate(action)
+    if isinstance(reply, NotDeciding):
+        who = f"the leader is {reply.leader}" if reply.leader else "no replica leads right now; retry shortly"
+        detail = f"this replica does not decide; send operator actions to the leader ({who})"
+        return json_response(ErrorBody(error="not the leader", detail=detail), status=409)
+    if reply.outcome == "not_found":
+        return json_response(ErrorBody(error="not found", detail=reply.detail), status=404)
+    return json_response(
+        OperatorResult(
+            outcome=reply.outcome,
+            detail=reply.detail,
+            events=[type(e).__name__ for e in reply.events],
+            event_ids=[e.id for e in reply.events],
+        )
+    )
+
+
+OPERATOR_RESPONSES = {200: OperatorResult, 404: ErrorBody, 409: ErrorBody}
+
+
 def routes(controller: FailoverController) -> web.RouteTableDef:
     r = web.RouteTableDef()
+
+    @r.post("/health/nodes/{node_id}/gpus/{index}/recover")
+    @documented(
+        "The GPU was reset or replaced: clear its failure and cordon (GpuRecovered, Uncordoned);"
+        " 200 with outcome nothing_to_do when it is fine; 409 on a replica that does not decide",
+        OPERATOR_RESPONSES,
+        body=OperatorBody,
+    )
+    async def recover_gpu(request: web.Request) -> web.Response:
+        index = _gpu_index(request)
+        reason = await _reason(request)
+        return await _operate(
+            controller, RecoverGpu(node_id=request.match_info["node_id"], gpu_index=index, reason=reason)
+        )
+
+    @r.post("/health/nodes/{node_id}/recover")
+    @documented(
+        "Put a failed, suspected, held or drained node back at once (NodeRecovered, Uncordoned);"
+        " 200 with outcome nothing_to_do when it is healthy; 409 on a replica that does not decide",
+        OPERATOR_RESPONSES,
+        body=OperatorBody,
+    )
+    async def recover_node(request: web.Request) -> web.Response:
+        reason = await _reason(request)
+        return await _operate(controller, RecoverNode(node_id=request.match_info["node_id"], reason=reason))
+
+    @r.post("/health/nodes/{node_id}/drain")
+    @documented(
+        "Drain a node: cordon it, ask that its work move (Cordoned, DrainRequested, RequeueRequested);"
+        " held until an operator recovers it; 409 on a replica that does not decide",
+        OPERATOR_RESPONSES,
+        body=OperatorBody,
+    )
+    async def drain_node(request: web.Request) -> web.Response:
+        reason = await _reason(request)
+        return await _operate(controller, DrainNode(node_id=request.match_info["node_id"], reason=reason))
 
     @r.get("/health/nodes")
     @documented("Every node's verdict", {200: list[NodeView]}, query={"status": NodeStatus})

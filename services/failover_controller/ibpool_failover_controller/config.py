@@ -53,6 +53,8 @@ class FailoverControllerConfig(BaseConfig, frozen=True, kw_only=True):
     leader_election: bool = True
     leader_key: str = "failover_controller"
     leader_ttl_s: float = 5.0
+    # With API tokens, only operators may take the actions under /health/nodes (recover, drain).
+    api_operator_paths: str = "/v1/quotas,/v1/sim,/health/nodes"
 
 
 XID_ACTIONS = ("none", "application", "gpu_reset", "node_reboot")

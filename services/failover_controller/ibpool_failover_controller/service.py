@@ -45,6 +45,7 @@ from ibpool_core.health.decide import (
     with_topology,
 )
 from ibpool_core.health.link_signals import link_targets
+from ibpool_core.health.operator import OperatorAction, OperatorReply, OperatorRequest, act
 from ibpool_proto import DecodeError, Message, decode
 from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged, TopologyPublished
 from ibpool_proto.job import JobExited
@@ -262,6 +263,44 @@ class FailoverController:
             log.info("observed, no action", note=note)
         return reply
 
+    async def operate(self, action: OperatorAction) -> OperatorReply | NotDeciding:
+        """Apply an operator's action under the decider lock and the leader's fence, state and events in one
+        transaction; NotDeciding (with who leads, when known) on a replica that is not the leader."""
+        if self.leadership is not None and not self.leadership.is_leader:
+            return NotDeciding(leader=await self.leader_identity())
+        async with self._lock, self.kit.store.transaction() as tx:
+            if not await state.lock(tx.conn, self.kit.store.schema):
+                return NotDeciding(leader=await self.leader_identity())
+            term = self.leadership.term if self.leadership is not None else None
+            if self.leadership is not None and (term is None or not await state.fence(tx.conn, term)):
+                self.leadership.step_down("a newer leader has decided (fenced)")
+                self.deciding = False
+                return NotDeciding(leader=await self.leader_identity())
+            if not self.deciding:
+                self.state = restart_grace(await state.load_state(tx.conn), self.clock.now())
+                self.deciding = True
+            now = self.clock.now()
+            reply = act(OperatorRequest(state=self.state, now=now, action=action, config=self.core))
+            if reply.events:
+                await state.save_state(tx.conn, reply.state, now)
+                await tx.outbox(*reply.events)
+                await state.record_verdicts(tx.conn, reply.events, self.cfg.verdict_history)
+        self.state = reply.state
+        for e in reply.events:
+            self.verdicts.labels(type(e).__name__).inc()
+        log.info("operator action", action=type(action).__name__, outcome=reply.outcome, detail=reply.detail)
+        return reply
+
+    async def leader_identity(self) -> str | None:
+        """Who holds the leader key now (its source name), None when nobody or unknown."""
+        if self.leadership is None:
+            return None
+        try:
+            entry = await (await self.leadership.bucket()).get(self.leadership.key)
+        except Exception:  # no key (no leader right now) or the bus is away
+            return None
+        return entry.value.decode() if entry.value else None
+
     async def leader_loop(self, stop: asyncio.Event) -> None:
         if self.leadership is not None:
             await self.leadership.run(stop)
@@ -273,6 +312,12 @@ class FailoverController:
             except Exception as e:  # a store hiccup must not end the verdicts
                 log.warning("tick failed", error=str(e) or type(e).__name__)
             await sleep_unless_stopped(stop, self.cfg.tick_interval_s)
+
+
+class NotDeciding(msgspec.Struct, frozen=True, kw_only=True):
+    """This replica does not decide now; `leader` is the one that does, when known."""
+
+    leader: str | None
 
 
 class _HealthCollector(Collector):

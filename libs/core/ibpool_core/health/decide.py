@@ -13,7 +13,9 @@ Verdicts and their actions:
   there). A suspected node is cleared (NodeRecovered) after `clear_after_beats` intervals on time; a
   failed one after the stable window (NodeRecovered, Uncordoned), which doubles with each failure
   inside `flap_memory_s` (up to `max_hold_s`), so a flapping node is held longer each time. A node
-  failed by an XID waits for a re-registration (a reboot) before its window starts.
+  failed by an XID waits for a re-registration (a reboot) before its window starts. A node an
+  operator drained (`operator_drain`) keeps its node cordon through all of this; only the operator
+  lifts it (`ibpool_core.health.operator`).
 - GPU: an XID that needs a reset, retired pages or lifetime ECC errors at their limit -> GpuFailed
   and Cordoned gpu, and the work holding that GPU is requeued; the node's other GPUs keep working.
   Volatile ECC errors and heat -> Cordoned gpu only, lifted (Uncordoned) once the GPU looked fine
@@ -28,7 +30,9 @@ Verdicts and their actions:
   it left (still in flight) are ignored. A heartbeat or sample older than the fail window from a
   node not known (the controller starts and reads the newest beat of every node ever seen) says
   nothing about now and is ignored. A node first seen through a recent observation gets a full
-  heartbeat window.
+  heartbeat window. A telemetry sample not newer than the newest one judged for its node is a replay
+  (the telemetry consumer starts again at the newest sample of every node) and is not judged twice, so
+  an XID an operator already dealt with does not fail the GPU or node again.
 - Split brain: heartbeat failures are declared only while the failed nodes stay within
   `max(min_failed_allowed, floor(max_failed_fraction * nodes))`. Past that, nothing is failed, the
   unreachable nodes stay suspected and ClusterDegraded is raised (once); ClusterRestored when the
@@ -123,6 +127,13 @@ class NodeHealth(msgspec.Struct, frozen=True, kw_only=True):
     # rail -> ids of the links that keep it cordoned; ids of the leaf uplinks that cordon the node.
     rail_cordons: dict[int, list[str]] = {}
     leaf_cordons: list[str] = []
+    # GPUs the node registered with (None: not known yet); an operator action names one of them.
+    gpu_count: int | None = None
+    # Drained by an operator (who and why): the node cordon stays until an operator puts it back.
+    operator_drain: str = ""
+    # When the newest telemetry judged was taken (no later than the controller's clock then): one not
+    # newer is a replay (a consumer that started again at the newest sample of every node), not judged twice.
+    telemetry_at: dt.datetime | None = None
 
 
 class Holding(msgspec.Struct, frozen=True, kw_only=True):
@@ -346,15 +357,26 @@ class _Decision:
         rebooted = n.needs_reboot and (n.since is None or at >= n.since)
         self.put(
             msgspec.structs.replace(
-                n, last_beat=last, gpus=gpus, needs_reboot=n.needs_reboot and not rebooted, healthy_since=None
+                n,
+                last_beat=last,
+                gpus=gpus,
+                needs_reboot=n.needs_reboot and not rebooted,
+                healthy_since=None,
+                gpu_count=len(reg.gpus),
             )
         )
 
     def telemetry(self, t: TelemetryReported) -> None:
         n = self.node(t.node_id)
+        if n.telemetry_at is not None and t.occurred_at <= n.telemetry_at:
+            self.notes.append(f"{n.node_id}: telemetry of {t.occurred_at.isoformat()} was judged already")
+            return
         at = self.seen_at(t.occurred_at)
-        if n.last_beat is None or at > n.last_beat:
-            n = self.put(msgspec.structs.replace(n, last_beat=at))
+        n = self.put(
+            msgspec.structs.replace(
+                n, telemetry_at=at, last_beat=at if n.last_beat is None or at > n.last_beat else n.last_beat
+            )
+        )
         for sample in t.gpus:
             j = judge_gpu(sample, self.cfg.gpu, self.cfg.xid_overrides)
             g = n.gpus.get(sample.index) or GpuHealth(index=sample.index)
@@ -537,10 +559,14 @@ class _Decision:
 
     def recover(self, n: NodeHealth) -> None:
         self.emit(NodeRecovered(**self.env(n.node_id), node_id=n.node_id))
-        if n.cordoned:
+        # An operator's drain outlives the verdict: only an operator lifts it.
+        held = bool(n.operator_drain)
+        if n.cordoned and not held:
             self.emit(Uncordoned(**self.env(n.node_id), node_id=n.node_id, scope="node"))
         self.put(
-            msgspec.structs.replace(n, status="healthy", reason="", since=self.now, healthy_since=None, cordoned=False)
+            msgspec.structs.replace(
+                n, status="healthy", reason="", since=self.now, healthy_since=None, cordoned=n.cordoned and held
+            )
         )
 
     # -- the clock -------------------------------------------------------------------------------

@@ -1,0 +1,162 @@
+"""What an operator may tell the failover controller, as a pure rule: `act(OperatorRequest) -> OperatorReply`.
+
+Three actions, each idempotent (a second one finds "nothing to do" and publishes nothing):
+
+- `RecoverGpu`: the GPU was reset or replaced. A failed or cordoned GPU is cleared: GpuRecovered
+  (who and why) when it had failed, Uncordoned gpu when it was cordoned. A signal that is still there
+  (retired pages at their limit, a GPU still hot) judges it again on its next sample.
+- `RecoverNode`: put a failed, suspected, held (flapping) or operator-drained node back at once:
+  NodeRecovered when it was suspected or failed, Uncordoned node when it was cordoned. It gets a fresh
+  heartbeat window from now: a node that does not beat is failed again after `fail_after_s`. Its
+  failure count is kept, so a node that fails again is held longer. GPU verdicts and rail/leaf
+  cordons (the fabric monitor's) are left alone.
+- `DrainNode`: Cordoned node, DrainRequested and RequeueRequested for the work there, as for a failed
+  node, without blaming the jobs (no hardware hit is counted, no backoff). The drain holds until an
+  operator recovers the node, whatever the verdicts do meanwhile.
+
+An action on a node the controller does not know is `not_found`; a GPU index the node did not
+register is `not_found` too. The reason (who and why) goes into every event that has a reason.
+Pure: no I/O, no wall clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+import msgspec
+
+from ibpool_proto.health import DrainRequested, GpuRecovered, NodeRecovered, RequeueRequested, Uncordoned
+from ibpool_proto.message import Event
+
+from .decide import FailoverConfig, FailoverRequest, HealthState, _Decision
+
+Outcome = Literal["done", "nothing_to_do", "not_found"]
+
+
+class RecoverGpu(msgspec.Struct, frozen=True, kw_only=True, tag="recover_gpu"):
+    node_id: str
+    gpu_index: int
+    reason: str
+
+
+class RecoverNode(msgspec.Struct, frozen=True, kw_only=True, tag="recover_node"):
+    node_id: str
+    reason: str
+
+
+class DrainNode(msgspec.Struct, frozen=True, kw_only=True, tag="drain_node"):
+    node_id: str
+    reason: str
+
+
+OperatorAction = RecoverGpu | RecoverNode | DrainNode
+
+
+class OperatorRequest(msgspec.Struct, frozen=True, kw_only=True):
+    state: HealthState
+    now: dt.datetime
+    action: OperatorAction
+    config: FailoverConfig = msgspec.field(default_factory=FailoverConfig)
+
+
+class OperatorReply(msgspec.Struct, frozen=True, kw_only=True):
+    state: HealthState
+    outcome: Outcome
+    # What was done, or why nothing was.
+    detail: str
+    events: list[Event] = []
+
+
+def act(request: OperatorRequest) -> OperatorReply:
+    """Apply one operator action to the health picture. See the module docstring."""
+    d = _Decision(FailoverRequest(state=request.state, now=request.now, config=request.config))
+    a = request.action
+    n = d.nodes.get(a.node_id)
+    if n is None:
+        return OperatorReply(
+            state=request.state,
+            outcome="not_found",
+            detail=f"no node {a.node_id!r} is known to the failover controller",
+        )
+    match a:
+        case RecoverGpu():
+            outcome, detail = _recover_gpu(d, a)
+        case RecoverNode():
+            outcome, detail = _recover_node(d, a)
+        case DrainNode():
+            outcome, detail = _drain_node(d, a)
+    if outcome != "done":
+        return OperatorReply(state=request.state, outcome=outcome, detail=detail)
+    return OperatorReply(state=d.state(), outcome=outcome, detail=detail, events=d.events)
+
+
+def _recover_gpu(d: _Decision, a: RecoverGpu) -> tuple[Outcome, str]:
+    n = d.nodes[a.node_id]
+    if a.gpu_index < 0 or (n.gpu_count is not None and a.gpu_index >= n.gpu_count):
+        have = "no GPUs" if not n.gpu_count else f"GPUs 0..{n.gpu_count - 1}"
+        return "not_found", f"node {a.node_id} has no GPU {a.gpu_index} (it registered {have})"
+    g = n.gpus.get(a.gpu_index)
+    if g is None or not (g.failed or g.cordoned):
+        return "nothing_to_do", f"GPU {a.gpu_index} of node {a.node_id} is neither failed nor cordoned"
+    if g.failed:
+        d.emit(GpuRecovered(**d.env(n.node_id), node_id=n.node_id, gpu_index=g.index, reason=a.reason))
+    if g.cordoned:
+        d.emit(Uncordoned(**d.env(n.node_id), node_id=n.node_id, scope="gpu", gpu_index=g.index, reason=a.reason))
+    gpus = {i: x for i, x in n.gpus.items() if i != g.index}
+    d.put(msgspec.structs.replace(n, gpus=gpus))
+    was = "failed" if g.failed else "cordoned"
+    return "done", f"GPU {g.index} of node {n.node_id} was {was} ({g.reason}); cleared"
+
+
+def _recover_node(d: _Decision, a: RecoverNode) -> tuple[Outcome, str]:
+    n = d.nodes[a.node_id]
+    if n.status == "healthy" and not n.cordoned and not n.operator_drain:
+        return "nothing_to_do", f"node {n.node_id} is healthy and not cordoned"
+    if n.status != "healthy":
+        d.emit(NodeRecovered(**d.env(n.node_id), node_id=n.node_id, reason=a.reason))
+    if n.cordoned:
+        d.emit(Uncordoned(**d.env(n.node_id), node_id=n.node_id, scope="node", reason=a.reason))
+    was = n.status if n.status != "healthy" else "drained"
+    d.put(
+        msgspec.structs.replace(
+            n,
+            status="healthy",
+            reason="",
+            since=d.now,
+            healthy_since=None,
+            needs_reboot=False,
+            cordoned=False,
+            operator_drain="",
+            # A fresh heartbeat window: silence from now on fails it again.
+            last_beat=d.now if n.last_beat is not None else None,
+        )
+    )
+    return "done", f"node {n.node_id} was {was} ({n.reason or n.operator_drain}); put back"
+
+
+def _drain_node(d: _Decision, a: DrainNode) -> tuple[Outcome, str]:
+    n = d.nodes[a.node_id]
+    if n.operator_drain:
+        return "nothing_to_do", f"node {n.node_id} is already drained: {n.operator_drain}"
+    if not n.cordoned:
+        d.emit(d.cordoned(n.node_id, "node", a.reason))
+    d.emit(DrainRequested(**d.env(n.node_id), node_id=n.node_id, reason=a.reason))
+    seen: set[str] = set()
+    for h in d.on_node(n.node_id):
+        job = d.jobs.get(h.job_id)
+        if h.allocation_id in seen or (job is not None and h.allocation_id in job.counted):
+            continue  # a gang member on another node, or work a failure already requeued
+        seen.add(h.allocation_id)
+        d.emit(
+            RequeueRequested(
+                **d.env(h.job_id),
+                job_id=h.job_id,
+                allocation_id=h.allocation_id,
+                reason=f"node {n.node_id} drained: {a.reason}",
+                node_id=n.node_id,
+            )
+        )
+    d.put(msgspec.structs.replace(n, cordoned=True, operator_drain=a.reason))
+    jobs = f"; {len(seen)} allocation(s) requeued" if seen else ""
+    return "done", f"node {n.node_id} cordoned and drained{jobs}"
