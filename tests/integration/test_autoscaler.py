@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import Any
 
 from ibpool_autoscaler.bootstrap import bootstrap as autoscaler_bootstrap
@@ -23,8 +23,17 @@ from ibpool_runtime.devstack import StackInfo
 from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit, Service
 from ibpool_runtime.store import Store
+from tests.integration.agent_support import running_agent, unique_prefix
 from tests.integration.helpers import eventually, own_store, stream_messages
-from tests.integration.test_scheduler import call, cluster, job_state
+from tests.integration.test_scheduler import (
+    call,
+    cluster,
+    job_state,
+    pool_stream_next,
+    running_allocator,
+    running_scheduler,
+    until_leading,
+)
 
 AUTOSCALER_DURABLES = "autoscaler-test"
 SCALE_DOWN_WINDOW_S = 3.0
@@ -305,3 +314,101 @@ async def test_elastic_job_grows_into_idle_gpus_shrinks_for_higher_priority_work
 async def submitted_jobs(bus: Bus) -> list[str]:
     msgs = [decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_JOB", SubmitJob.subject_pattern())]
     return [m.job_id for m in msgs if isinstance(m, SubmitJob)]
+
+
+LEAF = "ibpool.io/leaf"
+
+
+@asynccontextmanager
+async def leaf_cluster(
+    bus: Bus, store: Store, stack: StackInfo, leaves: list[str], gpus: list[int]
+) -> AsyncIterator[tuple[Service[Any], list[str]]]:
+    """One agent per node (a gang needs one per member), node i under leaf `leaves[i]` with `gpus[i]`
+    GPUs; the allocator and a leading scheduler that sees every node's leaf label."""
+    prefix = unique_prefix()
+    node_ids = [f"{prefix}-{i:03d}" for i in range(1, len(leaves) + 1)]
+    async with AsyncExitStack() as stack_:
+        from_seq = await pool_stream_next(bus)
+        for i, (leaf, count) in enumerate(zip(leaves, gpus, strict=True), start=1):
+            agent_store = await stack_.enter_async_context(own_store(stack))
+            await stack_.enter_async_context(
+                running_agent(
+                    bus, agent_store, nodes=1, node_prefix=prefix, first_node=i, labels={LEAF: leaf},
+                    gpus_per_node=count,
+                )
+            )  # fmt: skip
+        await stack_.enter_async_context(running_allocator(bus, await stack_.enter_async_context(own_store(stack))))
+        service, sched = await stack_.enter_async_context(
+            running_scheduler(bus, store, from_seq, leader_key=f"sched-{prefix}")
+        )
+        await until_leading(sched, node_ids)
+
+        async def labelled() -> bool:
+            nodes = sched.feed.ledger.nodes
+            return all(nodes[n].labels.get(LEAF) == leaf for n, leaf in zip(node_ids, leaves, strict=True))
+
+        await eventually(labelled, what="every node's leaf label in the scheduler's ledger replica")
+        yield service, node_ids
+
+
+async def test_a_replica_spanning_two_hosts_is_placed_under_one_leaf_and_ready_once_both_started(
+    bus: Bus, store: Store, stack: StackInfo
+) -> None:
+    name = f"llm-{uuid.uuid4().hex[:6]}"
+    # leaf a: nodes 1 and 2 (8 GPUs each); leaf b: node 3 (4 GPUs). A blocker of 8 GPUs takes a leaf-a
+    # node: the hosts with room for a 4-GPU member are then one under each leaf, and the replica waits
+    # rather than span both.
+    async with (
+        leaf_cluster(bus, store, stack, ["a", "a", "b"], [8, 8, 4]) as (scheduler, node_ids),
+        own_store(stack) as autoscaler_store,
+        running_autoscaler(bus, autoscaler_store, f"autoscaler-{name}") as autoscaler,
+    ):
+        n1, n2, n3 = node_ids
+        blocker = f"block-{name}"
+        body = {"id": blocker, "tenant": "t", "gpus": 8, "workload": {"simulated_runtime_s": 600}}
+        assert (await call(scheduler, "POST", "/v1/jobs", body))[0] == 201
+
+        async def blocking() -> bool:
+            job = await job_state(scheduler, blocker)
+            return bool(job["state"] == "running" and job["hosts"] in ([n1], [n2]))
+
+        await eventually(blocking, what="the blocker running on a leaf-a node")
+        if (await job_state(scheduler, blocker))["hosts"] == [n1]:
+            n1, n2 = n2, n1  # name the blocked one n2
+        spec = {**deployment_body(), "min_replicas": 1, "max_replicas": 1, "gpus": 4, "hosts": 2}
+        status, view = await call(autoscaler, "PUT", f"/v1/deployments/{name}", spec)
+        assert status == 201 and view["spec"]["hosts"] == 2, view
+        status, err = await call(autoscaler, "PUT", f"/v1/deployments/{name}", {**spec, "gpus": None, "fraction": 0.5})
+        assert status == 400 and err["path"] == "$.hosts", err
+
+        async def submitted_replica() -> bool:
+            return bool((await deployment(autoscaler, name))["replica_jobs"])
+
+        await eventually(submitted_replica, what="the replica submitted")
+        replica = (await deployment(autoscaler, name))["replica_jobs"][0]["job_id"]
+
+        async def queued_at_scheduler() -> bool:
+            status, job = await call(scheduler, "GET", f"/v1/jobs/{replica}")
+            return status == 200 and job["state"] == "queued" and bool(job["reason"])
+
+        await eventually(queued_at_scheduler, what="the replica queued at the scheduler")
+        await asyncio.sleep(1.0)  # several cycles: it must not be placed on n1 + n3 (two leaves)
+        job = await job_state(scheduler, replica)
+        assert job["state"] == "queued" and "under 1 leaves" in job["reason"], job
+        assert (await deployment(autoscaler, name))["replicas"]["ready"] == 0
+
+        await call(scheduler, "DELETE", f"/v1/jobs/{blocker}")
+
+        async def ready() -> bool:
+            r = (await deployment(autoscaler, name))["replicas"]
+            return bool(r["ready"] == 1 and r["starting"] == 0)
+
+        await eventually(ready, what="the replica ready on both hosts")
+        [member] = (await deployment(autoscaler, name))["replica_jobs"]
+        assert sorted(member["nodes"]) == sorted([n1, n2]) and member["hosts"] == 2, member
+        assert sorted(member["started"]) == sorted([n1, n2]), member
+        placed = await job_state(scheduler, replica)
+        assert sorted(placed["hosts"]) == sorted([n1, n2]) and len(placed["assignments"]) == 8, placed
+        status, gone = await call(autoscaler, "DELETE", f"/v1/deployments/{name}")
+        assert status == 200 and gone["cancelled"] == [replica], gone
+        assert n3 not in placed["hosts"]

@@ -132,6 +132,14 @@ def test_replica_shape_is_whole_gpus_or_a_fraction() -> None:
         ReplicaShape(gpus=0, gpu_milli=1000)
 
 
+def test_a_replica_spanning_hosts_holds_its_gpus_on_each() -> None:
+    assert ReplicaShape(gpus=8, hosts=2).gpu_equivalent == 16.0
+    with pytest.raises(ValueError, match="at least one host"):
+        ReplicaShape(gpus=8, hosts=0)
+    with pytest.raises(ValueError, match="hosts must be 1"):
+        ReplicaShape(gpus=0, gpu_milli=500, hosts=2)
+
+
 def test_metric_is_averaged_over_the_window() -> None:
     # 60 s window: the spike 2 minutes ago is out, the last minute averages (30 + 90) / 2 = 60 -> 8
     old = [MetricSample(at=T0 - dt.timedelta(seconds=120), requests_per_s=500.0)]

@@ -26,7 +26,7 @@ from ibpool_core.scale.model import (
 )
 from ibpool_core.scale.policies import POLICIES
 from ibpool_proto import Message
-from ibpool_proto.job import CancelJob, JobSpec, SubmitJob
+from ibpool_proto.job import CancelJob, JobSpec, SubmitJob, TopologyConstraint
 from ibpool_proto.pool import ResourceRequest, WorkloadSpec
 from ibpool_proto.scale import DeploymentMetricsReported, ScaleDecided
 
@@ -61,8 +61,9 @@ class TargetsBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 class DeploymentBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """PUT /v1/deployments/{name}: the whole deployment (a PUT replaces it; replicas and the scaler's
-    memory are kept). A replica holds `gpus` whole GPUs on one host, or `fraction` of one GPU (with
-    `memory_mib` of its memory)."""
+    memory are kept). A replica holds `gpus` whole GPUs on each of `hosts` hosts, or `fraction` of one
+    GPU (with `memory_mib` of its memory). A replica on several hosts (a tensor-parallel model larger
+    than a node) is one gang job that must stay under one leaf switch."""
 
     tenant: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     queue: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] = "default"
@@ -70,6 +71,7 @@ class DeploymentBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     min_replicas: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 1
     max_replicas: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 10
     gpus: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
+    hosts: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     fraction: Annotated[float, msgspec.Meta(gt=0.0, lt=1.0)] | None = None
     memory_mib: Annotated[int, msgspec.Meta(ge=1)] | None = None
     targets: TargetsBody = TargetsBody(requests_per_s=1.0)
@@ -117,6 +119,10 @@ class ReplicaRecord(msgspec.Struct, frozen=True, kw_only=True):
     submitted_at: dt.datetime
     allocation_id: str | None = None
     nodes: list[str] = []
+    # The hosts its job spans (the shape when it was submitted), and those of them where the workload
+    # of its allocation started: it is ready once every host started.
+    hosts: int = 1
+    started: list[str] = []
 
     def core(self) -> Replica:
         return Replica(replica_id=self.job_id, state=self.state, since=self.since)
@@ -126,6 +132,8 @@ def shape_of(body: DeploymentBody) -> ReplicaShape:
     if body.fraction is not None:
         if body.gpus is not None:
             raise InvalidDeployment("a replica holds whole GPUs or a fraction of one, not both", "$.fraction")
+        if body.hosts > 1:
+            raise InvalidDeployment("a fraction of a GPU is on one host; hosts must be 1", "$.hosts")
         milli = round(body.fraction * WHOLE_GPU_MILLI)
         if not 0 < milli < WHOLE_GPU_MILLI:
             raise InvalidDeployment("a fraction must round to 1..999 thousandths of a GPU", "$.fraction")
@@ -134,7 +142,7 @@ def shape_of(body: DeploymentBody) -> ReplicaShape:
         raise InvalidDeployment(
             "memory_mib goes with a fraction (whole GPUs come with all their memory)", "$.memory_mib"
         )
-    return ReplicaShape(gpus=body.gpus or 1)
+    return ReplicaShape(gpus=body.gpus or 1, hosts=body.hosts)
 
 
 def core_deployment(name: str, body: DeploymentBody) -> Deployment:
@@ -188,11 +196,18 @@ def replica_job_id(deployment: str, number: int) -> str:
 
 
 def replica_job(record: DeploymentRecord, default_runtime_s: float) -> JobSpec:
-    """What the scheduler runs for one replica: the replica's GPU shape on one host (a multi-GPU
-    replica stays within one node's NVLink domain), the deployment's tenant, queue and priority."""
+    """What the scheduler runs for one replica: the replica's GPU shape, the deployment's tenant, queue
+    and priority. On one host a multi-GPU replica stays within that node's NVLink domain; a replica on
+    several hosts is a gang whose hosts must all hang off one leaf switch (topology `required` at level
+    1), so its tensor-parallel traffic never crosses the spine, and which restarts whole when a member
+    fails (a tensor-parallel model cannot lose a shard)."""
     body = record.body
     shape = shape_of(body)
-    if shape.gpus:
+    topology: TopologyConstraint = "preferred"
+    if shape.hosts > 1:
+        request = ResourceRequest(kind="gang", gpus=shape.gpus, hosts=shape.hosts)
+        topology = "required"
+    elif shape.gpus:
         request = ResourceRequest(kind="whole", gpus=shape.gpus)
     else:
         request = ResourceRequest(kind="fraction", gpus=1, milli=shape.gpu_milli, memory_mib=shape.memory_mib or None)
@@ -203,6 +218,9 @@ def replica_job(record: DeploymentRecord, default_runtime_s: float) -> JobSpec:
         priority=body.priority,
         request=request,
         workload=body.workload or WorkloadSpec(simulated_runtime_s=default_runtime_s),
+        topology=topology,
+        topology_level=1,
+        on_member_failure="restart",
     )
 
 

@@ -94,6 +94,9 @@ class WorkerRecord(msgspec.Struct, frozen=True, kw_only=True):
     submitted_at: dt.datetime
     allocation_id: str | None = None
     nodes: list[str] = []
+    # As a replica's (see ReplicaRecord): a worker is on one host today.
+    hosts: int = 1
+    started: list[str] = []
 
 
 def worker_job_id(elastic_job: str, number: int) -> str:

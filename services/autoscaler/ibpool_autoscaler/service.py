@@ -2,8 +2,9 @@
 
 Handlers (every replica, durable transactional consumers) keep the records in step: a
 `DeploymentMetricsReported` becomes a sample of its deployment; the scheduler's and agents' news of a
-replica job moves the replica (JobScheduled: placed; JobStarted: ready; JobRequeued: starting again,
-it lost its GPUs; JobFinished: gone, so the next decision replaces it if the load still needs it).
+replica job moves the replica (JobScheduled: placed; JobStarted on every host it spans: ready;
+JobRequeued: starting again, it lost its GPUs; JobFinished: gone, so the next decision replaces it if
+the load still needs it), by the rule replicas and elastic workers share (`members.py`).
 
 The control loop (the elected leader only) decides with the pure `ibpool_core.scale.policies.decide`
 on the stored samples, replicas and the scaler's memory, and writes in one transaction per deployment
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -43,10 +45,9 @@ from ibpool_runtime.store import Transaction
 
 from . import state
 from .config import AutoscalerConfig
+from .declared import B, D, Kind
 from .deployments import (
     Decision,
-    DeploymentBody,
-    DeploymentRecord,
     ReplicaRecord,
     core_deployment,
     decision_messages,
@@ -54,8 +55,6 @@ from .deployments import (
     sample_of,
 )
 from .elastic import (
-    ElasticJobBody,
-    ElasticJobRecord,
     JobPlan,
     Resize,
     RoundInput,
@@ -63,6 +62,7 @@ from .elastic import (
     plan_messages,
     plan_round,
 )
+from .members import GONE, M, MemberNews, after_news
 from .pool_view import idle_gpus, jobs_holding_gpus
 
 log = get_logger(__name__)
@@ -119,11 +119,11 @@ class Autoscaler:
                     return
                 replica = await state.REPLICAS.lock(conn, message.job_id)
                 if replica is not None:
-                    await self.on_replica_news(ctx.tx, replica, message, now)
+                    await self.on_member_news(conn, state.REPLICAS, replica, message, now)
                     return
                 worker = await state.WORKERS.lock(conn, message.job_id)
                 if worker is not None:  # else: neither ours, or one we already cancelled
-                    await self.on_worker_news(conn, worker, message, now)
+                    await self.on_member_news(conn, state.WORKERS, worker, message, now)
 
     async def on_demand_news(
         self, conn: asyncpg.Connection, ev: JobQueued | JobScheduled | JobStarted | JobRequeued | JobFinished
@@ -141,120 +141,44 @@ class Autoscaler:
             case JobStarted():
                 pass
 
-    async def on_worker_news(
-        self,
-        conn: asyncpg.Connection,
-        worker: WorkerRecord,
-        ev: JobScheduled | JobStarted | JobRequeued | JobFinished,
-        now: dt.datetime,
+    async def on_member_news(
+        self, conn: asyncpg.Connection, members: state.MemberJobs[M], member: M, ev: MemberNews, now: dt.datetime
     ) -> None:
-        match ev:
-            case JobScheduled():
-                changed = msgspec.structs.replace(worker, allocation_id=ev.allocation_id, nodes=sorted(ev.nodes))
-            case JobStarted():
-                if worker.state == "running" and worker.allocation_id == ev.allocation_id:
-                    return
-                same = worker.allocation_id == ev.allocation_id
-                changed = msgspec.structs.replace(
-                    worker,
-                    state="running",
-                    since=now,
-                    allocation_id=ev.allocation_id,
-                    nodes=worker.nodes if same else [ev.node_id],
-                )
-            case JobRequeued():
-                if worker.allocation_id not in (None, ev.allocation_id):
-                    return
-                changed = msgspec.structs.replace(worker, state="queued", since=now, allocation_id=None, nodes=[])
-            case JobFinished():
-                # It ended by itself: the next round brings the job back to its minimum, or grows it.
-                log.info("elastic worker ended", job_id=worker.job_id, state=ev.state, reason=ev.reason)
-                await state.WORKERS.delete(conn, [worker.job_id])
-                return
-        await state.WORKERS.update(conn, changed)
-
-    async def on_replica_news(
-        self,
-        tx: Transaction,
-        replica: ReplicaRecord,
-        ev: JobScheduled | JobStarted | JobRequeued | JobFinished,
-        now: dt.datetime,
-    ) -> None:
-        match ev:
-            case JobScheduled():
-                # The agent's JobStarted may come first: placing a ready replica does not make it starting.
-                changed = msgspec.structs.replace(replica, allocation_id=ev.allocation_id, nodes=sorted(ev.nodes))
-            case JobStarted():
-                if replica.state == "ready" and replica.allocation_id == ev.allocation_id:
-                    return
-                changed = msgspec.structs.replace(
-                    replica,
-                    state="ready",
-                    since=now,
-                    allocation_id=ev.allocation_id,
-                    nodes=replica.nodes if replica.allocation_id == ev.allocation_id else [ev.node_id],
-                )
-            case JobRequeued():
-                if replica.allocation_id not in (None, ev.allocation_id):
-                    return  # news of an allocation it no longer holds
-                changed = msgspec.structs.replace(replica, state="starting", since=now, allocation_id=None, nodes=[])
-            case JobFinished():
-                log.info("replica ended", job_id=replica.job_id, state=ev.state, reason=ev.reason)
-                await state.REPLICAS.delete(tx.conn, [replica.job_id])
-                return
-        await state.REPLICAS.update(tx.conn, changed)
+        """A replica's or a worker's job moved (see members.py); one that ended by itself is dropped: the
+        next decision or round brings its owner back to what it needs."""
+        changed = after_news(member, ev, now)
+        if changed == GONE:
+            assert isinstance(ev, JobFinished)
+            log.info("member job ended", job_id=member.job_id, state=ev.state, reason=ev.reason)
+            await members.delete(conn, [member.job_id])
+        elif changed is not None:
+            await members.update(conn, changed)
 
     # -- the API's writes -------------------------------------------------------------------------
 
-    async def put(self, tx: Transaction, name: str, body: DeploymentBody) -> tuple[DeploymentRecord, bool]:
-        """Create or replace a deployment (validated by the caller with `core_deployment`); its replicas
-        and the scaler's memory are kept. Returns the record and whether it is new."""
+    async def declare(self, tx: Transaction, kind: Kind[B, D, Any, Any], name: str, body: B) -> tuple[D, bool]:
+        """Create or replace a deployment or an elastic job (checked by the caller); its members and what
+        it remembers are kept (the next decision or round applies the new body). Returns the record and
+        whether it is new."""
         now = self.clock.now()
-        old = await state.DEPLOYMENTS.lock(tx.conn, name)
+        old = await kind.declarations.lock(tx.conn, name)
         if old is None:
-            record = DeploymentRecord(name=name, body=body, created_at=now, updated_at=now)
+            record = kind.record(name=name, body=body, created_at=now, updated_at=now)
         else:
             record = msgspec.structs.replace(old, body=body, updated_at=now)
-        await state.DEPLOYMENTS.save(tx.conn, record)
+        await kind.declarations.save(tx.conn, record)
         self.wake.set()
         return record, old is None
 
-    async def delete(self, tx: Transaction, name: str) -> list[str] | None:
-        """Remove a deployment and cancel its replicas (their job ids); None when there is none."""
-        if await state.DEPLOYMENTS.lock(tx.conn, name) is None:
+    async def withdraw(self, tx: Transaction, kind: Kind[Any, Any, Any, Any], name: str) -> list[str] | None:
+        """Remove a deployment or an elastic job and cancel its member jobs (their ids); None when there is none."""
+        if await kind.declarations.lock(tx.conn, name) is None:
             return None
-        replicas = await state.REPLICAS.of(tx.conn, name)
-        ids = [r.job_id for r in replicas]
-        await state.REPLICAS.delete(tx.conn, ids)
-        await state.delete_deployment(tx.conn, name)
-        await tx.outbox(
-            *(CancelJob(source=self.kit.source, key=i, job_id=i, reason=f"deployment {name} deleted") for i in ids)
-        )
-        return ids
-
-    async def put_elastic(self, tx: Transaction, name: str, body: ElasticJobBody) -> tuple[ElasticJobRecord, bool]:
-        """Declare or replace an elastic job (checked by the caller); its workers are kept and the next
-        round brings them within the new bounds. Returns the record and whether it is new."""
-        now = self.clock.now()
-        old = await state.ELASTIC_JOBS.lock(tx.conn, name)
-        if old is None:
-            record = ElasticJobRecord(name=name, body=body, created_at=now, updated_at=now)
-        else:
-            record = msgspec.structs.replace(old, body=body, updated_at=now)
-        await state.ELASTIC_JOBS.save(tx.conn, record)
-        self.wake.set()
-        return record, old is None
-
-    async def delete_elastic(self, tx: Transaction, name: str) -> list[str] | None:
-        """Remove an elastic job and cancel its workers (their job ids); None when there is none."""
-        if await state.ELASTIC_JOBS.lock(tx.conn, name) is None:
-            return None
-        ids = [w.job_id for w in await state.WORKERS.of(tx.conn, name)]
-        await state.WORKERS.delete(tx.conn, ids)
-        await state.ELASTIC_JOBS.delete(tx.conn, name)
-        await tx.outbox(
-            *(CancelJob(source=self.kit.source, key=i, job_id=i, reason=f"elastic job {name} deleted") for i in ids)
-        )
+        ids = [m.job_id for m in await kind.members.of(tx.conn, name)]
+        await kind.members.delete(tx.conn, ids)
+        await kind.forget(tx.conn, name)
+        reason = f"{kind.noun} {name} deleted"
+        await tx.outbox(*(CancelJob(source=self.kit.source, key=i, job_id=i, reason=reason) for i in ids))
         self.wake.set()
         return ids
 
@@ -301,7 +225,14 @@ class Autoscaler:
             await state.REPLICAS.insert(
                 tx.conn,
                 [
-                    ReplicaRecord(job_id=i, deployment=name, state="starting", since=now, submitted_at=now)
+                    ReplicaRecord(
+                        job_id=i,
+                        deployment=name,
+                        state="starting",
+                        since=now,
+                        submitted_at=now,
+                        hosts=record.body.hosts,
+                    )
                     for i in new_ids
                 ],
             )

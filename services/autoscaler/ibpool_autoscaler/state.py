@@ -88,8 +88,8 @@ class MemberJobs(Generic[R]):
         self.table, self.owner, self.numbers, self.job_id = table, owner, numbers, job_id
 
     def _of(self, row: asyncpg.Record) -> R:
-        fields = {"job_id", "state", "since", "submitted_at", "allocation_id", self.owner}
-        member: R = self.record(**{f: row[f] for f in fields}, nodes=list(row["nodes"]))
+        fields = {"job_id", "state", "since", "submitted_at", "allocation_id", "hosts", self.owner}
+        member: R = self.record(**{f: row[f] for f in fields}, nodes=list(row["nodes"]), started=list(row["started"]))
         return member
 
     async def of(self, conn: Conn, owner: str) -> list[R]:
@@ -111,18 +111,21 @@ class MemberJobs(Generic[R]):
 
     async def insert(self, conn: asyncpg.Connection, members: list[R]) -> None:
         await conn.executemany(
-            f"INSERT INTO {self.table} (job_id, {self.owner}, state, since, submitted_at) VALUES ($1, $2, $3, $4, $5)",
-            [(m.job_id, getattr(m, self.owner), m.state, m.since, m.submitted_at) for m in members],
+            f"INSERT INTO {self.table} (job_id, {self.owner}, state, since, submitted_at, hosts)"
+            " VALUES ($1, $2, $3, $4, $5, $6)",
+            [(m.job_id, getattr(m, self.owner), m.state, m.since, m.submitted_at, m.hosts) for m in members],
         )
 
     async def update(self, conn: asyncpg.Connection, m: R) -> None:
         await conn.execute(
-            f"UPDATE {self.table} SET state = $2, since = $3, allocation_id = $4, nodes = $5 WHERE job_id = $1",
+            f"UPDATE {self.table} SET state = $2, since = $3, allocation_id = $4, nodes = $5, started = $6"
+            " WHERE job_id = $1",
             m.job_id,
             m.state,
             m.since,
             m.allocation_id,
             m.nodes,
+            m.started,
         )
 
     async def delete(self, conn: asyncpg.Connection, job_ids: list[str]) -> None:

@@ -73,11 +73,24 @@ def test_whole_gpu_replica_job_carries_tenant_queue_priority_and_workload() -> N
     assert spec.workload is not None and spec.workload.command == ["serve", "--port", "8000"]
 
 
+def test_a_replica_on_several_hosts_is_a_gang_that_must_stay_under_one_leaf() -> None:
+    b = body(gpus=8, hosts=2, priority=10)
+    d = core_deployment("llm", b)
+    assert (d.shape.gpus, d.shape.hosts, d.shape.gpu_equivalent) == (8, 2, 16.0)
+    spec = replica_job(record(b, "llm"), default_runtime_s=3600)
+    r = spec.request
+    assert (r.kind, r.gpus, r.hosts) == ("gang", 8, 2)
+    assert (spec.topology, spec.topology_level, spec.on_member_failure) == ("required", 1, "restart")
+    one = replica_job(record(body(gpus=8), "llm"), default_runtime_s=3600)
+    assert (one.request.kind, one.request.hosts) == ("whole", 1)
+
+
 @pytest.mark.parametrize(
     ("fields", "path"),
     [
         ({"min_replicas": 5, "max_replicas": 2}, "$.min_replicas"),
         ({"gpus": 1, "fraction": 0.5}, "$.fraction"),
+        ({"fraction": 0.5, "hosts": 2}, "$.hosts"),
         ({"gpus": 1, "memory_mib": 1000}, "$.memory_mib"),
         ({"targets": {}}, "$.targets"),
     ],
@@ -93,6 +106,8 @@ def test_msgspec_rejects_bad_values_with_their_path() -> None:
         body(targets={"gpu_utilization": 1.5})
     with pytest.raises(msgspec.ValidationError, match=r"\$\.policy"):
         body(policy="magic")
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.hosts"):
+        body(gpus=8, hosts=0)
     with pytest.raises(msgspec.ValidationError, match=r"\$\.reactive\.tolerance"):
         body(reactive={"tolerance": "high"})
 

@@ -29,15 +29,21 @@ ReplicaState = Literal["starting", "ready"]
 
 
 class ReplicaShape(msgspec.Struct, frozen=True, kw_only=True):
-    """The GPU one replica holds: `gpus` whole GPUs, or (gpus=0) a fraction `gpu_milli` of one GPU."""
+    """The GPU one replica holds: `gpus` whole GPUs on each of `hosts` hosts (a tensor-parallel model
+    larger than one node), or (gpus=0) a fraction `gpu_milli` of one GPU."""
 
     gpus: int = 1
     gpu_milli: int = 0
     memory_mib: int = 0
+    hosts: int = 1
 
     def __post_init__(self) -> None:
         if self.gpus < 0 or self.gpu_milli < 0 or self.memory_mib < 0:
             raise ValueError("a replica shape cannot be negative")
+        if self.hosts < 1:
+            raise ValueError("a replica spans at least one host")
+        if self.hosts > 1 and self.gpus == 0:
+            raise ValueError("a fraction of a GPU is on one host (hosts must be 1)")
         if self.gpus == 0 and not 0 < self.gpu_milli < WHOLE_GPU_MILLI:
             raise ValueError("a fractional replica needs 0 < gpu_milli < 1000 (use gpus for whole GPUs)")
         if self.gpus > 0 and self.gpu_milli:
@@ -46,7 +52,7 @@ class ReplicaShape(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def gpu_equivalent(self) -> float:
         """GPUs held, fractions counted in thousandths (for GPU-hours)."""
-        return float(self.gpus) if self.gpus else self.gpu_milli / WHOLE_GPU_MILLI
+        return float(self.gpus * self.hosts) if self.gpus else self.gpu_milli / WHOLE_GPU_MILLI
 
 
 class MetricTarget(msgspec.Struct, frozen=True, kw_only=True):
