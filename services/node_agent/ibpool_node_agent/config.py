@@ -41,3 +41,6 @@ class NodeAgentConfig(BaseConfig, frozen=True, kw_only=True):
     telemetry_buffer: int = 10_000
     # Where /sys is (tests point it at a fake tree).
     sysfs_root: str = "/"
+    # Labels announced with every hosted node (TOML `[node_agent.labels]`), e.g. the scheduler's
+    # `ibpool.io/leaf` (the node's leaf switch) and `ibpool.io/sharp = "true"` (a SHARP-capable leaf).
+    labels: dict[str, str] = {}

@@ -28,6 +28,7 @@ from . import state
 from .backends import GpuBackend, SimulatedBackend, node_prefix
 from .config import NodeAgentConfig
 from .enforcers import EnforcementError
+from .environment import RankError, workload_env
 from .launcher import LaunchError, ProcessLauncher
 
 log = get_logger(__name__)
@@ -103,7 +104,15 @@ class NodeAgent:
                             detail = f"enforcement: {e}"
                             await ctx.emit(core.refuse_grant(event, now=now, source=self.kit.source, detail=detail))
                             return
-                        w = msgspec.structs.replace(w, env=applied.env, mig_instances=applied.mig_instances)
+                        try:
+                            env = workload_env(event, applied.env)
+                        except RankError as e:
+                            self.backends[event.node_id].enforcer.release(w.allocation_id)
+                            detail = f"rank: {e}"
+                            await ctx.emit(core.refuse_grant(event, now=now, source=self.kit.source, detail=detail))
+                            return
+                        # The workload's whole environment: the simulated launcher records it, a process runs with it.
+                        w = msgspec.structs.replace(w, env=env, mig_instances=applied.mig_instances)
                         if w.launcher == "process":
                             try:
                                 env = w.env | {"IBPOOL_ALLOCATION_ID": w.allocation_id, "IBPOOL_NODE_ID": w.node_id}
@@ -156,7 +165,7 @@ class NodeAgent:
                         memory_mib=self.cfg.memory_mib,
                         gpus=gpus,
                         backend=b.name,
-                        labels={"ibpool.io/gpu-model": gpus[0].model if gpus else ""},
+                        labels={**self.cfg.labels, "ibpool.io/gpu-model": gpus[0].model if gpus else ""},
                     )
                 )
             if reapply:
