@@ -221,6 +221,10 @@ class ClusterView:
                     self._cap[None][n_free][group] += 1
         self._rank_keys: dict[str, tuple[object, ...]] = {}
         self._rails: dict[str, frozenset[int]] = {}
+        #: the Filter and HostScore answers of host-local profiles (`Profile.host_local`), per ask
+        #: shape (the ask less its job id) and host: (the host's state, its free GPUs, the Filter
+        #: reason or None, the scores, their weighted mean), valid while that state and count hold
+        self.answers: dict[tuple[object, ...], dict[str, _Answer]] = {}
 
     def rank_key(self, host: str) -> tuple[object, ...]:
         """`rank_order.rank_key` of `host`, cached for the cycle."""
@@ -319,6 +323,12 @@ class ClusterView:
         return list(cols[gpus])
 
 
+_Answer = tuple["HostState", int, str | None, list[float], float]
+assert PlacementAsk.__struct_fields__[0] == "job_id"  # an ask's shape is every field after it (`_Search`)
+# Ask shapes remembered per view before the answers are dropped (a bound on the memory, not a tuning).
+_MAX_ASK_SHAPES = 64
+
+
 class WaitingGang(msgspec.Struct, frozen=True, kw_only=True):
     """A gang whose members are all reserved and whose Permit said wait, until `deadline`."""
 
@@ -407,6 +417,7 @@ class Filter(Protocol):
         Must not: change `view`; depend on the other hosts chosen (that is a GangScore's job); be
         slow: it runs on every host of every leaf group the search looks at.
         Reasons are counted across hosts to explain an unschedulable ask, so keep them stable.
+        May declare `host_local = True` (see `Profile.host_local`).
         """
         ...
 
@@ -419,6 +430,7 @@ class HostScore(Protocol):
         May assume: `host` passed every Filter. Must not: change `view`; return a value outside
         0..100 (the framework clamps it). The score picks hosts inside a leaf group and, averaged
         over the members, competes with the other plugins by the profile's weights.
+        May declare `host_local = True` (see `Profile.host_local`).
         """
         ...
 
@@ -546,7 +558,17 @@ class ProfileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 class Profile:
-    """A built profile: plugin objects per point (see `build_profile`)."""
+    """A built profile: plugin objects per point (see `build_profile`).
+
+    `host_local`: every Filter and HostScore plugin of the profile declares `host_local = True`, a
+    promise that its answer for a host depends on nothing but the ask less its job id, the host's
+    `HostState` (the same object), its free GPUs (`ClusterView.free`) and what the view holds for its
+    whole life (`dataset_hosts`, `host_link`, the fabric); and that it has no side effects. The
+    framework then keeps each answer in the view and asks again only when the host's state object or
+    free count changed (a cycle places many jobs of one shape: without this, each of them re-runs
+    every plugin on every candidate host). Any plugin without the declaration turns this off (a
+    subclass of a built-in plugin that reads more must set `host_local = False`).
+    """
 
     def __init__(
         self,
@@ -570,6 +592,8 @@ class Profile:
         self.permits = permits
         self.permit_timeout_s = permit_timeout_s
         self.max_candidates = max_candidates
+        plugins = [p for _, p in filters] + [p for _, p, _ in host_scores]
+        self.host_local = all(getattr(p, "host_local", False) is True for p in plugins)
 
 
 def build_profile(config: ProfileConfig | Mapping[str, Any] | None = None, registry: Registry | None = None) -> Profile:
@@ -650,6 +674,16 @@ class _Search:
         self.evaluated: dict[int, list[tuple[float, str]]] = {}
         self.host_scores: dict[str, list[float]] = {}
         self.rejections: dict[str, int] = {}
+        # the view's answers for this ask's shape (`Profile.host_local`), None: ask every plugin
+        self.memo: dict[str, _Answer] | None = None
+        if profile.host_local:
+            shape = msgspec.structs.astuple(ask)[1:]  # every field but job_id
+            memo = view.answers.get(shape)
+            if memo is None:
+                if len(view.answers) >= _MAX_ASK_SHAPES:
+                    view.answers.clear()
+                memo = view.answers[shape] = {}
+            self.memo = memo
 
     def evaluate(self, group: int) -> list[tuple[float, str]]:
         """The hosts of `group` that pass every Filter, best host score first (ties: name)."""
@@ -670,24 +704,42 @@ class _Search:
             # a small allowed set (a PreFilter's, or the caller's `candidates`): walk it, not the group
             group_of = view.group_of
             names = [n for n in allowed if group_of.get(n) == group]
+        memo = self.memo
         for name in names:
-            if free[name] < g or (allowed is not None and name not in allowed):
+            n_free = free[name]
+            if n_free < g or (allowed is not None and name not in allowed):
                 continue
             host = hosts[name]
+            if memo is not None:
+                kept = memo.get(name)
+                if kept is not None and kept[0] is host and kept[1] == n_free:
+                    why = kept[2]
+                    if why is not None:
+                        rejections[why] = rejections.get(why, 0) + 1
+                    else:
+                        host_scores[name] = kept[3]
+                        out.append((kept[4], name))
+                    continue
+            why = None
             for f in filters:
                 why = f.filter(ask, view, host)
                 if why is not None:
                     rejections[why] = rejections.get(why, 0) + 1
                     break
-            else:
-                per = [s.score_host(ask, view, host) for s in scorers]
-                total = 0.0
-                for i, p in enumerate(per):
-                    if not 0.0 <= p <= 100.0:  # also catches NaN
-                        per[i] = p = _clamp(p)
-                    total += p * weights[i]
-                host_scores[name] = per
-                out.append((total / wsum, name))
+            if why is not None:
+                if memo is not None:
+                    memo[name] = (host, n_free, why, [], 0.0)
+                continue
+            per = [s.score_host(ask, view, host) for s in scorers]
+            total = 0.0
+            for i, p in enumerate(per):
+                if not 0.0 <= p <= 100.0:  # also catches NaN
+                    per[i] = p = _clamp(p)
+                total += p * weights[i]
+            host_scores[name] = per
+            out.append((total / wsum, name))
+            if memo is not None:
+                memo[name] = (host, n_free, None, per, total / wsum)
         out.sort(key=lambda x: (-x[0], x[1]))
         self.evaluated[group] = out
         return out

@@ -125,14 +125,32 @@ class FrameworkPlacer:
         self.now = now
         self.sample = sample
         self._synced = [view.free(n) for n in self.names]
+        self._last: list[int] = []  # the hosts of the last placement made
         self.results: dict[str, PlacementResult] = {}
         self.reasons: dict[str, str] = {}
+
+    def start_cycle(self, hints: Mapping[str, AskHints], now: dt.datetime) -> None:
+        """Use this placer for another cycle on the same view and hosts (what a new one would cost
+        O(hosts) to set up): new hints and time, empty `results` and `reasons`. The view's free GPUs
+        must not have changed since this placer last placed, other than through it."""
+        self.hints = hints
+        self.now = now
+        self.results = {}
+        self.reasons = {}
 
     def _sync(self, free: Sequence[int]) -> None:
         synced = self._synced
         if synced == free:
             return
         view, names = self.view, self.names
+        # Between two placements on the cycle's view what changed is most often the hosts of the
+        # last placement (the cycle applies it): bring those in step first, then compare once more.
+        for h in self._last:
+            if synced[h] != free[h]:
+                view.set_free(names[h], free[h])
+                synced[h] = free[h]
+        if synced == free:
+            return
         # A placement changes a few hosts: compare in chunks (C speed), walk only the chunks that differ.
         for lo in range(0, len(synced), _CHUNK):
             hi = lo + _CHUNK
@@ -191,6 +209,7 @@ class FrameworkPlacer:
             self.reasons[job.id] = f"needs {job.nodes} hosts under {max_leaves} leaves"
             return None
         self.results[job.id] = result
+        self._last = hosts
         return list(zip(hosts, host_shares(job), strict=True))
 
 

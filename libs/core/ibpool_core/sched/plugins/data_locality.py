@@ -20,6 +20,8 @@ from .args import numeric_args
 
 
 class DataLocality:
+    host_local = True  # Filter and HostScore read the ask and `view.dataset_hosts` only
+
     def pre_filter(self, ask: PlacementAsk, view: ClusterView) -> PreFilterResult:
         if ask.dataset is None or ask.data_locality != "required":
             return PreFilterResult()

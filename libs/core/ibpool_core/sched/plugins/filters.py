@@ -14,6 +14,8 @@ class Fits:
     """`fits`: the host has at least `gpus_per_node` free GPUs now (its free GPUs less this cycle's
     reservations, `ClusterView.free`). Contract: reads `view.free` only."""
 
+    host_local = True
+
     def filter(self, ask: PlacementAsk, view: ClusterView, host: HostState) -> str | None:
         return None if view.free(host.name) >= ask.gpus_per_node else "too few free GPUs"
 
@@ -22,6 +24,8 @@ class Health:
     """`health`: only hosts whose health state is "ready" (not cordoned, draining, suspect, failed
     or unknown: the failover controller's verdicts). Contract: reads `host.health` only."""
 
+    host_local = True
+
     def filter(self, ask: PlacementAsk, view: ClusterView, host: HostState) -> str | None:
         return None if host.health == "ready" else f"node {host.health}"
 
@@ -29,6 +33,8 @@ class Health:
 class GpuModel:
     """`gpu-model`: the host's GPU model is the one asked for (any model when the ask names none).
     Contract: reads `host.gpu_model` only."""
+
+    host_local = True
 
     def filter(self, ask: PlacementAsk, view: ClusterView, host: HostState) -> str | None:
         return None if ask.gpu_model is None or host.gpu_model == ask.gpu_model else "other GPU model"

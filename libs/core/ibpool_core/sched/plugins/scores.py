@@ -60,6 +60,8 @@ class Load:
     w_temp (0.3), w_mem (0.2), cool_c (45), hot_c (85). Contract: reads `host.telemetry` only.
     """
 
+    host_local = True
+
     def __init__(self, w_util: float, w_temp: float, w_mem: float, cool_c: float, hot_c: float) -> None:
         if min(w_util, w_temp, w_mem) < 0 or w_util + w_temp + w_mem <= 0:
             raise ValueError("weights must be >= 0 and not all 0")
@@ -86,6 +88,8 @@ class LinkHealthScore:
     fabric_monitor's verdicts): up 100, degraded `degraded` (40), flapping `flapping` (10), down 0.
     Contract: reads `view.host_link` only."""
 
+    host_local = True
+
     def __init__(self, degraded: float, flapping: float) -> None:
         for name, v in (("degraded", degraded), ("flapping", flapping)):
             if not 0 <= v <= 100:
@@ -106,6 +110,8 @@ class BinPack:
 
     (100 when the member needs the whole host.) Contract: reads `view.free` and `host.total_gpus` only.
     """
+
+    host_local = True
 
     def score_host(self, ask: PlacementAsk, view: ClusterView, host: HostState) -> float:
         room = host.total_gpus - ask.gpus_per_node
