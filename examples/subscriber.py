@@ -10,7 +10,9 @@ allocation events granted / released / revoked / expired, and for each message:
 1. skips it if its ce-id is already in the state file (a redelivery: the effect happened already);
 2. validates the payload against its published JSON Schema (an invalid one is terminated);
 3. applies the effect to the state (allocation -> per-node state, GPU-milli granted per tenant),
-   records the ce-id, and writes the state file atomically;
+   records the ce-id, and writes the state file atomically. Records are per node, so a gang that
+   replaced a failed member (revoked on the failed node, granted later on a new node under the same
+   allocation id, `replaces` naming the failed node) just gains a node record;
 4. only then acks. A crash between 3 and 4 makes JetStream redeliver the message after `ack_wait`,
    and step 1 turns it into a no-op: no gap, no double effect.
 

@@ -22,11 +22,13 @@ included, over the phase's jobs. The latency phase also times each step of the p
 -> JobScheduled) and every phase reports
 the scheduler's cycles (count, mean duration). Every phase also
 records the 1-minute load average at its start and the CPU seconds of the benchmark process
-(publisher, subscriber, scheduler and allocator together), nats-server and Postgres.
+(publisher, subscriber, scheduler and allocator together), nats-server and Postgres, and how much of
+the benchmark process's CPU went to Python's garbage collector (`gc_s`, per generation).
 
 `--placement framework|leaf` (the scheduler's placement plugins, the default, or the plain LeafPlacer)
 and `--batch on|off` (a cycle's proposals in one ProposePlacements, the default, or one each).
 Figures are the median over --runs. Results: tests/bench/results/bench_sched-latest.json.
+`--cycle-only` times the scheduler's cycle alone on a simulated ledger, no bus or store (`cycle_only`).
 Usage: .venv/bin/python tests/bench/bench_sched.py --runs 3
 """
 
@@ -37,6 +39,7 @@ import asyncio
 import contextlib
 import cProfile
 import datetime as dt
+import gc
 import json
 import os
 import platform
@@ -58,7 +61,7 @@ from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus, outgoing
 from ibpool_runtime.logs import configure_logging
 from ibpool_runtime.metrics import ServiceMetrics
-from ibpool_runtime.service import Kit, Service
+from ibpool_runtime.service import Kit, Service, freeze_startup_heap
 from ibpool_runtime.store import Store
 from ibpool_runtime.streams import STREAMS
 from ibpool_scheduler.bootstrap import bootstrap as scheduler_bootstrap
@@ -188,6 +191,38 @@ async def drain(bus: Bus, sched: Scheduler, job_ids: list[str]) -> None:
     raise RuntimeError(f"allocations not released within {PHASE_TIMEOUT_S} s")
 
 
+class GcMeter:
+    """Time the benchmark process spends in Python's garbage collector (per generation) during a
+    phase, from `gc.callbacks`: part of the process CPU, reported beside it."""
+
+    def __init__(self) -> None:
+        self.spent = [0.0, 0.0, 0.0]
+        self.count = [0, 0, 0]
+        self._began = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            g = info["generation"]
+            self.spent[g] += time.process_time() - self._began
+            self.count[g] += 1
+
+    def start(self) -> None:
+        self.spent, self.count = [0.0, 0.0, 0.0], [0, 0, 0]
+
+    def stop(self) -> dict[str, Any]:
+        return {
+            "gc_s": round(sum(self.spent), 3),
+            "gc_s_by_gen": [round(x, 3) for x in self.spent],
+            "gc_runs": self.count,
+        }
+
+
+GC = GcMeter()
+
+
 class Cycles:
     """The scheduler's cycles during a phase, from its `ibpool_scheduler_cycle_seconds` histogram."""
 
@@ -213,6 +248,7 @@ async def phase_throughput(
     jobs = {c.job_id for c in cmds}
     await watch.reset(jobs, stages=False)
     meter.start()
+    GC.start()
     cycles = Cycles(sched)
     t0 = time.perf_counter_ns()
     futures = [await bus.js.publish_async(o.subject, o.body, headers=o.headers) for o in outs]
@@ -220,7 +256,7 @@ async def phase_throughput(
     t_published = time.perf_counter_ns()
     complete = await watch.wait(PHASE_TIMEOUT_S)
     await asyncio.sleep(0.2)  # the last grants' trailing messages, for the counts
-    machine = meter.stop()
+    machine = {**meter.stop(), **GC.stop()}
     done = [watch.scheduled[j] for j in jobs if j in watch.scheduled]
     span = (max(done) - t0) if done else 0
     return {
@@ -242,11 +278,12 @@ async def phase_latency(
     cmds = [submission(f"{tag}-{i:05d}") for i in range(n)]
     await watch.reset({c.job_id for c in cmds}, stages=True)
     meter.start()
+    GC.start()
     cycles = Cycles(sched)
     sent, offered_s = await publish_paced(bus, cmds, rate)
     complete = await watch.wait(PHASE_TIMEOUT_S)
     await asyncio.sleep(0.2)
-    machine = meter.stop()
+    machine = {**meter.stop(), **GC.stop()}
     lat_ms = sorted((watch.scheduled[j] - t) / 1e6 for j, t in sent.items() if j in watch.scheduled)
     return {
         "n": n,
@@ -309,6 +346,8 @@ async def bench(args: argparse.Namespace, nats_url: str, dsn: str, pids: dict[st
             await asyncio.sleep(0.2)
         print(f"registered {len(nodes)} nodes x {args.gpus} GPUs in {time.perf_counter() - t:.1f} s", flush=True)
 
+        if args.gc_freeze:
+            freeze_startup_heap()  # as every service does once it is wired (ibpool_runtime.service)
         profile = cProfile.Profile() if args.profile else None
         runs = []
         meter = CpuMeter(pids)
@@ -345,6 +384,80 @@ async def bench(args: argparse.Namespace, nats_url: str, dsn: str, pids: dict[st
             await bus.close()
 
 
+def cycle_only(args: argparse.Namespace) -> dict[str, Any]:
+    """The scheduler's decision alone, no bus or store: `plan_cycle` as the service calls it (a
+    `Scheduler` of the bench's config: its policy, cycle config, placement framework, plan cache and
+    placement inputs) on a ledger of --nodes x --gpus. Each of --cycles cycles gets --cycle-jobs new
+    1-GPU jobs; a cycle's proposals are granted on the ledger --grant-delay cycles later (in flight
+    until then), as the allocator would. Times the cycles only (process CPU and wall)."""
+    from ibpool_core.pool import allocate as al
+    from ibpool_core.pool.ledger import Ledger
+    from ibpool_runtime.clock import SystemClock
+    from ibpool_scheduler import jobs as job_states
+    from ibpool_scheduler.jobs import JobRecord
+    from ibpool_scheduler.plan import plan_cycle
+
+    cfg = SchedulerConfig(instance="bench", policy="fifo", log_level="warning", placement=args.placement)
+    kit = Kit(name="scheduler", config=cfg, bus=None, store=None, metrics=ServiceMetrics("cycle"))  # type: ignore[arg-type]
+    sched = Scheduler(kit, SystemClock())
+    t0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+    ledger = Ledger()
+    for i in range(args.nodes):
+        al.handle(ledger, registered(f"bn{i:04d}", args.gpus), t0)
+    live: dict[str, JobRecord] = {}
+    pending: list[tuple[int, str, ProposePlacement]] = []
+    cpu = wall = 0.0
+    GC.start()
+    for c in range(args.cycles):
+        now = t0 + dt.timedelta(seconds=10 + 0.05 * c)
+        for k in range(args.cycle_jobs):
+            job_id = f"c{c:04d}-{k:03d}"
+            live[job_id] = JobRecord(job_id=job_id, tenant="bench", queue="bench", submitted_at=now, queued_at=now)
+        records = list(live.values())
+        c0, w0 = time.process_time(), time.perf_counter()
+        plan = plan_cycle(
+            ledger,
+            records,
+            now,
+            sched.policy,
+            sched.cycle_config,
+            cfg.leaf_label,
+            sched.plan_cache,
+            placement=sched.placement_inputs(records, now),
+            queue_rules=sched.queue_rules,
+        )
+        cpu += time.process_time() - c0
+        wall += time.perf_counter() - w0
+        for p in plan.proposals:
+            job = live[p.job_id]
+            cmd = ProposePlacement(
+                source="bench",
+                key=job.job_id,
+                job_id=job.job_id,
+                tenant=job.tenant,
+                queue=job.queue,
+                ledger_version=plan.ledger_version,
+                assignments=p.assignments,
+            )
+            live[p.job_id] = job_states.proposed(job, cmd.id, p.assignments, None)
+            pending.append((c + args.grant_delay, p.job_id, cmd))
+        while pending and pending[0][0] <= c:
+            _, job_id, cmd = pending.pop(0)
+            al.handle(ledger, cmd, now)
+            live[job_id] = job_states.granted(live[job_id], cmd.id, sorted({a.node_id for a in cmd.assignments}), now)
+    placed = sum(1 for j in live.values() if j.state != "queued")
+    return {
+        "cycles": args.cycles,
+        "jobs_per_cycle": args.cycle_jobs,
+        "grant_delay_cycles": args.grant_delay,
+        "placed": placed,
+        "cycle_cpu_ms": round(1000 * cpu / args.cycles, 3),
+        "cycle_wall_ms": round(1000 * wall / args.cycles, 3),
+        "cpu_ms_per_job": round(1000 * cpu / max(placed, 1), 4),
+        **GC.stop(),
+    }
+
+
 def on_stack(args: argparse.Namespace, sync_always: bool) -> dict[str, Any]:
     """Run the bench on a fresh embedded stack (nats-server `sync_interval: always` or its default)."""
     with devstack.servers("ibpool-bench-sched-", sync_always=sync_always) as stack:
@@ -365,6 +478,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for name in runs[0]["throughput"]["cpu_s"]:
         spent = [r["throughput"]["cpu_s"][name] for r in runs]
         cpu_ms_per_job[name] = None if None in spent else round(statistics.median(1000 * c / n for c in spent), 3)
+    gc_ms_per_job = round(statistics.median(1000 * r["throughput"]["gc_s"] / n for r in runs), 3)
     latency = {
         p: {
             "offered_per_s": runs[0][p]["offered_per_s"],
@@ -381,6 +495,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "jobs_per_s": jobs_per_s,
         "throughput_span_s": med("throughput", "span_s"),
         "throughput_cpu_ms_per_job": cpu_ms_per_job,
+        "throughput_gc_ms_per_job": gc_ms_per_job,
         "messages_per_job": med("throughput", "messages_per_job"),
         "messages_per_job_by_stream": runs[0]["throughput"]["messages_per_job_by_stream"],
         "throughput_cycles": [r["throughput"]["cycles"] for r in runs],
@@ -413,11 +528,31 @@ def main() -> int:
     ap.add_argument("--placement", choices=("framework", "leaf"), default="framework", help="the scheduler's placement")
     ap.add_argument("--batch", choices=("on", "off"), default="on", help="one ProposePlacements per cycle, or one each")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the throughput phases; print this many rows")
+    ap.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="leave the start-up heap to the garbage collector (every service freezes it once wired)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "bench_sched-latest.json")
+    ap.add_argument("--cycle-only", action="store_true", help="time the scheduling cycle alone (see cycle_only)")
+    ap.add_argument("--cycles", type=int, default=100, help="--cycle-only: cycles")
+    ap.add_argument("--cycle-jobs", type=int, default=20, help="--cycle-only: new 1-GPU jobs per cycle")
+    ap.add_argument("--grant-delay", type=int, default=5, help="--cycle-only: cycles a proposal waits for its grant")
     args = ap.parse_args()
     if max(args.n, args.lat_n) > args.nodes * args.gpus:
         ap.error("a phase needs at most one job per GPU")
     configure_logging("bench", "warning")
+    if args.cycle_only:
+        if args.cycles * args.cycle_jobs > args.nodes * args.gpus:
+            ap.error("--cycle-only needs at most one job per GPU (--cycles x --cycle-jobs)")
+        found = cycle_only(args)
+        print(json.dumps(found))
+        if args.out != RESULTS / "bench_sched-latest.json":
+            args.out.write_text(
+                json.dumps({"bench": "bench_sched --cycle-only", "placement": args.placement, **found}) + "\n"
+            )
+        return 0
 
     settings = {"always": True, "default": False}
     chosen = list(settings) if args.sync == "both" else [args.sync]
@@ -442,6 +577,7 @@ def main() -> int:
             "placement": args.placement,
             "batch_proposals": args.batch == "on",
             "postgres_fsync": True,
+            "gc_freeze": args.gc_freeze,
         },
         **results,
     }

@@ -192,20 +192,27 @@ async def capacity_from_ledger(dsn: str) -> Verdict:
 
 
 def no_job_held_twice(pool: list[Recorded]) -> Verdict:
-    """A job never holds two allocations at once: each grant of a job starts after its earlier ones ended."""
+    """A job never holds two allocations at once: each grant of a job starts after its earlier ones ended.
+    An allocation is live while one of its nodes holds a share: a gang that replaced a failed member
+    (one node revoked, a new node granted into the same allocation) stays one live allocation."""
     live: dict[str, set[str]] = defaultdict(set)  # job -> live allocation ids
-    ended: set[str] = set()
+    shares: dict[str, set[str]] = defaultdict(set)  # allocation -> nodes holding a share now
+    ended: set[str] = set()  # allocations whose every share ended
     for r in pool:
         match r.event:
-            case AllocationGranted(job_id=job, allocation_id=alloc):
+            case AllocationGranted(job_id=job, allocation_id=alloc, node_id=node):
                 others = live[job] - {alloc}
                 if others:
                     return Verdict("no job held twice", False, f"{job}: {alloc} granted while {sorted(others)} live")
                 if alloc not in ended:
                     live[job].add(alloc)
+                    shares[alloc].add(node)
             case AllocationReleased() | AllocationRevoked() | AllocationExpired():
-                live[r.event.job_id].discard(r.event.allocation_id)
-                ended.add(r.event.allocation_id)
+                alloc = r.event.allocation_id
+                shares[alloc].discard(r.event.node_id)
+                if not shares[alloc]:
+                    live[r.event.job_id].discard(alloc)
+                    ended.add(alloc)
     return Verdict("no job held twice", True, f"{len(live)} jobs")
 
 

@@ -11,11 +11,12 @@ from aiohttp import web
 
 from ibpool_proto import new_id
 from ibpool_proto.job import JobSpec, TopologyConstraint
-from ibpool_proto.pool import GpuAssignment, ResourceRequest, WorkloadSpec
+from ibpool_proto.pool import GpuAssignment, MemberFailure, ResourceRequest, WorkloadSpec
 from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
 
 from . import state
-from .jobs import LIVE, JobRecord, JobState
+from .jobs import LIVE, JobPlacement, JobRecord, JobState, RuntimePrediction
+from .predictor import ModelStatus, status_of
 from .service import Scheduler
 
 JobId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
@@ -49,6 +50,9 @@ class JobBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     gpu_model: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
     time_limit_s: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
     workload: WorkloadSpec | None = None
+    # A gang's answer to a failed member: "restart" the gang, or "replace" only the failed member
+    # (elastic or hot-spare-capable multi-node jobs); not for single-host jobs.
+    on_member_failure: MemberFailure = "restart"
 
 
 class JobView(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,6 +82,15 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     finished_at: dt.datetime | None
     exit_code: int | None
     runtime_s: float
+    # The learned runtime (p50/p90 s, model version; 0: the per-tenant median before any model) the
+    # scheduling cycle planned with; null until a cycle has looked at the job or with prediction off.
+    predicted_runtime: RuntimePrediction | None = None
+    # Once placed: the hosts in rank order (host i is rank i), whether SHARP is on and why (not).
+    placement: JobPlacement | None = None
+    on_member_failure: MemberFailure = "restart"
+    # Members replaced so far, and the member being replaced now (its node), if any.
+    replacements: int = 0
+    replacing: str | None = None
 
 
 class QueueView(msgspec.Struct, frozen=True, kw_only=True):
@@ -148,6 +161,11 @@ def job_view(job: JobRecord) -> JobView:
         finished_at=job.finished_at,
         exit_code=job.exit_code,
         runtime_s=job.runtime_s,
+        predicted_runtime=job.predicted,
+        placement=job.placement,
+        on_member_failure=job.on_member_failure,
+        replacements=job.replacements,
+        replacing=job.replacing,
     )
 
 
@@ -179,6 +197,12 @@ def spec_of(body: JobBody) -> JobSpec:
         request = ResourceRequest(kind="whole", gpus=body.gpus or body.gpus_per_node or 1, gpu_model=body.gpu_model)
     if body.memory_mib is not None and body.fraction is None:
         raise BadBody("memory_mib goes with a fraction (whole GPUs come with all their memory)", "$.memory_mib")
+    if body.on_member_failure == "replace" and request.kind != "gang":
+        raise BadBody(
+            "on_member_failure 'replace' is for multi-node jobs (nodes >= 2): a single-host job has no other"
+            " member to keep running, it restarts",
+            "$.on_member_failure",
+        )
     return JobSpec(
         name=body.name,
         tenant=body.tenant,
@@ -190,6 +214,7 @@ def spec_of(body: JobBody) -> JobSpec:
         topology=body.topology.constraint,
         topology_level=body.topology.level,
         dataset=body.dataset,
+        on_member_failure=body.on_member_failure,
     )
 
 
@@ -324,6 +349,10 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
             )
         )
 
+    @documented("The learned runtime model of this replica: version, training, holdout figures", {200: ModelStatus})
+    async def model(_: web.Request) -> web.Response:
+        return json_response(status_of(scheduler.predictor))
+
     @documented("Store which nodes hold a dataset (data locality)", {200: dict[str, Any]}, body=DatasetBody)
     async def put_dataset(request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -349,4 +378,5 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
         web.delete("/v1/jobs/{job_id}", cancel),
         web.get("/v1/queues", queues),
         web.get("/v1/scheduler", about),
+        web.get("/v1/model", model),
     ]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from ibpool_core.clock import Clock
 from ibpool_runtime.clock import SystemClock
-from ibpool_runtime.service import Kit, ServiceSpec
+from ibpool_runtime.service import Kit, ServiceSpec, Task
 
 from . import api, state
 from .config import SchedulerConfig
@@ -17,10 +19,18 @@ async def bootstrap(
     """`pool_from_seq` replays the pool stream from that sequence instead of its start (tests whose
     allocators share one stream)."""
     scheduler = Scheduler(kit, clock or SystemClock(), pool_from_seq)
+    tasks: list[Task] = [scheduler.cycle_loop, scheduler.leader_loop, scheduler.feed.run, scheduler.nodes.run]
+    if scheduler.predictor is not None:
+        predictor = scheduler.predictor
+
+        async def learn_runtimes(stop: asyncio.Event) -> None:
+            await predictor.run(kit.store.pool, stop)
+
+        tasks.append(learn_runtimes)
     return ServiceSpec(
         subscriptions=scheduler.subscriptions(),
         migrations=state.MIGRATIONS,
         add_routes=lambda app: app.router.add_routes(api.routes(scheduler)),
         # The cycle loop first: tests reach the scheduler through it.
-        tasks=[scheduler.cycle_loop, scheduler.leader_loop, scheduler.feed.run, scheduler.nodes.run],
+        tasks=tasks,
     )

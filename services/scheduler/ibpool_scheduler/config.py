@@ -67,6 +67,23 @@ class SchedulerConfig(BaseConfig, frozen=True, kw_only=True):
     leaf_label: str = "ibpool.io/leaf"
     # Gangs with topology "preferred" may span more leaves than the minimum after waiting this long.
     span_relax_after_s: float = 600.0
+    # The learned runtime model (ibpool_scheduler.predictor, README "Runtime prediction"): on, every
+    # queued job gets p50/p90 predictions (read by sjf, predictive, dynamic and EASY backfill) and
+    # gittins-learned reads the runtimes of ended jobs; off, they plan with requested limits only.
+    predict_runtime: bool = True
+    # A background training starts once this many more ended jobs were learned from...
+    predict_retrain_every: int = 500
+    # ...and only with at least this many in the window (before that the per-tenant median serves).
+    predict_min_train_rows: int = 200
+    # The newest ended jobs kept as training rows; also how many the warm-up reads at start.
+    predict_window: int = 20_000
+    # Rows one training fits (the newest half of the window whole, older rows sampled): caps its time.
+    predict_max_train_rows: int = 20_000
+    # How often the job history is read for jobs that ended (on any replica) since the last read.
+    predict_sync_interval_s: float = 2.0
+    # At most one model call per this many seconds of cycles (a call costs ~10-25 ms whatever its
+    # rows); a job that arrives in between is planned without a prediction until the next call.
+    predict_batch_interval_s: float = 0.5
     leader_election: bool = True
     leader_key: str = "scheduler"
     leader_ttl_s: float = 5.0

@@ -16,11 +16,32 @@ from typing import Literal
 import msgspec
 
 from ibpool_proto.job import FinalState, TopologyConstraint
-from ibpool_proto.pool import GpuAssignment, WorkloadSpec
+from ibpool_proto.pool import GpuAssignment, MemberFailure, WorkloadSpec
 
 JobState = Literal["queued", "proposed", "scheduled", "running", "completed", "failed", "cancelled", "killed"]
 LIVE: tuple[JobState, ...] = ("queued", "proposed", "scheduled", "running")
 HOLDING: tuple[JobState, ...] = ("scheduled", "running")
+
+
+class JobPlacement(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the scheduler placed a job and how: `hosts` in rank order (host i is rank i: ring and
+    tree neighbours close on the fabric; see `ibpool_core.sched.rank_order`), whether SHARP
+    (in-network reduction) is on for it, and why or why not (`ibpool_core.sched.sharp`);
+    `nccl_env`: what the proposal added to the workload's environment to turn it on."""
+
+    hosts: list[str] = []
+    sharp: bool = False
+    sharp_reason: str = ""
+    nccl_env: dict[str, str] = {}
+
+
+class RuntimePrediction(msgspec.Struct, frozen=True, kw_only=True):
+    """The learned runtime quantiles of a job (seconds) and the model version that gave them
+    (0: no model trained yet, the per-tenant median of finished jobs answered)."""
+
+    p50_s: float
+    p90_s: float
+    model_version: int = 0
 
 
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,6 +51,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     never changes (a requeued job keeps its place); `queued_at` is when it last entered the queue.
     `reason` says why it waits (from the last cycle that examined it) or how it ended.
     `proposal_id`/`proposal`: the placement in flight (also the allocation id if granted).
+    `placement`: the proposed (then granted) placement's rank order and SHARP decision; kept when
+    the job ends, cleared when it goes back to the queue.
     """
 
     job_id: str
@@ -66,6 +89,17 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     exit_code: int | None = None
     runtime_s: float = 0.0
     rejections: int = 0
+    # A gang's answer to a failed member (see members.py): with "replace", `replacing` is the member
+    # lost and not replaced yet, `replace_id`/`replace_proposal` the ReplaceGangMember in flight for it,
+    # `replacements` how many members were replaced in this allocation's life.
+    on_member_failure: MemberFailure = "restart"
+    replacing: str | None = None
+    replace_id: str | None = None
+    replace_proposal: list[GpuAssignment] = []
+    replace_retries: int = 0
+    replacements: int = 0
+    predicted: RuntimePrediction | None = None
+    placement: JobPlacement | None = None
 
     @property
     def gpus(self) -> int:
@@ -81,9 +115,31 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
         return self.state in HOLDING
 
 
-def proposed(job: JobRecord, proposal_id: str, assignments: list[GpuAssignment], term: int | None) -> JobRecord:
+def workload_with_env(workload: WorkloadSpec | None, env: dict[str, str]) -> WorkloadSpec | None:
+    """The job's workload as proposed: `env` (the placement's NCCL/SHARP settings) added to its
+    environment; a variable the job set itself keeps its value (a job may turn CollNet off)."""
+    if not env:
+        return workload
+    if workload is None:
+        return WorkloadSpec(env=dict(env))
+    return msgspec.structs.replace(workload, env={**env, **workload.env})
+
+
+def proposed(
+    job: JobRecord,
+    proposal_id: str,
+    assignments: list[GpuAssignment],
+    term: int | None,
+    placement: JobPlacement | None = None,
+) -> JobRecord:
     return msgspec.structs.replace(
-        job, state="proposed", proposal_id=proposal_id, proposal=assignments, proposal_term=term, reason=""
+        job,
+        state="proposed",
+        proposal_id=proposal_id,
+        proposal=assignments,
+        proposal_term=term,
+        reason="",
+        placement=placement,
     )
 
 
@@ -98,6 +154,7 @@ def rejected(job: JobRecord, why: str, not_before: dt.datetime | None) -> JobRec
         reason=why,
         not_before=not_before,
         rejections=job.rejections + 1,
+        placement=None,
     )
 
 
@@ -132,6 +189,12 @@ def requeued(job: JobRecord, why: str, at: dt.datetime, not_before: dt.datetime 
         scheduled_at=None,
         started_at=None,
         exited_nodes=[],
+        placement=None,
+        replacing=None,
+        replace_id=None,
+        replace_proposal=[],
+        replace_retries=0,
+        replacements=0,
     )
 
 

@@ -24,9 +24,12 @@ from ibpool_core.sched.framework_placer import AskHints, FrameworkPlacer, leaf_f
 from ibpool_core.sched.jobs import ClusterView, Job, RunningJob, estimated_runtime, host_shares
 from ibpool_core.sched.placer import FreeView, LeafPlacer, Placer, min_leaf_span
 from ibpool_core.sched.queueing import QueuePolicy
+from ibpool_core.sched.rank_order import rank_order
+from ibpool_core.sched.runtime import RuntimeEstimate
+from ibpool_core.sched.sharp import SharpDecision, decide_sharp
 from ibpool_proto.pool import GpuAssignment
 
-from .jobs import JobRecord
+from .jobs import HOLDING, JobRecord
 
 UNLABELLED_LEAF = ""
 # The core's reason when a cycle meets a job with no GPU free at all; it computes no reservation then.
@@ -36,8 +39,15 @@ NEVER_FITS = "never fits the current hosts"
 
 
 class Proposal(msgspec.Struct, frozen=True, kw_only=True):
+    """One start: its exact GPUs, host by host in rank order (`hosts`, see `rank_order.py`), and
+    whether the placement runs with SHARP, why (not), and the NCCL settings that turn it on."""
+
     job_id: str
     assignments: list[GpuAssignment]
+    hosts: list[str] = []
+    sharp: bool = False
+    sharp_reason: str = ""
+    nccl_env: dict[str, str] = {}
 
 
 class CyclePlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,10 +81,15 @@ def taken_in_flight(ledger: Ledger, jobs: Iterable[JobRecord]) -> dict[str, set[
         for a in assignments:
             taken.setdefault(a.node_id, set()).add(a.gpu_index)
 
+    allocations = ledger.allocations
     for job in jobs:
-        if job.state == "proposed" and job.proposal_id not in ledger.allocations:
-            take(job.proposal)
-        elif job.holding and job.allocation_id not in ledger.allocations:
+        state = job.state
+        if state == "queued":
+            continue
+        if state == "proposed":
+            if job.proposal_id not in allocations:
+                take(job.proposal)
+        elif state in HOLDING and job.allocation_id not in allocations:
             take(job.assignments)
     return taken
 
@@ -115,7 +130,10 @@ class PlanCache:
 
     `offers`: see `FreeCache`. `running`: job id -> (its record, the core's RunningJob) of jobs that
     hold GPUs since a known time; reused while the record is the same object (`state.live_jobs`
-    returns the same record for an unchanged row) and the hosts are the same list (`node_ids`).
+    returns the same record for an unchanged row) and the hosts are the same list (`node_ids`);
+    `promised` the same for proposed jobs, whose start time is renewed every cycle. `layout`: the
+    last host view (`host_view_cached`). The placement view, its fabric and its placer are kept
+    while their inputs hold (`placement_view`, `framework_placer`).
     """
 
     def __init__(self) -> None:
@@ -127,6 +145,24 @@ class PlanCache:
         self.fabric: FabricIndex | None = None
         self.view_key: object = None
         self.view: fw.ClusterView | None = None
+        # The last host view and what it was built from, so the next one changes only the hosts whose
+        # node changed or whose GPUs in flight changed (`host_view_cached`).
+        self.layout: Layout | None = None
+        # The host lists (node ids, leaves, capacities) the placement view was built for, by identity:
+        # `host_view_cached` keeps them while no host's layout changes, so the key needs no O(hosts) work.
+        self.lists: tuple[object, ...] = ()
+        self.inputs_key: object = None
+        # Hosts of the placement view whose telemetry may not be the idle default.
+        self.telemetry_hosts: set[str] = set()
+        # Job id -> (its record, the core's job, its hosts, its estimated runtime) of proposed jobs (and
+        # held ones since an unknown time), which start "now" every cycle: all but the time is reused.
+        self.promised: dict[str, tuple[JobRecord, RunningJob | None, float]] = {}
+        self.margin: float | None = None
+        # Node id -> host index of `node_ids` (the same list object).
+        self.index: tuple[list[str], dict[str, int]] | None = None
+        # The placer of the last cycle, reused while its view, hosts, framework and sample hold.
+        self.placer: FrameworkPlacer | None = None
+        self.placer_key: tuple[object, ...] = ()
 
 
 class PlacementInputs:
@@ -173,6 +209,19 @@ def placement_view(ledger: Ledger, view: HostView, inputs: PlacementInputs, cach
     """The framework's view of the cycle's hosts: the fabric of their leaves, GPU models, telemetry,
     link states and datasets; reused from `cache` while those inputs hold (telemetry is refreshed in
     place; free GPUs are brought in step by `FrameworkPlacer` before each placement)."""
+    lists = (view.node_ids, view.cluster.leaf_of, view.cluster.capacity)
+    inputs_key = (inputs.sharp_label, inputs.links_version, inputs.datasets_version)
+    if (
+        cache is not None
+        and cache.view is not None
+        and cache.inputs_key == inputs_key
+        and len(cache.lists) == len(lists)
+        and all(a is b for a, b in zip(lists, cache.lists, strict=True))
+    ):
+        # The same host lists as the view was last checked against: `host_view_cached` keeps them only
+        # while no node's leaf, labels, GPU model or count changed, so the full key below would match.
+        refresh_telemetry(cache.view, inputs.telemetry, cache)
+        return cache.view
     nodes = ledger.nodes
     offers = [(n, nodes[n]) for n in view.node_ids]
     leaf_of: dict[str, str] = {}
@@ -193,12 +242,9 @@ def placement_view(ledger: Ledger, view: HostView, inputs: PlacementInputs, cach
     view_key = (fabric_key, models, tuple(view.cluster.capacity), inputs.links_version, inputs.datasets_version)
     telemetry = inputs.telemetry
     if cache is not None and cache.view is not None and cache.view_key == view_key:
-        placement = cache.view
-        for n, host in placement.hosts.items():
-            t = telemetry.get(n, IDLE)
-            if host.telemetry is not t and host.telemetry != t:
-                placement.replace_host(msgspec.structs.replace(host, telemetry=t))
-        return placement
+        cache.lists, cache.inputs_key = lists, inputs_key
+        refresh_telemetry(cache.view, telemetry, cache)
+        return cache.view
     hosts = [
         fw.HostState(
             name=n,
@@ -212,7 +258,28 @@ def placement_view(ledger: Ledger, view: HostView, inputs: PlacementInputs, cach
     placement = fw.ClusterView(fabric, hosts, link_state=dict(inputs.node_links), datasets=inputs.datasets)
     if cache is not None:
         cache.view_key, cache.view = view_key, placement
+        cache.lists, cache.inputs_key = lists, inputs_key
+        cache.telemetry_hosts = {n for n in telemetry if n in placement.hosts}
     return placement
+
+
+def refresh_telemetry(view: fw.ClusterView, telemetry: Mapping[str, fw.Telemetry], cache: PlanCache) -> None:
+    """Give every host of `view` its telemetry of `telemetry` (absent: idle), touching only the hosts
+    named there and those that had telemetry before (`PlanCache.telemetry_hosts`), not every host."""
+    hosts = view.hosts
+    marked = cache.telemetry_hosts
+    for n, t in telemetry.items():
+        host = hosts.get(n)
+        if host is None:
+            continue
+        if host.telemetry is not t and host.telemetry != t:
+            view.replace_host(msgspec.structs.replace(host, telemetry=t))
+        marked.add(n)
+    for n in [n for n in marked if n not in telemetry]:
+        host = hosts[n]
+        if host.telemetry is not IDLE and host.telemetry != IDLE:
+            view.replace_host(msgspec.structs.replace(host, telemetry=IDLE))
+        marked.discard(n)
 
 
 def hints_of(job: JobRecord) -> AskHints:
@@ -251,7 +318,101 @@ def host_view(ledger: Ledger, taken: dict[str, set[int]], leaf_label: str, cache
     )
 
 
-def core_job(job: JobRecord) -> Job:
+def _layout_key(node: Node, offer: NodeOffer) -> tuple[object, ...]:
+    """What of a node shapes the cycle's host lists and the placement view (all but its free GPUs)."""
+    return (offer.offered, offer.leaf, offer.capacity, node.labels, node.gpus[0].model if node.gpus else "")
+
+
+class Layout:
+    """The last host view of `host_view_cached` and what it was built from.
+
+    ids    every node id of the ledger, sorted; `nodes` the node of each as last seen and `keys` its
+           `_layout_key` when the view's host lists were built
+    base   per host index, its offer's free GPUs (before the GPUs in flight are taken out)
+    pos    node id -> host index (offered nodes only); `taken` the hosts with GPUs in flight last time
+    """
+
+    __slots__ = ("base", "ids", "keys", "leaf_label", "nodes", "pos", "taken", "view")
+
+    def __init__(self, ledger: Ledger, leaf_label: str, taken: dict[str, set[int]], cache: FreeCache) -> None:
+        self.leaf_label = leaf_label
+        self.view = host_view(ledger, taken, leaf_label, cache)
+        nodes = ledger.nodes
+        self.ids = sorted(nodes)
+        known = [nodes[n] for n in self.ids]
+        self.keys = [_layout_key(node, offer_of(node, leaf_label, cache)) for node in known]
+        self.nodes: list[Node | None] = list(known)
+        self.pos = {n: h for h, n in enumerate(self.view.node_ids)}
+        self.base: list[Sequence[int]] = [cache[n][1].free for n in self.view.node_ids]
+        self.taken = {n for n in taken if n in self.pos}
+
+
+_CHUNK = 64
+
+
+def host_view_cached(ledger: Ledger, taken: dict[str, set[int]], leaf_label: str, cache: PlanCache) -> HostView:
+    """`host_view(ledger, taken, leaf_label)`, computed from the last cycle's: only the hosts whose node
+    changed (the ledger replaces a node on every change) or whose GPUs in flight changed are redone,
+    and while no node's layout (`_layout_key`) changed the view keeps the same host lists, node ids,
+    leaves and capacities (the same list objects, which `placement_view` keys on). Any change of the
+    node set or of a layout rebuilds it."""
+    st = cache.layout
+    nodes = ledger.nodes
+    if st is None or st.leaf_label != leaf_label or len(nodes) != len(st.ids):
+        cache.layout = Layout(ledger, leaf_label, taken, cache.offers)
+        return cache.layout.view
+    ids, prev, pos, base = st.ids, st.nodes, st.pos, st.base
+    current = list(map(nodes.get, ids))
+    dirty: set[int] = set()
+    n = len(current)
+    # A cycle sees a few changed nodes among 1,000: compare in chunks (C speed), walk only those that differ.
+    for lo in range(0, n, _CHUNK):
+        hi = lo + _CHUNK
+        if current[lo:hi] == prev[lo:hi]:
+            continue
+        for i in range(lo, min(hi, n)):
+            node = current[i]
+            if node is prev[i]:
+                continue
+            if node is None:  # a node left and another came: the node set changed
+                cache.layout = Layout(ledger, leaf_label, taken, cache.offers)
+                return cache.layout.view
+            offer = offer_of(node, leaf_label, cache.offers)
+            if _layout_key(node, offer) != st.keys[i]:
+                cache.layout = Layout(ledger, leaf_label, taken, cache.offers)
+                return cache.layout.view
+            if offer.offered:
+                h = pos[ids[i]]
+                base[h] = offer.free
+                dirty.add(h)
+    dirty.update(pos[n] for n in st.taken)
+    dirty.update(pos[n] for n in taken if n in pos)
+    st.nodes = current
+    st.taken = {n for n in taken if n in pos}
+    if not dirty:
+        return st.view
+    old = st.view
+    free_gpus = list(old.free_gpus)
+    free = list(old.cluster.free)
+    node_ids = old.node_ids
+    for h in dirty:
+        held = taken.get(node_ids[h])
+        offered = base[h]
+        free_gpus[h] = got = [g for g in offered if g not in held] if held else offered
+        free[h] = len(got)
+    st.view = HostView(
+        node_ids=node_ids,
+        free_gpus=free_gpus,
+        cluster=ClusterView(free=free, capacity=old.cluster.capacity, leaf_of=old.cluster.leaf_of),
+        hosts_per_leaf=old.hosts_per_leaf,
+    )
+    return st.view
+
+
+def core_job(job: JobRecord, predicted: RuntimeEstimate | None = None) -> Job:
+    """The core's job; `predicted` (this cycle's prediction) else the one the record carries."""
+    if predicted is None and job.predicted is not None:
+        predicted = RuntimeEstimate(p50=job.predicted.p50_s, p90=job.predicted.p90_s)
     return Job(
         id=job.job_id,
         tenant=job.tenant,
@@ -261,6 +422,7 @@ def core_job(job: JobRecord) -> Job:
         submit_time=job.submitted_at.timestamp(),
         time_limit_s=job.time_limit_s,
         topology=job.topology,
+        predicted=predicted,
     )
 
 
@@ -297,26 +459,79 @@ def running_jobs(
     if cache is None:
         found = (running_job(j, index, margin, now) for j in jobs if j.holding or j.state == "proposed")
         return [r for r in found if r is not None]
-    if cache.node_ids != node_ids:
-        cache.node_ids, cache.running = node_ids, {}
+    if (cache.node_ids is not node_ids and cache.node_ids != node_ids) or cache.margin != margin:
+        cache.node_ids, cache.running, cache.promised, cache.margin = node_ids, {}, {}, margin
+    running, promised = cache.running, cache.promised
     kept: dict[str, tuple[JobRecord, RunningJob]] = {}
+    kept_promised: dict[str, tuple[JobRecord, RunningJob | None, float]] = {}
     out: list[RunningJob] = []
     for j in jobs:
-        if not (j.holding or j.state == "proposed"):
+        state = j.state
+        if state not in _HOLDING_OR_PROPOSED:
             continue
-        hit = cache.running.get(j.job_id)
-        r = hit[1] if hit is not None and hit[0] is j else running_job(j, index, margin, now)
-        if r is None:
+        job_id = j.job_id
+        hit = running.get(job_id)
+        if hit is not None and hit[0] is j:
+            out.append(hit[1])
+            kept[job_id] = hit
             continue
-        out.append(r)
-        # A proposed job, or one held since an unknown time, starts "now": not reusable.
-        if j.holding and (j.started_at or j.scheduled_at) is not None:
-            kept[j.job_id] = (j, r)
-    cache.running = kept
+        # A proposed job, or one held since an unknown time, starts "now": all but the times is reused.
+        again = promised.get(job_id)
+        if again is not None and again[0] is j:
+            kept_promised[job_id] = again
+            if again[1] is not None:
+                out.append(
+                    RunningJob(job=again[1].job, hosts=again[1].hosts, started_at=now, planned_end=now + again[2])
+                )
+            continue
+        r = running_job(j, index, margin, now)
+        if state != "proposed" and (j.started_at or j.scheduled_at) is not None:
+            if r is not None:
+                kept[job_id] = (j, r)
+        else:
+            kept_promised[job_id] = (j, r, 0.0 if r is None else estimated_runtime(r.job, margin))
+        if r is not None:
+            out.append(r)
+    cache.running, cache.promised = kept, kept_promised
     return out
 
 
+_HOLDING_OR_PROPOSED = frozenset(("proposed", "scheduled", "running"))
+
+
 QueueRule = tuple[QueuePolicy, CycleConfig]
+
+
+def host_index(node_ids: list[str], cache: PlanCache | None) -> dict[str, int]:
+    """Node id -> host index; the cache's while the host list is the same object."""
+    if cache is not None and cache.index is not None and cache.index[0] is node_ids:
+        return cache.index[1]
+    index = {n: i for i, n in enumerate(node_ids)}
+    if cache is not None:
+        cache.index = (node_ids, index)
+    return index
+
+
+def framework_placer(
+    inputs: PlacementInputs,
+    view: fw.ClusterView,
+    node_ids: list[str],
+    hints: Mapping[str, AskHints],
+    now: dt.datetime,
+    cache: PlanCache | None,
+) -> FrameworkPlacer:
+    """The cycle's `FrameworkPlacer`: the last cycle's, started anew, while its placement view, host
+    list, framework and sample are the same objects (the view's free GPUs then stay as it left them)."""
+    assert inputs.framework is not None
+    key = (view, node_ids, inputs.framework)
+    if cache is not None and (kept := cache.placer) is not None and kept.sample == inputs.sample:
+        if all(a is b for a, b in zip(key, cache.placer_key, strict=True)):
+            kept.start_cycle(hints, now)
+            return kept
+    placer = FrameworkPlacer(inputs.framework, view, node_ids, hints, now, inputs.sample)
+    if cache is not None:
+        cache.placer, cache.placer_key = placer, key
+    return placer
 
 
 def plan_cycle(
@@ -330,6 +545,7 @@ def plan_cycle(
     *,
     placement: PlacementInputs = NO_PLACEMENT_INPUTS,
     queue_rules: Mapping[str, QueueRule] | None = None,
+    predictions: Mapping[str, RuntimeEstimate] | None = None,
 ) -> CyclePlan:
     """Decide one cycle over the live `jobs` on `ledger`; see the module docstring and `PlanCache`.
 
@@ -337,19 +553,21 @@ def plan_cycle(
     `queue_rules`: queue -> its own (policy, cycle config); other queues use `policy`/`config`.
     With several queues waiting, each is decided by its own policy in turn on what the previous
     ones left, the queue whose oldest job has waited longest first (see `cycle_by_queue`).
+    `predictions`: job id -> the learned runtime of a queued job (`predictor.RuntimePredictor`).
     """
-    view = host_view(ledger, taken_in_flight(ledger, jobs), leaf_label, cache.offers if cache else None)
-    index = {n: i for i, n in enumerate(view.node_ids)}
+    taken = taken_in_flight(ledger, jobs)
+    view = host_view(ledger, taken, leaf_label) if cache is None else host_view_cached(ledger, taken, leaf_label, cache)
+    index = host_index(view.node_ids, cache)
     waiting = [j for j in jobs if j.state == "queued" and (j.not_before is None or j.not_before <= now)]
     running = running_jobs(jobs, index, view.node_ids, config.safety_margin, now.timestamp(), cache)
     placer: Placer | None = None
     if placement.framework is not None and view.node_ids:
         fw_view = placement_view(ledger, view, placement, cache)
         hints = {j.job_id: hints_of(j) for j in waiting if j.dataset or j.gpu_model or j.milli < 1000}
-        placer = FrameworkPlacer(placement.framework, fw_view, view.node_ids, hints, now, placement.sample)
+        placer = framework_placer(placement, fw_view, view.node_ids, hints, now, cache)
     groups: dict[str, list[Job]] = {}
     for j in waiting:
-        groups.setdefault(j.queue, []).append(core_job(j))
+        groups.setdefault(j.queue, []).append(core_job(j, predictions.get(j.job_id) if predictions else None))
     rules = queue_rules or {}
     order = sorted(groups, key=lambda q: (min(job.submit_time for job in groups[q]), q))
     cluster = view.cluster
@@ -379,9 +597,12 @@ def plan_cycle(
         for job_id, why in waiting_why.items():
             if why.endswith(NEVER_FITS) and (found := placer.reasons.get(job_id)):
                 waiting_why[job_id] = f"{why} ({found})"
+    # The records assign() reads: the starts' (all waiting jobs) and, when there are any, the victims'.
+    records = {j.job_id: j for j in (jobs if reply.preemptions or reply.kills else waiting)}
+    proposals = assign(reply, view, records, index)
     return CyclePlan(
         ledger_version=ledger.version,
-        proposals=assign(reply, view, {j.job_id: j for j in jobs}),
+        proposals=with_sharp(proposals, placer) if isinstance(placer, FrameworkPlacer) else proposals,
         preempted=[(p.job_id, p.for_job_id) for p in reply.preemptions],
         killed=list(reply.kills),
         waiting=waiting_why,
@@ -474,7 +695,9 @@ def explain_head(reply: SchedulingReply, request: SchedulingRequest, queue: Sequ
     return waiting
 
 
-def assign(reply: SchedulingReply, view: HostView, jobs: dict[str, JobRecord]) -> list[Proposal]:
+def assign(
+    reply: SchedulingReply, view: HostView, jobs: dict[str, JobRecord], index: Mapping[str, int] | None = None
+) -> list[Proposal]:
     """The exact GPUs of every start: the lowest free indices of each host the core chose, counting
     the GPUs of the jobs this cycle preempts or kills as free (the core gave them to the starts)."""
     # Only the hosts a start or a victim touches are copied and sorted (a cycle touches few of 1,000).
@@ -485,7 +708,8 @@ def assign(reply: SchedulingReply, view: HostView, jobs: dict[str, JobRecord]) -
             free[host] = sorted(view.free_gpus[host])
         return free[host]
 
-    index = {n: i for i, n in enumerate(view.node_ids)}
+    if index is None:
+        index = {n: i for i, n in enumerate(view.node_ids)}
     for gone in [p.job_id for p in reply.preemptions] + list(reply.kills):
         for a in jobs[gone].assignments:
             if (h := index.get(a.node_id)) is not None:
@@ -507,5 +731,42 @@ def assign(reply: SchedulingReply, view: HostView, jobs: dict[str, JobRecord]) -
                 )
                 for g in picked
             )
-        out.append(Proposal(job_id=job.job_id, assignments=assignments))
+        hosts = [view.node_ids[host] for host, _ in start.hosts]
+        reason = LEAF_PLACER_NO_SHARP if len(hosts) > 1 else SINGLE_HOST_NO_SHARP
+        out.append(Proposal(job_id=job.job_id, assignments=assignments, hosts=hosts, sharp_reason=reason))
+    return out
+
+
+# The reasons a placement has no SHARP when the framework did not decide it (`placement = "leaf"`).
+LEAF_PLACER_NO_SHARP = 'the leaf placer (placement = "leaf") does not place for SHARP'
+SINGLE_HOST_NO_SHARP = "single-node job: its reductions stay on NVLink inside the host"
+
+
+def with_sharp(proposals: list[Proposal], placer: FrameworkPlacer) -> list[Proposal]:
+    """The proposals with the framework's SHARP decision and rank order: from the placement it
+    admitted for the job (`placer.results`), or decided again on the cycle's fabric when that
+    result is not the start's host set; assignments reordered to the rank order."""
+    out: list[Proposal] = []
+    index = placer.view.index
+    for p in proposals:
+        result = placer.results.get(p.job_id)
+        if result is not None and sorted(result.hosts) == sorted(p.hosts):
+            ranked = list(result.hosts)
+            decision = SharpDecision(enabled=result.sharp, reason=result.sharp_reason, env=dict(result.nccl_env))
+        else:
+            ranked = rank_order(index, p.hosts)
+            covering = index.covering_subtree(ranked) if len(ranked) > 1 else None
+            decision = decide_sharp(index, len(ranked), None, covering)
+        position = {h: i for i, h in enumerate(ranked)}
+        assignments = sorted(p.assignments, key=lambda a: position[a.node_id])  # stable: GPU order kept
+        out.append(
+            msgspec.structs.replace(
+                p,
+                assignments=assignments,
+                hosts=ranked,
+                sharp=decision.enabled,
+                sharp_reason=decision.reason,
+                nccl_env=decision.env,
+            )
+        )
     return out

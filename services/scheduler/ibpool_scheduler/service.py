@@ -64,11 +64,12 @@ from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit
 from ibpool_runtime.store import Transaction
 
-from . import jobs, state
+from . import jobs, members, state
 from .config import SchedulerConfig
 from .jobs import JobRecord
 from .node_feed import NodeFeed, telemetry_of
 from .plan import CyclePlan, PlacementInputs, PlanCache, QueueRule, plan_cycle
+from .predictor import RuntimePredictor, estimates_of, settings_of
 
 log = get_logger(__name__)
 
@@ -121,6 +122,8 @@ def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord 
         return "request needs hosts >= 1, gpus >= 1 and milli in 1..1000"
     if r.milli < 1000 and (r.gpus != 1 or r.hosts != 1):
         return "a fraction is one share of one GPU on one host"
+    if spec.on_member_failure == "replace" and r.hosts < 2:
+        return "on_member_failure 'replace' is for multi-node jobs (hosts >= 2); a single-host job restarts"
     return JobRecord(
         job_id=job_id,
         name=spec.name,
@@ -139,6 +142,7 @@ def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord 
         workload=spec.workload,
         submitted_at=now,
         queued_at=now,
+        on_member_failure=spec.on_member_failure,
     )
 
 
@@ -209,6 +213,14 @@ class Scheduler:
             registry=registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
         )
+        # The learned runtime model (predictor.py): predictions for the cycle, history for gittins-learned.
+        self.predictor: RuntimePredictor | None = None
+        if cfg.predict_runtime:
+            try:
+                self.predictor = RuntimePredictor(settings_of(cfg), clock=clock, registry=registry)
+            except ValueError as e:
+                raise ConfigError(f"invalid scheduler config: {e}") from None
+            self.predictor.attach([self.policy, *(rule[0] for rule in self.queue_rules.values())])
 
     # -- news ---------------------------------------------------------------------------------
 
@@ -252,13 +264,19 @@ class Scheduler:
             case AllocationRejected():
                 await self.on_rejected(tx, message, now)
             case AllocationRevoked():
-                await self.on_lost(tx, message.job_id, message.allocation_id, f"allocation revoked: {message.reason}")
+                why = f"allocation revoked: {message.reason}"
+                await self.on_lost(tx, message.job_id, message.allocation_id, why, node_id=message.node_id)
             case AllocationExpired():
                 await self.on_lost(tx, message.job_id, message.allocation_id, "allocation lease expired")
             case RequeueRequested():
                 not_before = now + dt.timedelta(seconds=message.retry_after_s) if message.retry_after_s > 0 else None
                 await self.on_lost(
-                    tx, message.job_id, message.allocation_id, f"requeue requested: {message.reason}", not_before
+                    tx,
+                    message.job_id,
+                    message.allocation_id,
+                    f"requeue requested: {message.reason}",
+                    not_before,
+                    message.node_id,
                 )
 
     async def accept(self, tx: Transaction, job_id: str, spec: JobSpec) -> JobRecord | str:
@@ -318,6 +336,8 @@ class Scheduler:
         job = await self.current(tx, ev.job_id, ev.allocation_id, now) if ev.reason != "revoked" else None
         if job is None:
             return  # not ours, not current, or revoked (the revocation requeues it)
+        if members.replaceable(job) and await members.on_member_exit(self, tx, job, ev, now):
+            return  # a replaced member's late exit, or a hardware exit: the member is replaced
         exited = sorted({*job.exited_nodes, ev.node_id})
         if ev.reason == "completed" and len(exited) < len(job.nodes):
             await state.save_job(tx.conn, msgspec.structs.replace(job, exited_nodes=exited), now)
@@ -335,6 +355,9 @@ class Scheduler:
 
     async def on_granted(self, tx: Transaction, ev: AllocationGranted, now: dt.datetime) -> None:
         job = await state.lock_job(tx.conn, ev.job_id)
+        if job is not None and ev.replaces is not None:
+            await members.on_granted(self, tx, job, ev, now)  # a replaced gang member
+            return
         if job is None or job.allocation_id == ev.allocation_id:
             return  # not ours, or another member of a gang already granted
         if job.state == "proposed" and job.proposal_id == ev.allocation_id:
@@ -369,6 +392,9 @@ class Scheduler:
 
     async def on_rejected(self, tx: Transaction, ev: AllocationRejected, now: dt.datetime) -> None:
         job = await state.lock_job(tx.conn, ev.job_id)
+        if job is not None and job.replace_id is not None and job.replace_id == ev.command_id:
+            await members.on_rejected(self, tx, job, ev, now)  # a replacement of a gang member refused
+            return
         if job is None or job.state != "proposed" or job.proposal_id != ev.command_id:
             return
         self.answers.labels(ev.reason).inc()
@@ -379,13 +405,24 @@ class Scheduler:
         self.wake.set()
 
     async def on_lost(
-        self, tx: Transaction, job_id: str, allocation_id: str, why: str, not_before: dt.datetime | None = None
+        self,
+        tx: Transaction,
+        job_id: str,
+        allocation_id: str,
+        why: str,
+        not_before: dt.datetime | None = None,
+        node_id: str | None = None,
     ) -> None:
-        """The job's allocation is gone or must go: requeue it in its place (or fail it after max_attempts)."""
+        """The job's allocation is gone or must go: requeue it in its place (or fail it after max_attempts).
+        A gang that declared `replace` and lost the member on `node_id` has that member replaced instead
+        (members.py)."""
         job = await state.lock_job(tx.conn, job_id)
         if job is None or not job.holding or job.allocation_id != allocation_id:
             return
         now = self.clock.now()
+        if node_id is not None and members.replaceable(job):
+            await members.member_lost(self, tx, job, node_id, why, now)
+            return
         self.requeues.labels(why.split(":", 1)[0]).inc()
         await tx.outbox(self.release(allocation_id, f"job {job_id} requeued"))
         if job.attempt + 1 > self.cfg.max_attempts:
@@ -480,9 +517,12 @@ class Scheduler:
                 self.plan_cache,
                 placement=self.placement_inputs(live, now),
                 queue_rules=self.queue_rules,
+                predictions=estimates_of(self.predictor, live),
             )
             self.backlog = sum(1 for j in live if j.state == "queued") - len(plan.proposals)
             await self._write(tx, plan, {j.job_id: j for j in live}, term, now)
+            proposed = (a for p in plan.proposals for a in p.assignments)
+            await members.propose_replacements(self, tx, live, ledger, proposed, term, now)
             await tx.outbox(*self.renewals(live, now))
         return plan
 
@@ -587,15 +627,19 @@ class Scheduler:
                 ledger_version=plan.ledger_version,
                 assignments=p.assignments,
                 lease_s=self.cfg.lease_s,
-                workload=job.workload,
+                workload=jobs.workload_with_env(job.workload, p.nccl_env),
                 scheduler_group=self.group,
                 fencing_term=term,
+                on_member_failure=job.on_member_failure if job.hosts > 1 else "restart",
             )
-            changes[job.job_id] = (job, jobs.proposed(job, cmd.id, p.assignments, term), [cmd])
+            placed = jobs.JobPlacement(hosts=p.hosts, sharp=p.sharp, sharp_reason=p.sharp_reason, nccl_env=p.nccl_env)
+            changes[job.job_id] = (job, self.stamped(jobs.proposed(job, cmd.id, p.assignments, term, placed)), [cmd])
         for job_id, why in plan.waiting.items():
             waiting = live.get(job_id)
-            if waiting is not None and job_id not in changes and waiting.reason != why:
-                changes[job_id] = (waiting, msgspec.structs.replace(waiting, reason=why), [])
+            if waiting is not None and job_id not in changes:
+                again = self.stamped(msgspec.structs.replace(waiting, reason=why) if waiting.reason != why else waiting)
+                if again is not waiting:
+                    changes[job_id] = (waiting, again, [])
         if not changes:
             return
         enc = msgspec.json.Encoder()
@@ -628,6 +672,10 @@ class Scheduler:
         await tx.outbox(*out)
         self.proposed.inc(sum(1 for p in plan.proposals if p.job_id in kept))
 
+    def stamped(self, job: JobRecord) -> JobRecord:
+        """The record carrying the prediction this cycle used for it (shown by GET /v1/jobs/{id})."""
+        return self.predictor.stamped(job) if self.predictor is not None else job
+
     def batch(self, proposals: list[ProposePlacement], ledger_version: int, term: int | None) -> ProposePlacements:
         """The cycle's proposals as one command; each keeps its id (the job's `proposal_id`)."""
         return ProposePlacements(
@@ -645,6 +693,7 @@ class Scheduler:
                     assignments=p.assignments,
                     lease_s=p.lease_s,
                     workload=p.workload,
+                    on_member_failure=p.on_member_failure,
                 )
                 for p in proposals
             ],

@@ -146,3 +146,32 @@ async def usage_history(conn: asyncpg.Connection, since: dt.datetime) -> list[tu
         since,
     )
     return [(r["tenant"], int(r["g"] or 1) * int(r["h"] or 1), float(r["r"] or 0.0), r["updated_at"]) for r in rows]
+
+
+# The ended states the runtime model learns from (ibpool_scheduler.predictor: never `cancelled`).
+# Written out, not a parameter, so that the planner uses the partial index `jobs_learned_by_end`.
+_LEARNED = "state IN ('completed', 'failed', 'killed')"
+
+
+async def ended_jobs_newest(conn: asyncpg.Connection | asyncpg.Pool, limit: int) -> list[tuple[JobRecord, dt.datetime]]:
+    """The newest `limit` completed, failed or killed jobs with when they ended, oldest first."""
+    rows = await conn.fetch(
+        f"SELECT body, updated_at FROM jobs WHERE {_LEARNED} ORDER BY updated_at DESC, job_id DESC LIMIT $1", limit
+    )
+    return [(_record.decode(r["body"]), r["updated_at"]) for r in reversed(rows)]
+
+
+async def ended_job_ids_since(
+    conn: asyncpg.Connection | asyncpg.Pool, since: dt.datetime
+) -> list[tuple[str, dt.datetime]]:
+    """(job id, when it ended) of the completed, failed or killed jobs that ended after `since`, in that order."""
+    rows = await conn.fetch(
+        f"SELECT job_id, updated_at FROM jobs WHERE {_LEARNED} AND updated_at > $1 ORDER BY updated_at, job_id", since
+    )
+    return [(r["job_id"], r["updated_at"]) for r in rows]
+
+
+async def jobs_by_id(conn: asyncpg.Connection | asyncpg.Pool, job_ids: Sequence[str]) -> dict[str, JobRecord]:
+    """The stored records of `job_ids` (absent ids are left out)."""
+    rows = await conn.fetch("SELECT job_id, body FROM jobs WHERE job_id = ANY($1::text[])", list(job_ids))
+    return {r["job_id"]: _record.decode(r["body"]) for r in rows}

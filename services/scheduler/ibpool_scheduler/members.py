@@ -1,0 +1,254 @@
+"""Replacing the failed member of a gang that declared `on_member_failure: replace`.
+
+A gang of such a job keeps its allocation id when one member is lost: the allocator revokes that
+member's share alone (a node or GPU failure), and the scheduler asks for a new host in its place
+with `ReplaceGangMember`; the other members keep running and get no event. Otherwise (a
+`restart` gang, a single-host job) the job is requeued whole, as `Scheduler.on_lost` does.
+
+    lost member (AllocationRevoked of one node, RequeueRequested naming the node, or a member's
+    exit for a hardware reason)      -> `member_lost`: the job records `replacing` (no release)
+    the next cycle (leader, fenced)  -> `propose_replacements`: a host chosen by `choose_host`;
+                                        ReplaceGangMember out, or no host fits: the gang restarts
+    AllocationGranted(replaces=...)  -> `on_granted`: the new host takes the lost member's rank
+    AllocationRejected of it         -> `on_rejected`: conflict/stale retried at once (a few
+                                        times), anything else restarts the gang
+
+A second member lost while one is being replaced, or more replacements than `max_attempts`, restart
+the gang. The replacement of a member is not held back by the failover controller's
+`retry_after_s` (a backoff for work that starts over, not for one member of running work).
+`choose_host` is pure; the rest reads and writes the job rows in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from ibpool_core.pool.ledger import Ledger
+from ibpool_core.sched.jobs import Job
+from ibpool_core.sched.placer import FreeView, LeafPlacer
+from ibpool_proto.job import JobExited
+from ibpool_proto.pool import AllocationGranted, AllocationRejected, GpuAssignment, ReplaceGangMember
+from ibpool_runtime.logs import get_logger
+from ibpool_runtime.store import Transaction
+
+from . import jobs, state
+from .jobs import JobPlacement, JobRecord
+from .plan import UNLABELLED_LEAF, host_view, taken_in_flight
+
+if TYPE_CHECKING:
+    from .service import Scheduler
+
+log = get_logger(__name__)
+
+# Exit reasons of a member that mean its hardware, not its program, failed: the member is replaced.
+HARDWARE_EXITS = ("xid", "lost")
+# A replacement refused for `conflict` or `stale` is tried again at once this many times, then the gang restarts.
+MAX_REPLACE_RETRIES = 3
+RETRY_AT_ONCE = ("conflict", "stale")
+
+
+def replaceable(job: JobRecord) -> bool:
+    return job.on_member_failure == "replace" and job.hosts > 1
+
+
+def choose_host(
+    ledger: Ledger, job: JobRecord, failed: str, taken: Mapping[str, Iterable[int]], leaf_label: str
+) -> list[GpuAssignment] | str:
+    """The new host's GPUs for the member of `job` lost on `failed`, or why no host fits.
+
+    Candidates: ready nodes outside the gang with `gpus_per_host` whole GPUs free (of the job's GPU
+    model, if it names one), none of them in `taken`. The topology constraint: `required` keeps the
+    gang within the leaves its other members are under (it spans no more leaf groups than it did);
+    `preferred` looks there first, then anywhere. Among the allowed hosts the core's `LeafPlacer`
+    takes the best fit (the fewest free GPUs that still hold the member), keeping whole hosts free.
+    """
+    held = {n: set(g) for n, g in taken.items()}
+    view = host_view(ledger, held, leaf_label)
+    members = set(job.nodes) | {failed}
+    need = job.gpus_per_host
+    free: list[list[int]] = []
+    for node_id, gpus in zip(view.node_ids, view.free_gpus, strict=True):
+        node = ledger.nodes[node_id]
+        ok = [i for i in gpus if job.gpu_model is None or ((g := node.gpu(i)) is not None and g.model == job.gpu_model)]
+        free.append(ok if node_id not in members else [])
+    survivors = [n for n in job.nodes if n != failed and n in ledger.nodes]
+    leaves = {ledger.nodes[n].labels.get(leaf_label, UNLABELLED_LEAF) for n in survivors}
+    leaf_names = {h: ledger.nodes[n].labels.get(leaf_label, UNLABELLED_LEAF) for h, n in enumerate(view.node_ids)}
+    tries = [True] if job.topology == "required" else [True, False]
+    one = Job(id=job.job_id, tenant=job.tenant, gpus=need, nodes=1, submit_time=job.submitted_at.timestamp())
+    for same_leaves in tries:
+        counts = [
+            len(f) if len(f) >= need and (not same_leaves or not leaves or leaf_names[h] in leaves) else 0
+            for h, f in enumerate(free)
+        ]
+        if not any(counts):
+            continue
+        placed = LeafPlacer().place(FreeView(counts, view.cluster.leaf_of, max(counts)), one, None)
+        if placed:
+            host, _ = placed[0]
+            return [GpuAssignment(node_id=view.node_ids[host], gpu_index=i) for i in sorted(free[host])[:need]]
+    model = f" of model {job.gpu_model}" if job.gpu_model else ""
+    where = " under the leaves of its other members (topology required)" if job.topology == "required" else ""
+    return f"no ready host outside the gang has {need} free GPUs{model}{where}"
+
+
+async def member_lost(
+    sched: Scheduler, tx: Transaction, job: JobRecord, node_id: str, why: str, now: dt.datetime
+) -> None:
+    """`job` (locked, holding, replaceable) lost its member on `node_id`: mark it for replacement."""
+    if node_id not in job.nodes or job.replacing == node_id:
+        return  # a member replaced already (the old member's late news), or being replaced
+    assert job.allocation_id is not None
+    if job.replacing is not None:
+        await sched.on_lost(
+            tx,
+            job.job_id,
+            job.allocation_id,
+            f"member on {node_id} lost while the member on {job.replacing} was being replaced: gang restarted; {why}",
+        )
+        return
+    if job.replacements >= sched.cfg.max_attempts:
+        await sched.on_lost(
+            tx, job.job_id, job.allocation_id, f"{job.replacements} members replaced already: gang restarted; {why}"
+        )
+        return
+    marked = msgspec.structs.replace(
+        job,
+        replacing=node_id,
+        replace_id=None,
+        replace_proposal=[],
+        replace_retries=0,
+        exited_nodes=[n for n in job.exited_nodes if n != node_id],
+        reason=f"replacing the member on {node_id}: {why}",
+    )
+    await state.save_job(tx.conn, marked, now)
+    sched.requeues.labels("member replacement").inc()
+    log.info("gang member lost; replacing it", job_id=job.job_id, node_id=node_id, why=why)
+    sched.wake.set()
+
+
+async def on_member_exit(sched: Scheduler, tx: Transaction, job: JobRecord, ev: JobExited, now: dt.datetime) -> bool:
+    """A member's exit, for a replaceable gang: True when handled here (the old member of a replaced
+    node, or a hardware exit: the member is replaced), False to handle it as any job's exit."""
+    if ev.node_id not in job.nodes:
+        return True  # the member replaced already: its end is not the job's
+    if ev.reason in HARDWARE_EXITS:
+        detail = f"{ev.reason} on {ev.node_id}: {ev.detail}".rstrip(": ")
+        await member_lost(sched, tx, job, ev.node_id, f"member exited ({detail})", now)
+        return True
+    return False
+
+
+async def propose_replacements(
+    sched: Scheduler,
+    tx: Transaction,
+    live: list[JobRecord],
+    ledger: Ledger,
+    proposed: Iterable[GpuAssignment],
+    term: int | None,
+    now: dt.datetime,
+) -> None:
+    """In the cycle (the leader, fenced): a ReplaceGangMember for every job with a member to replace
+    and none in flight, or the gang restarted when no host fits. `proposed`: the GPUs this cycle's
+    proposals take."""
+    waiting = [j for j in live if j.holding and j.replacing is not None and j.replace_id is None]
+    if not waiting:
+        return
+    taken: dict[str, set[int]] = {n: set(g) for n, g in taken_in_flight(ledger, live).items()}
+    for a in [*proposed, *(a for j in live if j.replace_id is not None for a in j.replace_proposal)]:
+        taken.setdefault(a.node_id, set()).add(a.gpu_index)
+    for job in waiting:
+        locked = await state.lock_job(tx.conn, job.job_id)
+        if locked != job:
+            continue  # changed since the cycle read it: the next cycle looks again
+        assert job.replacing is not None and job.allocation_id is not None
+        choice = choose_host(ledger, job, job.replacing, taken, sched.cfg.leaf_label)
+        if isinstance(choice, str):
+            why = f"member on {job.replacing} lost and no host fits its replacement ({choice}): gang restarted"
+            await sched.on_lost(tx, job.job_id, job.allocation_id, why)
+            continue
+        cmd = ReplaceGangMember(
+            source=sched.kit.source,
+            key=job.allocation_id,
+            allocation_id=job.allocation_id,
+            job_id=job.job_id,
+            failed_node_id=job.replacing,
+            assignments=choice,
+            ledger_version=ledger.version,
+            # The same NCCL/SHARP settings as the first placement's members (the gang's subtree is kept).
+            workload=jobs.workload_with_env(job.workload, job.placement.nccl_env if job.placement else {}),
+            reason=job.reason,
+            scheduler_group=sched.group,
+            fencing_term=term,
+        )
+        for a in choice:
+            taken.setdefault(a.node_id, set()).add(a.gpu_index)
+        await state.save_job(tx.conn, msgspec.structs.replace(job, replace_id=cmd.id, replace_proposal=choice), now)
+        await tx.outbox(cmd)
+        log.info("gang member replacement proposed", job_id=job.job_id, failed=job.replacing, host=choice[0].node_id)
+
+
+async def on_granted(
+    sched: Scheduler, tx: Transaction, job: JobRecord, ev: AllocationGranted, now: dt.datetime
+) -> None:
+    """The grant of a replaced member (`ev.replaces` set): the new host takes the lost one's rank."""
+    if not (job.holding and job.allocation_id == ev.allocation_id):
+        # Not the job's allocation any more (it restarted meanwhile): give the allocation back.
+        await tx.outbox(
+            sched.release(ev.allocation_id, f"job {job.job_id} does not hold allocation {ev.allocation_id}")
+        )
+        return
+    if job.replace_id != ev.command_id or job.replacing != ev.replaces:
+        return  # a repeated grant, answered already
+    lost, new = ev.replaces, ev.node_id
+    nodes = list(ev.nodes) or [new if n == lost else n for n in job.nodes]
+    rank = {n: i for i, n in enumerate(nodes)}
+    assignments = sorted(
+        [*(a for a in job.assignments if a.node_id != lost), *ev.assignments],
+        key=lambda a: (rank.get(a.node_id, len(rank)), a.gpu_index),
+    )
+    placement = job.placement
+    if placement is not None:
+        placement = msgspec.structs.replace(placement, hosts=[new if h == lost else h for h in placement.hosts])
+    done = msgspec.structs.replace(
+        job,
+        nodes=nodes,
+        assignments=assignments,
+        placement=placement or JobPlacement(hosts=nodes),
+        replacing=None,
+        replace_id=None,
+        replace_proposal=[],
+        replace_retries=0,
+        replacements=job.replacements + 1,
+        exited_nodes=[n for n in job.exited_nodes if n != lost],
+        reason=f"member on {lost} replaced by {new}",
+    )
+    await state.save_job(tx.conn, done, now)
+    sched.answers.labels("member replaced").inc()
+    log.info("gang member replaced", job_id=job.job_id, lost=lost, new=new, allocation_id=ev.allocation_id)
+
+
+async def on_rejected(
+    sched: Scheduler, tx: Transaction, job: JobRecord, ev: AllocationRejected, now: dt.datetime
+) -> None:
+    """The allocator refused the replacement: try again at once on fresher state (conflict, stale, a
+    few times), else restart the gang with the reason."""
+    assert job.allocation_id is not None and job.replacing is not None
+    sched.answers.labels(f"replacement {ev.reason}").inc()
+    if ev.reason in RETRY_AT_ONCE and job.replace_retries < MAX_REPLACE_RETRIES:
+        again = msgspec.structs.replace(
+            job,
+            replace_id=None,
+            replace_proposal=[],
+            replace_retries=job.replace_retries + 1,
+            reason=f"replacing the member on {job.replacing}: refused ({ev.reason}: {ev.detail}), trying again",
+        )
+        await state.save_job(tx.conn, again, now)
+        sched.wake.set()
+        return
+    why = f"replacement of the member on {job.replacing} refused ({ev.reason}: {ev.detail}): gang restarted"
+    await sched.on_lost(tx, job.job_id, job.allocation_id, why)

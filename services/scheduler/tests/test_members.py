@@ -1,0 +1,93 @@
+"""Replacing a gang's failed member: the declaration in the job body and the choice of the new host."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from ibpool_core.pool import allocate as al
+from ibpool_proto.health import NodeFailed
+from ibpool_proto.job import JobSpec
+from ibpool_proto.pool import GpuAssignment, ProposePlacement, ResourceRequest
+from ibpool_runtime.http import BadBody
+from ibpool_scheduler.api import JobBody, spec_of
+from ibpool_scheduler.members import choose_host
+from ibpool_scheduler.service import record_from_spec
+
+from .test_glue import T0, job, ledger_of, node
+
+LEAF = "ibpool.io/leaf"
+
+
+def gang_ledger(*extra: al.Input) -> al.Ledger:
+    """Leaf A: a1 a2 a3 (a3 with 4 GPUs), leaf B: b1; a gang of 2 x 4 GPUs on a1, a2; a1 fails."""
+    ledger = ledger_of(node("a1", leaf="A"), node("a2", leaf="A"), node("a3", gpus=4, leaf="A"), node("b1", leaf="B"))
+    gang = ProposePlacement(
+        source="s",
+        key="g",
+        job_id="g",
+        tenant="t",
+        queue="q",
+        ledger_version=ledger.version,
+        assignments=[GpuAssignment(node_id=n, gpu_index=i) for n in ("a1", "a2") for i in range(4)],
+        on_member_failure="replace",
+    )
+    for cmd in (gang, NodeFailed(source="f", key="a1", node_id="a1", reason="x"), *extra):
+        al.handle(ledger, cmd, T0)
+    return ledger
+
+
+def gang_job(**kw: object) -> object:
+    return job("g", gpus=4, hosts=2, nodes=["a1", "a2"], on_member_failure="replace", state="running", **kw)
+
+
+def test_the_declaration_goes_from_the_body_to_the_spec_and_the_record() -> None:
+    spec = spec_of(
+        msgspec.convert({"tenant": "a", "nodes": 2, "gpus_per_node": 8, "on_member_failure": "replace"}, JobBody)
+    )
+    assert spec.on_member_failure == "replace"
+    record = record_from_spec("j", spec, T0)
+    assert not isinstance(record, str) and record.on_member_failure == "replace"
+    assert (
+        spec_of(msgspec.convert({"tenant": "a", "nodes": 2, "gpus_per_node": 8}, JobBody)).on_member_failure
+        == "restart"
+    )
+
+
+def test_replace_on_a_single_host_job_is_refused_with_the_path() -> None:
+    with pytest.raises(BadBody) as e:
+        spec_of(msgspec.convert({"tenant": "a", "gpus": 8, "on_member_failure": "replace"}, JobBody))
+    assert e.value.path == "$.on_member_failure" and "multi-node" in str(e.value)
+    # The same from the bus (SubmitJob): the record is refused with the reason.
+    spec = JobSpec(name="", tenant="a", request=ResourceRequest(kind="whole", gpus=8), on_member_failure="replace")
+    assert record_from_spec("j", spec, T0) == (
+        "on_member_failure 'replace' is for multi-node jobs (hosts >= 2); a single-host job restarts"
+    )
+
+
+def test_the_new_host_is_the_best_fit_under_the_members_leaf() -> None:
+    ledger = gang_ledger()
+    choice = choose_host(ledger, gang_job(), "a1", {}, LEAF)  # type: ignore[arg-type]
+    # a3 (4 GPUs, leaf A) is the tightest fit; b1 is in another leaf, a1 failed, a2 is a member.
+    assert choice == [GpuAssignment(node_id="a3", gpu_index=i) for i in range(4)]
+
+
+def test_gpus_taken_in_flight_are_not_offered() -> None:
+    ledger = gang_ledger()
+    choice = choose_host(ledger, gang_job(), "a1", {"a3": [0]}, LEAF)  # type: ignore[arg-type]
+    assert choice == [GpuAssignment(node_id="b1", gpu_index=i) for i in range(4)]  # preferred: any leaf next
+
+
+def test_required_topology_never_leaves_the_members_leaves() -> None:
+    ledger = gang_ledger()
+    choice = choose_host(ledger, gang_job(topology="required"), "a1", {"a3": [0]}, LEAF)  # type: ignore[arg-type]
+    assert (
+        choice
+        == "no ready host outside the gang has 4 free GPUs under the leaves of its other members (topology required)"
+    )
+
+
+def test_no_host_fits_says_why() -> None:
+    ledger = gang_ledger()
+    choice = choose_host(ledger, gang_job(gpu_model="B200"), "a1", {}, LEAF)  # type: ignore[arg-type]
+    assert choice == "no ready host outside the gang has 4 free GPUs of model B200"

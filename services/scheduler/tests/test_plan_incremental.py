@@ -1,0 +1,111 @@
+"""The cycle's incremental paths give what the straightforward ones give: the host view redone only
+where nodes or GPUs in flight changed (`host_view_cached`), the placement view keyed on the same host
+lists, telemetry refreshed for the named hosts only, and proposed jobs' running pictures reused:
+cycle after cycle on one ledger, a cycle with the cache equals the cycle without it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+
+from ibpool_core.pool import allocate as al
+from ibpool_core.pool.ledger import Ledger
+from ibpool_core.sched.cycle import CycleConfig
+from ibpool_core.sched.framework import Framework, Telemetry, build_profile
+from ibpool_core.sched.queueing import make_policy
+from ibpool_proto.health import Cordoned, NodeFailed, Uncordoned
+from ibpool_proto.pool import ProposePlacement
+from ibpool_scheduler import jobs
+from ibpool_scheduler.jobs import JobRecord
+from ibpool_scheduler.plan import PlacementInputs, PlanCache, host_view, host_view_cached, plan_cycle
+from ibpool_scheduler.service import DEFAULT_PROFILE
+
+from .test_glue import T0, job, ledger_of, node
+
+LEAF = "ibpool.io/leaf"
+
+
+def grant(ledger: Ledger, j: JobRecord, assignments: list, at: dt.datetime) -> JobRecord:  # type: ignore[type-arg]
+    cmd = ProposePlacement(
+        source="t",
+        key=j.job_id,
+        job_id=j.job_id,
+        tenant=j.tenant,
+        queue=j.queue,
+        ledger_version=ledger.version,
+        assignments=assignments,
+    )
+    al.handle(ledger, cmd, at)
+    return jobs.granted(
+        jobs.proposed(j, cmd.id, assignments, None), cmd.id, sorted({a.node_id for a in assignments}), at
+    )
+
+
+def test_the_cached_host_view_is_the_host_view_through_every_kind_of_change() -> None:
+    ledger = ledger_of(*(node(f"n{i}", 4, leaf="a" if i < 3 else "b") for i in range(6)))
+    cache = PlanCache()
+    steps: list[tuple[object, dict[str, set[int]]]] = [
+        (None, {}),
+        (None, {"n1": {0, 1}}),  # GPUs in flight
+        (None, {}),  # ... and granted or gone
+        (Cordoned(source="f", key="n2", node_id="n2", scope="gpu", gpu_index=3, reason="hot"), {"n4": {2}}),
+        (Cordoned(source="f", key="n5", node_id="n5", scope="node", reason="hot"), {}),  # leaves the view
+        (Uncordoned(source="f", key="n5", node_id="n5", scope="node", reason="ok"), {"n5": {0}}),
+        (node("n9", 4, leaf="c"), {}),  # a new node
+        (node("n0", 4, leaf="c"), {}),  # re-registered under another leaf
+        (NodeFailed(source="f", key="n3", node_id="n3", reason="silent"), {"n1": {3}}),
+    ]
+    kept_lists = 0
+    previous = None
+    for change, taken in steps:
+        if change is not None:
+            al.handle(ledger, change, T0)  # type: ignore[arg-type]
+        fast = host_view_cached(ledger, taken, LEAF, cache)
+        assert fast == host_view(ledger, taken, LEAF)
+        if previous is not None and fast.node_ids is previous.node_ids:
+            kept_lists += 1
+        previous = fast
+    assert kept_lists >= 3  # unchanged layouts kept the host lists (what the placement view keys on)
+
+
+def test_a_cycle_with_every_cache_is_the_cycle_without_any() -> None:
+    rng = random.Random(7)
+    names = [f"n{i:02d}" for i in range(24)]
+    ledger = ledger_of(*(node(n, 8, leaf=f"l{i // 6}") for i, n in enumerate(names)))
+    framework = Framework(build_profile(DEFAULT_PROFILE))
+    cache = PlanCache()
+    live: dict[str, JobRecord] = {}
+    in_flight: list[tuple[int, str]] = []
+    telemetry: dict[str, Telemetry] = {}
+    started = 0
+    views: list[object] = []
+    for cycle in range(12):
+        at = T0 + dt.timedelta(seconds=10 * cycle)
+        for k in range(rng.randint(2, 9)):
+            jid = f"c{cycle:02d}-{k}"
+            if rng.random() < 0.15:
+                live[jid] = job(jid, 8, hosts=2, at=10 * cycle)
+            else:
+                live[jid] = job(jid, rng.choice((1, 1, 2, 4)), at=10 * cycle, time_limit_s=rng.choice((None, 600.0)))
+        if cycle % 3 == 1:  # telemetry comes, changes and goes
+            telemetry = {n: Telemetry(gpu_util=rng.random(), temperature_c=80.0) for n in rng.sample(names, 6)}
+        if cycle == 9:
+            al.handle(ledger, Cordoned(source="f", key="n05", node_id="n05", scope="node", reason="hot"), at)
+        inputs = PlacementInputs(framework, telemetry=telemetry, sample=rng.choice((0, 4)))
+        args = (ledger, list(live.values()), at, make_policy("fifo"), CycleConfig(), LEAF)
+        plan = plan_cycle(*args, cache, placement=inputs)
+        assert plan == plan_cycle(
+            *args, placement=PlacementInputs(framework, telemetry=telemetry, sample=inputs.sample)
+        )
+        views.append(cache.view)
+        for p in plan.proposals:  # proposed now, granted two cycles later
+            live[p.job_id] = jobs.proposed(live[p.job_id], f"p-{p.job_id}", p.assignments, None)
+            in_flight.append((cycle + 2, p.job_id))
+            started += 1
+        for due, jid in [x for x in in_flight if x[0] <= cycle]:
+            in_flight.remove((due, jid))
+            j = live[jid]
+            live[jid] = grant(ledger, j, j.proposal, at)
+    assert started > 20
+    assert len({id(v) for v in views}) < len(views) / 2  # the placement view was kept across cycles
+    assert cache.promised or cache.running  # the running pictures were kept for the next cycle
