@@ -32,6 +32,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     # A gang's answer to a failed member: "restart" the whole gang, or "replace" the failed member
     # only (elastic or hot-spare-capable multi-node jobs; see ibpool_proto.pool.MemberFailure).
     on_member_failure: MemberFailure = "restart"
+    # Sites (clusters) the job may run at, most preferred first; empty: anywhere. The scheduler
+    # picks one by estimated start and data locality (a node's site is its `ibpool.io/site` label).
+    sites: list[str] = []
 
 
 class SubmitJob(Command, frozen=True, kw_only=True, tag="io.ibpool.job.job.submit.v1"):

@@ -31,6 +31,9 @@ class TopologyBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     level: Annotated[int, msgspec.Meta(ge=1, le=3)] = 1
 
 
+SiteName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+
 class JobBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """POST /v1/jobs. Either `gpus` on one host (`nodes` 1), or `nodes` x `gpus_per_node` (a gang;
     `gpus`, when given too, must be their product), or `fraction` of one GPU."""
@@ -53,6 +56,8 @@ class JobBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     # A gang's answer to a failed member: "restart" the gang, or "replace" only the failed member
     # (elastic or hot-spare-capable multi-node jobs); not for single-host jobs.
     on_member_failure: MemberFailure = "restart"
+    # Sites the job may run at, most preferred first (a node's site: its `ibpool.io/site` label).
+    sites: Annotated[list[SiteName], msgspec.Meta(max_length=16)] = []
 
 
 class JobView(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,6 +74,10 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     topology: TopologyConstraint
     dataset: str | None
     time_limit_s: float | None
+    # The sites it may run at; the one the scheduler chose (None: not yet, or it fits none) and why.
+    sites: list[str]
+    site: str | None
+    site_reason: str
     submitted_at: dt.datetime
     attempt: int
     # Why it waits (the last cycle's explanation, or the allocator's last refusal) or how it ended.
@@ -149,6 +158,9 @@ def job_view(job: JobRecord) -> JobView:
         topology=job.topology,
         dataset=job.dataset,
         time_limit_s=job.time_limit_s,
+        sites=job.sites,
+        site=job.site,
+        site_reason=job.site_reason,
         submitted_at=job.submitted_at,
         attempt=job.attempt,
         reason=job.reason,
@@ -215,6 +227,7 @@ def spec_of(body: JobBody) -> JobSpec:
         topology_level=body.topology.level,
         dataset=body.dataset,
         on_member_failure=body.on_member_failure,
+        sites=body.sites,
     )
 
 

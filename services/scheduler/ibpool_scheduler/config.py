@@ -65,6 +65,10 @@ class SchedulerConfig(BaseConfig, frozen=True, kw_only=True):
     max_attempts: int = 10
     # Gangs: the node label naming a node's leaf switch (unlabelled nodes share one leaf group).
     leaf_label: str = "ibpool.io/leaf"
+    # Multi-site: the node label naming a node's site, and what running a job at a site without a
+    # copy of its dataset costs it (copying the data), in the choice of its site.
+    site_label: str = "ibpool.io/site"
+    site_transfer_s: float = 600.0
     # Gangs with topology "preferred" may span more leaves than the minimum after waiting this long.
     span_relax_after_s: float = 600.0
     # The learned runtime model (ibpool_scheduler.predictor, README "Runtime prediction"): on, every

@@ -68,6 +68,10 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     topology_level: int = 1
     dataset: str | None = None
     gpu_model: str | None = None
+    # The sites it may run at (empty: anywhere), the one chosen for it and why (`plan.plan_sites`).
+    sites: list[str] = []
+    site: str | None = None
+    site_reason: str = ""
     time_limit_s: float | None = None
     workload: WorkloadSpec | None = None
     submitted_at: dt.datetime

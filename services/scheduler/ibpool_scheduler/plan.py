@@ -27,6 +27,7 @@ from ibpool_core.sched.queueing import QueuePolicy
 from ibpool_core.sched.rank_order import rank_order
 from ibpool_core.sched.runtime import RuntimeEstimate
 from ibpool_core.sched.sharp import SharpDecision, decide_sharp
+from ibpool_core.sched.sites import Site, SiteChoice, choose_site
 from ibpool_proto.pool import GpuAssignment
 
 from .jobs import HOLDING, JobRecord
@@ -59,6 +60,8 @@ class CyclePlan(msgspec.Struct, frozen=True, kw_only=True):
     killed: list[str] = []
     waiting: dict[str, str] = {}
     order: str = ""
+    # job id -> (the site chosen for it this cycle, None: fits none it names; why)
+    sites: dict[str, tuple[str | None, str]] = {}
 
     def preempted_ids(self) -> list[str]:
         return [victim for victim, _ in self.preempted]
@@ -173,6 +176,8 @@ class PlacementInputs:
     node_links  node id -> worst state of its links (absent: up); `links_version` changes with it
     datasets    dataset -> node ids holding it; `datasets_version` changes with it
     sharp_label node label whose value "true" puts the node under a SHARP-capable leaf
+    site_label  node label naming the node's site, for jobs that name sites (`JobRecord.sites`)
+    site_transfer_s  what choosing a site without the job's dataset costs it (copying the data), s
     sample      hosts scored per single-host job (0: all)
     fairshare   tenant -> fair-share factor (`ibpool_core.sched.fairshare`), read by the policies
     """
@@ -187,6 +192,8 @@ class PlacementInputs:
         datasets: Mapping[str, Collection[str]] | None = None,
         datasets_version: int = 0,
         sharp_label: str = "ibpool.io/sharp",
+        site_label: str = "ibpool.io/site",
+        site_transfer_s: float = 600.0,
         sample: int = 0,
         fairshare: Mapping[str, float] | None = None,
     ) -> None:
@@ -197,6 +204,8 @@ class PlacementInputs:
         self.datasets = datasets or {}
         self.datasets_version = datasets_version
         self.sharp_label = sharp_label
+        self.site_label = site_label
+        self.site_transfer_s = site_transfer_s
         self.sample = sample
         self.fairshare = fairshare or {}
 
@@ -282,10 +291,103 @@ def refresh_telemetry(view: fw.ClusterView, telemetry: Mapping[str, fw.Telemetry
         marked.discard(n)
 
 
-def hints_of(job: JobRecord) -> AskHints:
+def hints_of(job: JobRecord, hosts: frozenset[str] | None = None) -> AskHints:
     """What placement reads of a job beyond its GPUs: a fraction (an inference share) is not
-    compute-heavy; every whole-GPU job is."""
-    return AskHints(gpu_model=job.gpu_model, dataset=job.dataset, compute_heavy=job.milli >= 1000)
+    compute-heavy; every whole-GPU job is. `hosts`: the only hosts it may take (its site's)."""
+    return AskHints(gpu_model=job.gpu_model, dataset=job.dataset, compute_heavy=job.milli >= 1000, hosts=hosts)
+
+
+class SitePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """The sites of one cycle: site -> its hosts (node ids), and the site chosen this cycle for each
+    waiting job that names sites and has none yet (`choice.site` None: it fits none of them)."""
+
+    hosts: dict[str, frozenset[str]] = {}
+    chosen: dict[str, SiteChoice] = {}
+
+    def site_of(self, job: JobRecord) -> str | None:
+        if job.site is not None:
+            return job.site
+        choice = self.chosen.get(job.job_id)
+        return choice.site if choice is not None else None
+
+    def hosts_for(self, job: JobRecord) -> frozenset[str] | None:
+        """The hosts `job` may take: its site's (none while it has no site); None when it names no site."""
+        if not job.sites:
+            return None
+        site = self.site_of(job)
+        return self.hosts.get(site, frozenset()) if site is not None else frozenset()
+
+
+NO_SITES = SitePlan()
+
+
+def plan_sites(
+    ledger: Ledger,
+    view: HostView,
+    waiting: Sequence[JobRecord],
+    running: Sequence[RunningJob],
+    inputs: PlacementInputs,
+    now: float,
+    margin: float,
+) -> SitePlan:
+    """Choose a site (`ibpool_core.sched.sites.choose_site`) for every waiting job that names sites
+    and has none yet, in submit order, each seeing the jobs already bound to a site queued there.
+
+    A site is the set of the cycle's hosts whose `site_label` names it; it holds a dataset when one
+    of its hosts does (the registry). A running job counts at the site of its hosts.
+    """
+    if not any(j.sites for j in waiting):
+        return NO_SITES
+    nodes = ledger.nodes
+    members: dict[str, list[int]] = {}
+    for h, node_id in enumerate(view.node_ids):
+        members.setdefault(nodes[node_id].labels.get(inputs.site_label, ""), []).append(h)
+    hosts = {s: frozenset(view.node_ids[h] for h in hs) for s, hs in members.items()}
+    queued: dict[str, list[Job]] = {}
+    for j in sorted(waiting, key=lambda j: (j.submitted_at, j.job_id)):
+        if j.sites and j.site is not None:
+            queued.setdefault(j.site, []).append(core_job(j))
+    cluster = view.cluster
+
+    def site(name: str) -> Site:
+        hs = members.get(name, [])
+        local = {h: i for i, h in enumerate(hs)}
+        return Site(
+            name=name,
+            cluster=ClusterView(
+                free=[cluster.free[h] for h in hs],
+                capacity=[cluster.capacity[h] for h in hs],
+                leaf_of=[cluster.leaf_of[h] for h in hs],
+            ),
+            running=[
+                msgspec.structs.replace(r, hosts=tuple((local[h], g) for h, g in r.hosts))
+                for r in running
+                if all(h in local for h, _ in r.hosts)
+            ],
+            queue=queued.get(name, []),
+            datasets=frozenset(
+                ds for ds, holders in inputs.datasets.items() if not hosts.get(name, frozenset()).isdisjoint(holders)
+            ),
+            hosts_per_leaf=view.hosts_per_leaf,
+        )
+
+    chosen: dict[str, SiteChoice] = {}
+    for j in sorted(waiting, key=lambda j: (j.submitted_at, j.job_id)):
+        if not j.sites or j.site is not None:
+            continue
+        job = core_job(j)
+        choice = choose_site(
+            job,
+            [site(s) for s in j.sites],
+            now,
+            dataset=j.dataset,
+            transfer_s=inputs.site_transfer_s,
+            safety_margin=margin,
+        )
+        chosen[j.job_id] = choice
+        if choice.site is not None:
+            queued.setdefault(choice.site, []).append(job)
+    return SitePlan(hosts=hosts, chosen=chosen)
 
 
 def host_view(ledger: Ledger, taken: dict[str, set[int]], leaf_label: str, cache: FreeCache | None = None) -> HostView:
@@ -561,9 +663,18 @@ def plan_cycle(
     waiting = [j for j in jobs if j.state == "queued" and (j.not_before is None or j.not_before <= now)]
     running = running_jobs(jobs, index, view.node_ids, config.safety_margin, now.timestamp(), cache)
     placer: Placer | None = None
-    if placement.framework is not None and view.node_ids:
+    sites = NO_SITES
+    if placement.framework is None:
+        # Only the framework's placement keeps a job to its site's hosts: the leaf placer leaves them waiting.
+        waiting = [j for j in waiting if not j.sites]
+    elif view.node_ids:
+        sites = plan_sites(ledger, view, waiting, running, placement, now.timestamp(), config.safety_margin)
         fw_view = placement_view(ledger, view, placement, cache)
-        hints = {j.job_id: hints_of(j) for j in waiting if j.dataset or j.gpu_model or j.milli < 1000}
+        hints = {
+            j.job_id: hints_of(j, sites.hosts_for(j))
+            for j in waiting
+            if j.dataset or j.gpu_model or j.milli < 1000 or j.sites
+        }
         placer = framework_placer(placement, fw_view, view.node_ids, hints, now, cache)
     groups: dict[str, list[Job]] = {}
     for j in waiting:
@@ -607,6 +718,7 @@ def plan_cycle(
         killed=list(reply.kills),
         waiting=waiting_why,
         order=reply.order,
+        sites={job_id: (c.site, c.reason) for job_id, c in sites.chosen.items()},
     )
 
 

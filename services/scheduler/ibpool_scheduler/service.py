@@ -124,6 +124,8 @@ def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord 
         return "a fraction is one share of one GPU on one host"
     if spec.on_member_failure == "replace" and r.hosts < 2:
         return "on_member_failure 'replace' is for multi-node jobs (hosts >= 2); a single-host job restarts"
+    if len(set(spec.sites)) != len(spec.sites) or not all(spec.sites):
+        return f"sites must be distinct, non-empty names, got {spec.sites}"
     return JobRecord(
         job_id=job_id,
         name=spec.name,
@@ -138,6 +140,7 @@ def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord 
         topology_level=spec.topology_level,
         dataset=spec.dataset,
         gpu_model=r.gpu_model,
+        sites=list(spec.sites),
         time_limit_s=spec.runtime_limit_s,
         workload=spec.workload,
         submitted_at=now,
@@ -287,6 +290,8 @@ class Scheduler:
         record = record_from_spec(job_id, spec, now)
         if isinstance(record, str):
             return record
+        if record.sites and self.framework is None:
+            return 'a job naming sites needs the framework placement (`placement = "framework"`)'
         if not await state.insert_job(tx.conn, record, now):
             return await state.get_job(tx.conn, job_id) or record
         await tx.outbox(
@@ -547,6 +552,8 @@ class Scheduler:
             datasets=self.datasets,
             datasets_version=self.datasets_version,
             sharp_label=self.cfg.sharp_label,
+            site_label=self.cfg.site_label,
+            site_transfer_s=self.cfg.site_transfer_s,
             sample=self.cfg.placement_sample,
             fairshare=self.fairshare_factors,
         )
@@ -640,6 +647,10 @@ class Scheduler:
                 again = self.stamped(msgspec.structs.replace(waiting, reason=why) if waiting.reason != why else waiting)
                 if again is not waiting:
                     changes[job_id] = (waiting, again, [])
+        for job_id, (site, why) in plan.sites.items():  # the site chosen this cycle, placed or waiting
+            old, new, commands = changes.get(job_id) or (live[job_id], live[job_id], [])
+            if (new.site, new.site_reason) != (site, why):
+                changes[job_id] = (old, msgspec.structs.replace(new, site=site, site_reason=why), commands)
         if not changes:
             return
         enc = msgspec.json.Encoder()

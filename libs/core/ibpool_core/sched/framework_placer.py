@@ -87,6 +87,8 @@ class AskHints(msgspec.Struct, frozen=True, kw_only=True):
     data_locality: Locality = "preferred"
     compute_heavy: bool = True
     wants_sharp: bool | None = None
+    # Only these hosts may take the job (the hosts of its site); None: any.
+    hosts: frozenset[str] | None = None
 
 
 NO_HINTS = AskHints()
@@ -177,19 +179,25 @@ class FrameworkPlacer:
         )
 
     def candidates(self, view: FreeView, job: Job) -> frozenset[str] | None:
-        """The hosts a single-host job is scored on (see `sample`), None for all."""
+        """The hosts a job is scored on: a single-host job's sample (see `sample`) within the hosts
+        its hints allow; a gang, or with no sample, the allowed hosts; None for all."""
+        hints = self.hints.get(job.id, NO_HINTS)
+        allowed = hints.hosts
         if job.nodes > 1 or self.sample <= 0:
-            return None
+            return allowed
         names, want = self.names, self.sample
         out: list[str] = []
         for bucket in itertools.islice(view.by_free, job.gpus, None):
-            out.extend(names[h] for h in itertools.islice(bucket, want - len(out)))
+            if allowed is None:
+                out.extend(names[h] for h in itertools.islice(bucket, want - len(out)))
+            else:
+                out.extend(itertools.islice((names[h] for h in bucket if names[h] in allowed), want - len(out)))
             if len(out) >= want:
                 break
-        dataset = self.hints.get(job.id, NO_HINTS).dataset
-        if dataset is not None:
+        if hints.dataset is not None:
             free = self.view.free
-            out.extend(h for h in self.view.dataset_hosts.get(dataset, ()) if free(h) >= job.gpus)
+            holders = self.view.dataset_hosts.get(hints.dataset, ())
+            out.extend(h for h in holders if free(h) >= job.gpus and (allowed is None or h in allowed))
         return frozenset(out)
 
     def place(self, view: FreeView, job: Job, max_leaves: int | None) -> Placement | None:
