@@ -2,6 +2,7 @@
 
     ibpool sim --trace philly --nodes 80 --policy all [--limit N] [--failures K --seed N]
                [--placement leaf|framework [--sharp-leaves SHARE]]
+    ibpool sim --trace philly --nodes 80 --limit 10000 --two-sites [--exact-runtimes]
                [--plot FILE.png] [--format table|json] [--jobs P]
 
 `--trace` is `philly` (../shared/data/traces/philly/philly.csv) or the path of a generic CSV
@@ -21,12 +22,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ibpool_sim.cluster_sim import SimResult
 from ibpool_sim.sched_lineup import LineupEntry, RunOptions, check_floors, random_failures, run_entry, select
 from ibpool_sim.shared_data import locate
+from ibpool_sim.sites_sim import STRATEGIES, TwoSiteConfig, simulate_two_sites
 from ibpool_sim.traces import TraceError, TraceJob, load_generic_jobs, philly_trace_jobs
 
 PHILLY = "traces/philly/philly.csv"
@@ -48,6 +51,16 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="a gang that waited this many hours may span more leaves than its minimum (default: never)",
+    )
+    p.add_argument(
+        "--two-sites",
+        action="store_true",
+        help="split --nodes into two sites and compare routing jobs that name both (first, most-free, choose)",
+    )
+    p.add_argument(
+        "--exact-runtimes",
+        action="store_true",
+        help="with --two-sites: runtimes known at submit instead of the online median predictor",
     )
     p.add_argument(
         "--placement",
@@ -154,6 +167,34 @@ def plot_cdf(results: list[SimResult], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def two_sites(trace: list[TraceJob], args: argparse.Namespace) -> int:
+    """`--two-sites`: every routing strategy of `ibpool_sim.sites_sim` on the trace, one table."""
+    half = args.nodes // 2
+    config = TwoSiteConfig(nodes=(args.nodes - half, half), seed=args.seed, exact_runtimes=args.exact_runtimes)
+    try:
+        results = [simulate_two_sites(trace, s, config) for s in STRATEGIES]
+    except ValueError as e:
+        print(f"ibpool sim: {e}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        out = {"trace": args.trace, "jobs": len(trace), "config": msgspec.to_builtins(config)}
+        print(json.dumps({**out, "strategies": msgspec.to_builtins(results)}, indent=2))
+        return 0
+    runtimes = "exact runtimes" if args.exact_runtimes else "predicted runtimes"
+    print(
+        f"{args.trace}: {len(trace)} jobs naming sites [a, b] ({config.nodes[0]} and {config.nodes[1]} nodes x 8 GPUs),"
+        f" {config.reads_share:.0%} reading a dataset held at a ({config.transfer_s:.0f} s to copy), {runtimes}"
+    )
+    print("| routing | avg JCT s | median JCT s | avg queueing s | jobs at a / b | dataset copies |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(
+            f"| {r.strategy} | {_hours(r.avg_jct_s)} | {_hours(r.median_jct_s)} | {_hours(r.avg_queue_s)} |"
+            f" {r.placed['a']} / {r.placed['b']} | {r.copies} |"
+        )
+    return 0
+
+
 def main(argv: Sequence[str]) -> int:
     parser = _parser()
     try:
@@ -176,6 +217,8 @@ def main(argv: Sequence[str]) -> int:
     except (OSError, TraceError) as e:
         print(f"ibpool sim: {e}", file=sys.stderr)
         return 2
+    if args.two_sites:
+        return two_sites(trace, args)
     horizon = max((t.submit_s for t in trace), default=0.0)
     failures = random_failures(args.seed, args.failures, args.nodes, horizon) if args.failures else []
     options = RunOptions(

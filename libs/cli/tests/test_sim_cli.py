@@ -51,3 +51,14 @@ def test_sim_usage_and_input_errors(capsys: pytest.CaptureFixture[str], tmp_path
     bad.write_text("when,what\n1,2\n")
     assert main(["--trace", str(bad)]) == 2
     assert "header" in capsys.readouterr().err
+
+
+def test_sim_two_sites_compares_the_routings(capsys: pytest.CaptureFixture[str]) -> None:
+    need("traces/philly/philly.csv")
+    argv = ["--trace", "philly", "--nodes", "32", "--limit", "400", "--two-sites", "--format", "json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    by = {r["strategy"]: r for r in out["strategies"]}
+    assert set(by) == {"first", "most-free", "choose"}
+    assert by["first"]["placed"] == {"a": 400, "b": 0}
+    assert all(sum(r["placed"].values()) == 400 for r in by.values())

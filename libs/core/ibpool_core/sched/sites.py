@@ -7,13 +7,15 @@ does not hold the job's dataset first pays `transfer_s` to bring it (so holding 
 tie, and wins outright unless another site starts the job more than `transfer_s` sooner); equal
 estimates keep the order in which the job named the sites.
 
-Estimated start at one site (`estimate_start`): list scheduling of the site's queue ahead of the
-job and then the job, in order, on the site's free capacity: each is placed (the cycle's `Placer`,
-`LeafPlacer` by default) as soon as enough running or earlier-placed jobs have ended at their
-planned ends (`RunningJob.planned_end`; placed jobs end after `estimated_runtime` x
-`safety_margin`). No backfill is assumed, so the estimate errs late for small jobs behind big ones;
-at most `depth` queued jobs are looked at (the rest are assumed behind the job). None: the job
-never fits the site, even empty.
+Estimated start at one site (`estimate_start`): now, if the job fits the free capacity left after
+every queued job that fits now (what a backfilling cycle would start). Otherwise list scheduling
+of the site's queue ahead of the job and then the job, in order, on the site's free capacity: each
+is placed (the cycle's `Placer`, `LeafPlacer` by default) as soon as enough running or
+earlier-placed jobs have ended at their planned ends (`RunningJob.planned_end`; a job already past
+it is expected to run as long again as it has, runtimes being heavy-tailed; placed jobs end after
+`estimated_runtime` x `safety_margin`). Past the first job that waits no backfill is assumed, so
+the estimate may err late; at most `depth` queued jobs are list-scheduled, and the work of the
+rest (GPU-seconds over the site's GPUs) is added. None: the job never fits the site, even empty.
 """
 
 from __future__ import annotations
@@ -63,17 +65,34 @@ def estimate_start(
     cluster = site.cluster
     if job.gpus > sum(cluster.capacity):
         return None
+
+    def span(j: Job) -> int | None:
+        return min_leaf_span(j.nodes, site.hosts_per_leaf) if j.nodes > 1 and j.topology == "required" else None
+
+    # What the site's cycle would start now, backfill included: every queued job that fits now, in
+    # order; if the job still fits after them it starts now (the in-order pass below errs late).
+    view = FreeView.of(cluster)
+    for j in site.queue[:depth]:
+        placement = placer.place(view, j, span(j))
+        if placement is not None:
+            view.apply(placement)
+    if placer.place(view, job, span(job)) is not None:
+        return now
     view = FreeView.of(cluster)
     ends: list[tuple[float, int, tuple[tuple[int, int], ...]]] = []
     for i, r in enumerate(site.running):
-        ends.append((max(r.planned_end, now), i, r.hosts))
+        # A job past its planned end has outlived its estimate: expect it to run as long again as it
+        # has (runtimes are heavy-tailed), not to end now, which would make a stuck site look free.
+        ends.append((r.planned_end if r.planned_end > now else now + (now - r.started_at), i, r.hosts))
     heapq.heapify(ends)
     seq = len(ends)
     t = now
+    # The queue past `depth` is ahead of the job too: its work, spread over the whole site (a fluid
+    # bound), delays the job's start; ignoring it would make a long queue look as short as `depth`.
+    backlog_s = sum(j.gpus * estimated_runtime(j, safety_margin) for j in site.queue[depth:]) / sum(cluster.capacity)
     for j in [*site.queue[:depth], job]:
-        max_leaves = min_leaf_span(j.nodes, site.hosts_per_leaf) if j.nodes > 1 and j.topology == "required" else None
         while True:
-            placement = placer.place(view, j, max_leaves)
+            placement = placer.place(view, j, span(j))
             if placement is not None:
                 view.apply(placement)
                 heapq.heappush(ends, (t + estimated_runtime(j, safety_margin), seq, tuple(placement)))
@@ -87,7 +106,7 @@ def estimate_start(
             t = max(t, end)
             for host, gpus in hosts:
                 view.give(host, gpus)
-    return t
+    return t + backlog_s
 
 
 def choose_site(
