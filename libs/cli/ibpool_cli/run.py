@@ -350,6 +350,15 @@ def _scheduler_jobs(seed: int) -> list[dict[str, object]]:
     return jobs
 
 
+async def _answers(http: aiohttp.ClientSession, url: str) -> bool:
+    """The service at `url` is up and ready (GET /readyz is 200); a slow start is not an error."""
+    try:
+        async with http.get(f"{url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            return r.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
 async def _submit_jobs(http: aiohttp.ClientSession, url: str, seed: int) -> int:
     accepted = 0
     for body in _scheduler_jobs(seed):
@@ -596,6 +605,9 @@ async def _scenario(
                 await _read_pool(http, alloc_url, pool)
             # Once every node is heartbeating and in the ledger, ask the allocator for work.
             ready = pool.nodes >= nodes and pool.fabric_version is not None
+            if ready and not asked and obs.all_heartbeating_after is not None:
+                # The scheduler and the autoscaler take the work over HTTP: wait until both answer.
+                ready = all([await _answers(http, by_name[n].url) for n in ("scheduler", "autoscaler")])
             if not asked and obs.all_heartbeating_after is not None and ready:
                 await _request_allocations(http, alloc_url, args.seed, pool)
                 pool.gang_leaf_groups = await _leaf_groups_of(
