@@ -215,3 +215,14 @@ def test_quota_counts_only_what_the_new_member_adds() -> None:
     ledger, _ = gang_pool("replace", quota("t1", 4000))
     run(ledger, health(NodeFailed, "n2", reason="x"))
     assert run(ledger, replace(ledger, a("n3", 0), a("n3", 1))).rejection is None
+
+
+def test_a_replacement_after_the_lease_ran_out_is_refused() -> None:
+    import datetime as dt
+
+    ledger, _ = gang_pool()
+    late = ledger.allocations[GANG].lease_expires_at + dt.timedelta(seconds=1)
+    d = al.handle(ledger, replace(ledger, a("n3", 0), a("n3", 1)), late, hops=hops)
+    (rejected,) = [e for e in d.events if isinstance(e, AllocationRejected)]
+    assert rejected.reason == "invalid" and "lease" in rejected.detail
+    assert "n3" not in ledger.allocations[GANG].nodes

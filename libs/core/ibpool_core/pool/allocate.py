@@ -383,24 +383,11 @@ def _propose(ctx: _Ctx, cmd: proto.ProposePlacement) -> Decision:
         return reject("invalid", f"computed on version {since}; the ledger is at {ledger.version}")
     if cmd.lease_s <= 0 or cpu < 0 or host_memory < 0:
         return reject("invalid", "lease_s must be positive, cpu_milli and host_memory_mib not negative")
-    newest = ledger.terms.get(cmd.scheduler_group)
-    if cmd.fencing_term is not None and newest is not None and cmd.fencing_term < newest:
-        return reject(
-            "stale",
-            f"fenced: term {cmd.fencing_term} of scheduler group {cmd.scheduler_group!r} is below term {newest},"
-            " which was granted a placement since",
-        )
-    for node_id in sorted({a.node_id for a in cmd.assignments}):
-        node = ledger.nodes.get(node_id)
-        if node is None:
-            gone = ledger.removed_nodes.get(node_id)
-            if gone is not None and gone > since:
-                return reject("stale", f"node {node_id} was removed at version {gone}, after {since}")
-            return reject("invalid", f"unknown node {node_id}")
-        if node.inventory_version > since:
-            return reject(
-                "stale", f"node {node_id} changed hardware at version {node.inventory_version}, after {since}"
-            )
+    refusal = _fenced(ledger, cmd.scheduler_group, cmd.fencing_term) or next(
+        filter(None, (_node_refusal(ledger, n, since) for n in sorted({a.node_id for a in cmd.assignments}))), None
+    )
+    if refusal is not None:
+        return reject(*refusal)
     shaped = _shape(ledger, cmd.assignments, client)
     if isinstance(shaped, str):
         return reject("invalid", shaped)
@@ -431,6 +418,32 @@ def _propose(ctx: _Ctx, cmd: proto.ProposePlacement) -> Decision:
     return _commit(ctx, claim, since)
 
 
+def _fenced(ledger: Ledger, group: str, term: int | None) -> tuple[RejectReason, str] | None:
+    """`stale` for a proposer whose term is below the newest its scheduler group was granted."""
+    newest = ledger.terms.get(group)
+    if term is not None and newest is not None and term < newest:
+        return (
+            "stale",
+            f"fenced: term {term} of scheduler group {group!r} is below term {newest},"
+            " which was granted a placement since",
+        )
+    return None
+
+
+def _node_refusal(ledger: Ledger, node_id: str, since: int) -> tuple[RejectReason, str] | None:
+    """Why a placement computed on ledger version `since` may not use `node_id`: unknown, or removed
+    or changed in hardware after that version (`stale`: the proposer should look again)."""
+    node = ledger.nodes.get(node_id)
+    if node is None:
+        gone = ledger.removed_nodes.get(node_id)
+        if gone is not None and gone > since:
+            return "stale", f"node {node_id} was removed at version {gone}, after {since}"
+        return "invalid", f"unknown node {node_id}"
+    if node.inventory_version > since:
+        return "stale", f"node {node_id} changed hardware at version {node.inventory_version}, after {since}"
+    return None
+
+
 def _replace(ctx: _Ctx, cmd: proto.ReplaceGangMember) -> Decision:
     """Replace the failed member of a gang that declared `replace` (see the module docstring)."""
     ledger, since = ctx.ledger, cmd.ledger_version
@@ -449,6 +462,10 @@ def _replace(ctx: _Ctx, cmd: proto.ReplaceGangMember) -> Decision:
         )
     if cmd.failed_node_id not in alloc.nodes:
         return reject("invalid", f"node {cmd.failed_node_id} is not a member of allocation {cmd.allocation_id}")
+    if ctx.now >= alloc.lease_expires_at:  # the new member would be expired at once
+        return reject(
+            "invalid", f"the lease of allocation {cmd.allocation_id} ran out at {alloc.lease_expires_at.isoformat()}"
+        )
     new_nodes = {a.node_id for a in cmd.assignments}
     if len(new_nodes) != 1:
         return reject("invalid", f"a replacement is one node; the assignments name {len(new_nodes)}")
@@ -457,21 +474,9 @@ def _replace(ctx: _Ctx, cmd: proto.ReplaceGangMember) -> Decision:
         return reject("invalid", f"node {new_node} is already a member of allocation {cmd.allocation_id}")
     if not 0 <= since <= ledger.version:
         return reject("invalid", f"computed on version {since}; the ledger is at {ledger.version}")
-    newest = ledger.terms.get(cmd.scheduler_group)
-    if cmd.fencing_term is not None and newest is not None and cmd.fencing_term < newest:
-        return reject(
-            "stale",
-            f"fenced: term {cmd.fencing_term} of scheduler group {cmd.scheduler_group!r} is below term {newest},"
-            " which was granted a placement since",
-        )
-    node = ledger.nodes.get(new_node)
-    if node is None:
-        gone = ledger.removed_nodes.get(new_node)
-        if gone is not None and gone > since:
-            return reject("stale", f"node {new_node} was removed at version {gone}, after {since}")
-        return reject("invalid", f"unknown node {new_node}")
-    if node.inventory_version > since:
-        return reject("stale", f"node {new_node} changed hardware at version {node.inventory_version}, after {since}")
+    refusal = _fenced(ledger, cmd.scheduler_group, cmd.fencing_term) or _node_refusal(ledger, new_node, since)
+    if refusal is not None:
+        return reject(*refusal)
     shaped = _shape(ledger, cmd.assignments, None)
     if isinstance(shaped, str):
         return reject("invalid", shaped)
