@@ -459,3 +459,17 @@ def test_beats_in_flight_when_a_node_deregistered_do_not_bring_it_back_but_a_new
     assert "n0" not in c.state.nodes and c.events() == []
     c.apply([registered("n0", c.t)])
     assert "n0" in c.state.nodes and "n0" not in c.state.departed
+
+
+def test_telemetry_is_judged_once_but_a_reregistration_with_its_clock_stepped_back_starts_afresh() -> None:
+    c = Cluster(["n0"])
+    c.t = 200.0
+    c.apply([telemetry("n0", 100.0, 2, xids=[13])])
+    c.notes.clear()
+    assert c.apply([telemetry("n0", 100.0, 2, xids=[13])]) == []  # the same sample replayed
+    assert any("judged already" in n for n in c.notes)
+    # The node rebooted and its clock went back: its new samples are older than the last one judged.
+    c.apply([registered("n0", 10.0)])
+    c.notes.clear()
+    c.apply([telemetry("n0", 20.0, 2, xids=[13])])
+    assert any("XID 13" in n for n in c.notes), c.notes

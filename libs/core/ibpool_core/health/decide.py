@@ -363,6 +363,9 @@ class _Decision:
                 needs_reboot=n.needs_reboot and not rebooted,
                 healthy_since=None,
                 gpu_count=len(reg.gpus),
+                # Samples are judged once each, in the order of the node's own clock: a registration
+                # (a restart, a reboot that may have stepped the clock back) starts that order again.
+                telemetry_at=at - dt.timedelta(microseconds=1),
             )
         )
 

@@ -117,7 +117,8 @@ def _recover_node(d: _Decision, a: RecoverNode) -> tuple[Outcome, str]:
         d.emit(NodeRecovered(**d.env(n.node_id), node_id=n.node_id, reason=a.reason))
     if n.cordoned:
         d.emit(Uncordoned(**d.env(n.node_id), node_id=n.node_id, scope="node", reason=a.reason))
-    was = n.status if n.status != "healthy" else "drained"
+    was = n.status if n.status != "healthy" else "drained" if n.operator_drain else "cordoned"
+    why = n.reason or n.operator_drain
     d.put(
         msgspec.structs.replace(
             n,
@@ -132,7 +133,7 @@ def _recover_node(d: _Decision, a: RecoverNode) -> tuple[Outcome, str]:
             last_beat=d.now if n.last_beat is not None else None,
         )
     )
-    return "done", f"node {n.node_id} was {was} ({n.reason or n.operator_drain}); put back"
+    return "done", f"node {n.node_id} was {was}{f' ({why})' if why else ''}; put back"
 
 
 def _drain_node(d: _Decision, a: DrainNode) -> tuple[Outcome, str]:
