@@ -47,7 +47,9 @@ async def gang_loses_a_node(bus: Bus, store: Store, stack: StackInfo, declared: 
         running_controller(bus, fc_store),
         AsyncExitStack() as spare_agent,
     ):
-        doomed_prefix = unique_prefix()
+        # Named to sort after `kept`: rank 0 (the gang's rendezvous) stays on the kept node; losing
+        # rank 0 restarts a gang whatever it declared.
+        doomed_prefix = f"{kept.rsplit('-', 1)[0]}z"
         doomed = f"{doomed_prefix}-001"
         doomed_agent = agent_process(stack, doomed_prefix)
         try:
@@ -70,7 +72,7 @@ async def gang_loses_a_node(bus: Bus, store: Store, stack: StackInfo, declared: 
 
             await eventually(started_on_both, what="the gang started on both nodes")
             before = await job_state(service, j)
-            assert set(before["hosts"]) == {kept, doomed}
+            assert before["hosts"] == [kept, doomed], before
             # A spare node joins (in-process, as the kept one), then the doomed agent is SIGKILLed.
             spare_prefix = unique_prefix()
             spare = f"{spare_prefix}-001"
@@ -163,7 +165,9 @@ async def test_a_replace_gang_with_no_host_to_take_the_member_restarts_and_says_
         own_store(stack) as fc_store,
         running_controller(bus, fc_store),
     ):
-        doomed_prefix = unique_prefix()
+        # Named to sort after `kept`: rank 0 (the gang's rendezvous) stays on the kept node; losing
+        # rank 0 restarts a gang whatever it declared.
+        doomed_prefix = f"{kept.rsplit('-', 1)[0]}z"
         doomed = f"{doomed_prefix}-001"
         doomed_agent = agent_process(stack, doomed_prefix)
         try:

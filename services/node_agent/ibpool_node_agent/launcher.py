@@ -53,6 +53,8 @@ class ProcessLauncher:
                 )
         except OSError as e:
             raise LaunchError(f"cannot start {command[0]!r}: {e.strerror or e}") from None
+        except ValueError as e:  # an environment the OS refuses (a name with "=", a NUL byte)
+            raise LaunchError(f"cannot start {command[0]!r}: {e}") from None
         self.running[key] = proc
         return proc.pid
 

@@ -15,7 +15,7 @@ from ibpool_proto.pool import GpuAssignment, MemberFailure, ResourceRequest, Wor
 from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
 
 from . import state
-from .jobs import LIVE, JobPlacement, JobRecord, JobState, RuntimePrediction
+from .jobs import LIVE, JobPlacement, JobRecord, JobState, RuntimePrediction, env_problem
 from .predictor import ModelStatus, status_of
 from .service import Scheduler
 
@@ -183,6 +183,8 @@ def job_view(job: JobRecord) -> JobView:
 
 def spec_of(body: JobBody) -> JobSpec:
     """The JobSpec of a valid body; BadBody naming the field when the shape does not add up."""
+    if body.workload is not None and (bad := env_problem(body.workload.env)) is not None:
+        raise BadBody(bad[1], f"$.workload.env.{bad[0]}" if bad[0] else "$.workload.env")
     if body.fraction is not None:
         if body.nodes != 1 or (body.gpus or 1) != 1 or (body.gpus_per_node or 1) != 1:
             raise BadBody("a fraction is a share of one GPU on one node", "$.fraction")

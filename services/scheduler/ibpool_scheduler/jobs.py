@@ -11,6 +11,7 @@ A transition returns a new record; the caller writes it and the events the handl
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Literal
 
 import msgspec
@@ -117,6 +118,24 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def holding(self) -> bool:
         return self.state in HOLDING
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_ENV_BYTES = 64 * 1024
+
+
+def env_problem(env: dict[str, str]) -> tuple[str, str] | None:
+    """(the variable, what is wrong) for an environment no process could be started with, else None:
+    names are letters, digits and `_` (not starting with a digit), values hold no NUL byte, and all of
+    it fits in 64 KiB."""
+    for name, value in env.items():
+        if not ENV_NAME.fullmatch(name):
+            return name, f"environment variable name {name!r}: letters, digits and _ only, not starting with a digit"
+        if "\0" in value:
+            return name, f"environment variable {name}: its value holds a NUL byte"
+    if sum(len(k) + len(v) + 2 for k, v in env.items()) > MAX_ENV_BYTES:
+        return "", f"the environment is over {MAX_ENV_BYTES // 1024} KiB"
+    return None
 
 
 def workload_with_env(workload: WorkloadSpec | None, env: dict[str, str]) -> WorkloadSpec | None:

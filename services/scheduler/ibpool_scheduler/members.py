@@ -56,12 +56,18 @@ def replaceable(job: JobRecord) -> bool:
 
 
 def choose_host(
-    ledger: Ledger, job: JobRecord, failed: str, taken: Mapping[str, Iterable[int]], leaf_label: str
+    ledger: Ledger,
+    job: JobRecord,
+    failed: str,
+    taken: Mapping[str, Iterable[int]],
+    leaf_label: str,
+    site_label: str = "ibpool.io/site",
 ) -> list[GpuAssignment] | str:
     """The new host's GPUs for the member of `job` lost on `failed`, or why no host fits.
 
     Candidates: ready nodes outside the gang with `gpus_per_host` whole GPUs free (of the job's GPU
-    model, if it names one), none of them in `taken`. The topology constraint: `required` keeps the
+    model, if it names one), none of them in `taken`, at the job's site when it is bound to one.
+    The topology constraint: `required` keeps the
     gang within the leaves its other members are under (it spans no more leaf groups than it did);
     `preferred` looks there first, then anywhere. Among the allowed hosts the core's `LeafPlacer`
     takes the best fit (the fewest free GPUs that still hold the member), keeping whole hosts free.
@@ -74,7 +80,8 @@ def choose_host(
     for node_id, gpus in zip(view.node_ids, view.free_gpus, strict=True):
         node = ledger.nodes[node_id]
         ok = [i for i in gpus if job.gpu_model is None or ((g := node.gpu(i)) is not None and g.model == job.gpu_model)]
-        free.append(ok if node_id not in members else [])
+        elsewhere = job.site is not None and node.labels.get(site_label, "") != job.site
+        free.append(ok if node_id not in members and not elsewhere else [])
     survivors = [n for n in job.nodes if n != failed and n in ledger.nodes]
     leaves = {ledger.nodes[n].labels.get(leaf_label, UNLABELLED_LEAF) for n in survivors}
     leaf_names = {h: ledger.nodes[n].labels.get(leaf_label, UNLABELLED_LEAF) for h, n in enumerate(view.node_ids)}
@@ -93,7 +100,27 @@ def choose_host(
             return [GpuAssignment(node_id=view.node_ids[host], gpu_index=i) for i in sorted(free[host])[:need]]
     model = f" of model {job.gpu_model}" if job.gpu_model else ""
     where = " under the leaves of its other members (topology required)" if job.topology == "required" else ""
+    where += f" at site {job.site}" if job.site is not None else ""
     return f"no ready host outside the gang has {need} free GPUs{model}{where}"
+
+
+def sharp_after_replacement(ledger: Ledger, job: JobRecord, new_host: str, leaf_label: str) -> JobPlacement | None:
+    """The job's placement once `new_host` replaces a member: SHARP stays on (and its NCCL settings go
+    to the new member) only when the new host is under a leaf the gang already spans, so the gang's
+    covering subtree, the one found SHARP-capable, is unchanged; otherwise it is off for the job."""
+    placement = job.placement
+    if placement is None or not placement.sharp:
+        return placement
+    leaves = {ledger.nodes[n].labels.get(leaf_label, UNLABELLED_LEAF) for n in job.nodes if n in ledger.nodes}
+    node = ledger.nodes.get(new_host)
+    if node is not None and node.labels.get(leaf_label, UNLABELLED_LEAF) in leaves:
+        return placement
+    return msgspec.structs.replace(
+        placement,
+        sharp=False,
+        sharp_reason=f"off since {new_host} replaced a member outside the leaves of the SHARP-capable subtree",
+        nccl_env={},
+    )
 
 
 async def member_lost(
@@ -109,6 +136,14 @@ async def member_lost(
             job.job_id,
             job.allocation_id,
             f"member on {node_id} lost while the member on {job.replacing} was being replaced: gang restarted; {why}",
+        )
+        return
+    ranked = job.placement.hosts if job.placement is not None and job.placement.hosts else job.nodes
+    if ranked and node_id == ranked[0]:
+        # Rank 0 is the gang's rendezvous (MASTER_ADDR in every member's environment): the survivors
+        # would keep pointing at the lost host, so the whole gang starts again.
+        await sched.on_lost(
+            tx, job.job_id, job.allocation_id, f"member of rank 0 on {node_id} lost: gang restarted; {why}"
         )
         return
     if job.replacements >= sched.cfg.max_attempts:
@@ -166,11 +201,12 @@ async def propose_replacements(
         if locked != job:
             continue  # changed since the cycle read it: the next cycle looks again
         assert job.replacing is not None and job.allocation_id is not None
-        choice = choose_host(ledger, job, job.replacing, taken, sched.cfg.leaf_label)
+        choice = choose_host(ledger, job, job.replacing, taken, sched.cfg.leaf_label, sched.cfg.site_label)
         if isinstance(choice, str):
             why = f"member on {job.replacing} lost and no host fits its replacement ({choice}): gang restarted"
             await sched.on_lost(tx, job.job_id, job.allocation_id, why)
             continue
+        placement = sharp_after_replacement(ledger, job, choice[0].node_id, sched.cfg.leaf_label)
         cmd = ReplaceGangMember(
             source=sched.kit.source,
             key=job.allocation_id,
@@ -179,15 +215,15 @@ async def propose_replacements(
             failed_node_id=job.replacing,
             assignments=choice,
             ledger_version=ledger.version,
-            # The same NCCL/SHARP settings as the first placement's members (the gang's subtree is kept).
-            workload=jobs.workload_with_env(job.workload, job.placement.nccl_env if job.placement else {}),
+            workload=jobs.workload_with_env(job.workload, placement.nccl_env if placement else {}),
             reason=job.reason,
             scheduler_group=sched.group,
             fencing_term=term,
         )
         for a in choice:
             taken.setdefault(a.node_id, set()).add(a.gpu_index)
-        await state.save_job(tx.conn, msgspec.structs.replace(job, replace_id=cmd.id, replace_proposal=choice), now)
+        replaced = msgspec.structs.replace(job, replace_id=cmd.id, replace_proposal=choice, placement=placement)
+        await state.save_job(tx.conn, replaced, now)
         await tx.outbox(cmd)
         log.info("gang member replacement proposed", job_id=job.job_id, failed=job.replacing, host=choice[0].node_id)
 

@@ -92,8 +92,11 @@ def taken_in_flight(ledger: Ledger, jobs: Iterable[JobRecord]) -> dict[str, set[
         if state == "proposed":
             if job.proposal_id not in allocations:
                 take(job.proposal)
-        elif state in HOLDING and job.allocation_id not in allocations:
-            take(job.assignments)
+        elif state in HOLDING:
+            if job.allocation_id not in allocations:
+                take(job.assignments)
+            if job.replace_id is not None:  # a member's replacement in flight: its GPUs are promised
+                take(job.replace_proposal)
     return taken
 
 

@@ -124,6 +124,8 @@ def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord 
         return "a fraction is one share of one GPU on one host"
     if spec.on_member_failure == "replace" and r.hosts < 2:
         return "on_member_failure 'replace' is for multi-node jobs (hosts >= 2); a single-host job restarts"
+    if spec.workload is not None and (bad := jobs.env_problem(spec.workload.env)) is not None:
+        return bad[1]
     if len(set(spec.sites)) != len(spec.sites) or not all(spec.sites):
         return f"sites must be distinct, non-empty names, got {spec.sites}"
     return JobRecord(

@@ -91,3 +91,46 @@ def test_no_host_fits_says_why() -> None:
     ledger = gang_ledger()
     choice = choose_host(ledger, gang_job(gpu_model="B200"), "a1", {}, LEAF)  # type: ignore[arg-type]
     assert choice == "no ready host outside the gang has 4 free GPUs of model B200"
+
+
+SITE = "ibpool.io/site"
+
+
+def test_a_member_of_a_site_bound_gang_is_replaced_only_at_its_site() -> None:
+    # a3 (site s1) has only 4 GPUs, enough; b1 (site s2) would fit too: the site decides.
+    ledger = gang_ledger()
+    for n, site in (("a2", "s1"), ("a3", "s1"), ("b1", "s2")):
+        labels = {**ledger.nodes[n].labels, SITE: site}
+        ledger.nodes[n] = msgspec.structs.replace(ledger.nodes[n], labels=labels)
+    bound = gang_job(sites=["s1", "s2"], site="s1", topology="preferred")
+    chosen = choose_host(ledger, bound, "a1", {}, LEAF, SITE)  # type: ignore[arg-type]
+    assert not isinstance(chosen, str) and {a.node_id for a in chosen} == {"a3"}
+    full = choose_host(ledger, bound, "a1", {"a3": range(4)}, LEAF, SITE)  # type: ignore[arg-type]
+    assert isinstance(full, str) and "at site s1" in full
+
+
+def test_sharp_stays_on_for_a_replacement_under_the_gangs_leaves_only() -> None:
+    from ibpool_scheduler.jobs import JobPlacement
+    from ibpool_scheduler.members import sharp_after_replacement
+
+    ledger = gang_ledger()
+    env = {"NCCL_COLLNET_ENABLE": "1"}
+    placed = JobPlacement(hosts=["a1", "a2"], sharp=True, sharp_reason="under a SHARP leaf", nccl_env=env)
+    with_sharp = gang_job(placement=placed)
+    assert sharp_after_replacement(ledger, with_sharp, "a3", LEAF) == placed  # type: ignore[arg-type]
+    off = sharp_after_replacement(ledger, with_sharp, "b1", LEAF)  # type: ignore[arg-type]
+    assert off is not None and not off.sharp and off.nccl_env == {} and "b1" in off.sharp_reason
+    assert sharp_after_replacement(ledger, gang_job(), "b1", LEAF) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("env", "path"),
+    [({"A=B": "1"}, "$.workload.env.A=B"), ({"1X": "1"}, "$.workload.env.1X"), ({"X": "a\u0000b"}, "$.workload.env.X")],
+)
+def test_a_workload_environment_no_process_could_take_is_refused_with_the_path(env: dict[str, str], path: str) -> None:
+    body = msgspec.convert({"tenant": "a", "workload": {"command": ["true"], "env": env}}, JobBody)
+    with pytest.raises(BadBody) as e:
+        spec_of(body)
+    assert e.value.path == path
+    spec = JobSpec(name="n", tenant="t", request=ResourceRequest(kind="whole", gpus=1), workload=body.workload)
+    assert "environment variable" in str(record_from_spec("j", spec, T0))
