@@ -130,6 +130,7 @@ def run(seed: int, fast: bool, sample: int) -> list[tuple[Any, ...]]:
             placer.start_cycle(hints, NOW)
         else:
             placer = FrameworkPlacer(framework, view, world.names, hints, NOW, sample)
+            placer.count_first = fast  # the straightforward path asks the framework every time
         request = SchedulingRequest(
             now=1000.0 * cycle,
             queue=queue,

@@ -200,8 +200,30 @@ class FrameworkPlacer:
             out.extend(h for h in holders if free(h) >= job.gpus and (allowed is None or h in allowed))
         return frozenset(out)
 
+    # Answer "too few hosts" from the free counts before the framework (`too_few_hosts`); the same
+    # answers either way (tests turn it off to compare).
+    count_first = True
+
+    def too_few_hosts(self, view: FreeView, job: Job) -> str | None:
+        """The framework's own first answer, "needs n hosts with g free GPUs; k in the whole fabric",
+        read from the cycle's free counts alone (no sync, no plugins) when it is certain: for an ask
+        counted over every host alike (no GPU model, dataset or host restriction), fewer hosts have a
+        member's GPUs free than the job has members. Most of a reservation's tries end here."""
+        hints = self.hints.get(job.id, NO_HINTS)
+        if hints.gpu_model is not None or hints.dataset is not None or hints.hosts is not None:
+            return None
+        per, n = host_shares(job)[0], job.nodes
+        count = view.hosts_with_at_least(per) if per < len(view.by_free) else 0
+        if count >= n:
+            return None
+        what = f"{per} free GPU{'s' if per != 1 else ''}"
+        return f"needs {n} host{'s' if n != 1 else ''} with {what}; {count} in the whole fabric"
+
     def place(self, view: FreeView, job: Job, max_leaves: int | None) -> Placement | None:
         if job.gpus > view.total_free:
+            return None
+        if self.count_first and (short := self.too_few_hosts(view, job)) is not None:
+            self.reasons[job.id] = short
             return None
         self._sync(view.free)
         ask = self.ask_of(job, max_leaves)
