@@ -354,7 +354,7 @@ async def leaf_cluster(
 async def test_a_replica_spanning_two_hosts_is_placed_under_one_leaf_and_ready_once_both_started(
     bus: Bus, store: Store, stack: StackInfo
 ) -> None:
-    name = f"llm-{uuid.uuid4().hex[:6]}"
+    name = f"tp-{uuid.uuid4().hex[:6]}"
     # leaf a: nodes 1 and 2 (8 GPUs each); leaf b: node 3 (4 GPUs). A blocker of 8 GPUs takes a leaf-a
     # node: the hosts with room for a 4-GPU member are then one under each leaf, and the replica waits
     # rather than span both.

@@ -75,13 +75,13 @@ def test_whole_gpu_replica_job_carries_tenant_queue_priority_and_workload() -> N
 
 def test_a_replica_on_several_hosts_is_a_gang_that_must_stay_under_one_leaf() -> None:
     b = body(gpus=8, hosts=2, priority=10)
-    d = core_deployment("llm", b)
+    d = core_deployment("chat", b)
     assert (d.shape.gpus, d.shape.hosts, d.shape.gpu_equivalent) == (8, 2, 16.0)
-    spec = replica_job(record(b, "llm"), default_runtime_s=3600)
+    spec = replica_job(record(b, "chat"), default_runtime_s=3600)
     r = spec.request
     assert (r.kind, r.gpus, r.hosts) == ("gang", 8, 2)
     assert (spec.topology, spec.topology_level, spec.on_member_failure) == ("required", 1, "restart")
-    one = replica_job(record(body(gpus=8), "llm"), default_runtime_s=3600)
+    one = replica_job(record(body(gpus=8), "chat"), default_runtime_s=3600)
     assert (one.request.kind, one.request.hosts) == ("whole", 1)
 
 

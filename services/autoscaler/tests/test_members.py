@@ -16,22 +16,22 @@ T1 = T0 + dt.timedelta(seconds=5)
 
 
 def replica(hosts: int = 1, **kw: object) -> ReplicaRecord:
-    base: dict[str, object] = {"job_id": "llm-r1", "deployment": "llm", "state": "starting", "since": T0}
+    base: dict[str, object] = {"job_id": "chat-r1", "deployment": "chat", "state": "starting", "since": T0}
     return ReplicaRecord(**{**base, "submitted_at": T0, "hosts": hosts, **kw})  # type: ignore[arg-type]
 
 
 def scheduled(alloc: str, *nodes: str) -> JobScheduled:
     return JobScheduled(
-        source="s", key="llm-r1", job_id="llm-r1", allocation_id=alloc, tenant="t", queue="q", nodes=list(nodes)
+        source="s", key="chat-r1", job_id="chat-r1", allocation_id=alloc, tenant="t", queue="q", nodes=list(nodes)
     )
 
 
 def started(alloc: str, node: str) -> JobStarted:
-    return JobStarted(source="a", key="llm-r1", job_id="llm-r1", allocation_id=alloc, node_id=node, launcher="sim")
+    return JobStarted(source="a", key="chat-r1", job_id="chat-r1", allocation_id=alloc, node_id=node, launcher="sim")
 
 
 def requeued(alloc: str) -> JobRequeued:
-    return JobRequeued(source="s", key="llm-r1", job_id="llm-r1", allocation_id=alloc, reason="node failed")
+    return JobRequeued(source="s", key="chat-r1", job_id="chat-r1", allocation_id=alloc, reason="node failed")
 
 
 def run(member: ReplicaRecord, *news: MemberNews) -> ReplicaRecord | str | None:
@@ -81,7 +81,7 @@ def test_news_that_changes_nothing_is_none_and_a_finished_job_is_gone() -> None:
     ready = run(replica(1), scheduled("a1", "n1"), started("a1", "n1"))
     assert isinstance(ready, ReplicaRecord)
     assert after_news(ready, started("a1", "n1"), T1) is None
-    done = JobFinished(source="s", key="llm-r1", job_id="llm-r1", state="failed", reason="exit 1")
+    done = JobFinished(source="s", key="chat-r1", job_id="chat-r1", state="failed", reason="exit 1")
     assert after_news(ready, done, T1) == GONE
 
 
