@@ -347,7 +347,8 @@ def plan_sites(
         members.setdefault(nodes[node_id].labels.get(inputs.site_label, ""), []).append(h)
     hosts = {s: frozenset(view.node_ids[h] for h in hs) for s, hs in members.items()}
     queued: dict[str, list[Job]] = {}
-    for j in sorted(waiting, key=lambda j: (j.submitted_at, j.job_id)):
+    in_order = sorted(waiting, key=lambda j: (j.submitted_at, j.job_id))
+    for j in in_order:
         if j.sites and j.site is not None:
             queued.setdefault(j.site, []).append(core_job(j))
     cluster = view.cluster
@@ -375,7 +376,7 @@ def plan_sites(
         )
 
     chosen: dict[str, SiteChoice] = {}
-    for j in sorted(waiting, key=lambda j: (j.submitted_at, j.job_id)):
+    for j in in_order:
         if not j.sites or j.site is not None:
             continue
         job = core_job(j)

@@ -662,6 +662,16 @@ def build_profile(config: ProfileConfig | Mapping[str, Any] | None = None, regis
 # ---------------------------------------------------------------------------------- framework
 
 
+def member_needs(gpus: int, gpu_model: str | None) -> str:
+    """What one member needs of a host, as the reasons say it: "4 free GPUs of H100"."""
+    return f"{gpus} free GPU{'s' if gpus != 1 else ''}" + (f" of {gpu_model}" if gpu_model else "")
+
+
+def too_few_hosts(n: int, what: str, total: int) -> str:
+    """The reason for an ask that fewer hosts than its members could take at all."""
+    return f"needs {n} host{'s' if n != 1 else ''} with {what}; {total} in the whole fabric"
+
+
 def _clamp(x: float) -> float:
     return 0.0 if x < 0 or x != x else 100.0 if x > 100 else float(x)
 
@@ -795,10 +805,10 @@ class Framework:
                 if gi is not None and view._free[name] >= g:
                     if ask.gpu_model is None or view.hosts[name].gpu_model == ask.gpu_model:
                         bound[gi] += 1
-        what = f"{g} free GPU{'s' if g != 1 else ''}" + (f" of {ask.gpu_model}" if ask.gpu_model else "")
+        what = member_needs(g, ask.gpu_model)
         total = sum(bound)
         if total < n:
-            return f"needs {n} host{'s' if n != 1 else ''} with {what}; {total} in the whole fabric"
+            return too_few_hosts(n, what, total)
         cap_level = view.levels
         if ask.topology_level is not None and ask.topology_mode == "required":
             cap_level = min(cap_level, ask.topology_level)

@@ -28,7 +28,15 @@ import msgspec
 
 from ..fabric.index import FabricIndex
 from ..fabric.model import Ca, Host, Link, PortRef, Switch, build_topology
-from .framework import ClusterView, Framework, Locality, PlacementAsk, PlacementResult
+from .framework import (
+    ClusterView,
+    Framework,
+    Locality,
+    PlacementAsk,
+    PlacementResult,
+    member_needs,
+    too_few_hosts,
+)
 from .jobs import Job, host_shares
 from .placer import FreeView, Placement
 
@@ -200,11 +208,11 @@ class FrameworkPlacer:
             out.extend(h for h in holders if free(h) >= job.gpus and (allowed is None or h in allowed))
         return frozenset(out)
 
-    # Answer "too few hosts" from the free counts before the framework (`too_few_hosts`); the same
+    # Answer "too few hosts" from the free counts before the framework (`short_of_hosts`); the same
     # answers either way (tests turn it off to compare).
     count_first = True
 
-    def too_few_hosts(self, view: FreeView, job: Job) -> str | None:
+    def short_of_hosts(self, view: FreeView, job: Job) -> str | None:
         """The framework's own first answer, "needs n hosts with g free GPUs; k in the whole fabric",
         read from the cycle's free counts alone (no sync, no plugins) when it is certain: for an ask
         counted over every host alike (no GPU model, dataset or host restriction), fewer hosts have a
@@ -216,13 +224,12 @@ class FrameworkPlacer:
         count = view.hosts_with_at_least(per) if per < len(view.by_free) else 0
         if count >= n:
             return None
-        what = f"{per} free GPU{'s' if per != 1 else ''}"
-        return f"needs {n} host{'s' if n != 1 else ''} with {what}; {count} in the whole fabric"
+        return too_few_hosts(n, member_needs(per, None), count)
 
     def place(self, view: FreeView, job: Job, max_leaves: int | None) -> Placement | None:
         if job.gpus > view.total_free:
             return None
-        if self.count_first and (short := self.too_few_hosts(view, job)) is not None:
+        if self.count_first and (short := self.short_of_hosts(view, job)) is not None:
             self.reasons[job.id] = short
             return None
         self._sync(view.free)
