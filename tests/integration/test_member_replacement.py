@@ -38,6 +38,20 @@ async def pool_events(bus: Bus, kind: type, node_id: str, allocation_id: str) ->
     return [e for e in (decode(m.data) for m in msgs) if e.allocation_id == allocation_id]
 
 
+async def running_replace_gang(service: Any, runtime_s: float) -> tuple[str, dict[str, Any]]:
+    """Submit a 2 x 8 GPU gang declared `replace`; its id and view once it runs on both nodes."""
+    j = job_id()
+    body = {"id": j, "tenant": "t", "nodes": 2, "gpus_per_node": 8, "on_member_failure": "replace"}
+    body["workload"] = {"simulated_runtime_s": runtime_s}
+    assert (await call(service, "POST", "/v1/jobs", body))[0] == 201
+
+    async def running() -> bool:
+        return (await job_state(service, j))["state"] == "running"
+
+    await eventually(running, what="the gang running on both nodes")
+    return j, await job_state(service, j)
+
+
 async def gang_loses_a_node(bus: Bus, store: Store, stack: StackInfo, declared: str) -> dict[str, Any]:
     """A 2 x 8 GPU gang on `kept` (in-process agent) and `doomed` (an agent process); a spare node
     joins; the doomed agent is SIGKILLed. Returns what the test checks."""
@@ -172,16 +186,7 @@ async def test_a_replace_gang_with_no_host_to_take_the_member_restarts_and_says_
         doomed_agent = agent_process(stack, doomed_prefix)
         try:
             await until_leading(sched, [kept, doomed])
-            j = job_id()
-            body = {"id": j, "tenant": "t", "nodes": 2, "gpus_per_node": 8, "on_member_failure": "replace"}
-            body["workload"] = {"simulated_runtime_s": 60}
-            assert (await call(service, "POST", "/v1/jobs", body))[0] == 201
-
-            async def running() -> bool:
-                return (await job_state(service, j))["state"] == "running"
-
-            await eventually(running, what="the gang running on both nodes")
-            before = await job_state(service, j)
+            j, before = await running_replace_gang(service, runtime_s=60)
             await stop_process(doomed_agent, signal.SIGKILL)
 
             async def requeued() -> bool:
@@ -219,16 +224,7 @@ async def test_an_xid_79_drill_on_a_replace_gang_member_replaces_only_that_membe
             running_agent(bus, doomed_store, nodes=1, node_prefix=prefix, first_node=2, fault_injection=True)
         )
         await until_leading(sched, [kept, doomed])
-        j = job_id()
-        body = {"id": j, "tenant": "t", "nodes": 2, "gpus_per_node": 8, "on_member_failure": "replace"}
-        body["workload"] = {"simulated_runtime_s": 4}
-        assert (await call(service, "POST", "/v1/jobs", body))[0] == 201
-
-        async def running() -> bool:
-            return (await job_state(service, j))["state"] == "running"
-
-        await eventually(running, what="the gang running on both nodes")
-        before = await job_state(service, j)
+        j, before = await running_replace_gang(service, runtime_s=4)
         spare_store = await agents.enter_async_context(own_store(stack))
         await agents.enter_async_context(running_agent(bus, spare_store, nodes=1, node_prefix=prefix, first_node=3))
         await until_leading(sched, [kept, doomed, spare])
