@@ -121,9 +121,9 @@ async def _rounds(info: devstack.StackInfo, state: Path, rounds: int, agents: in
             return False
 
         async def all_healthy() -> bool:
-            return all([await healthy(n) for n in by_node])
+            return all([await s.ready(http) for s in core]) and all([await healthy(n) for n in by_node])
 
-        await _until(all_healthy, 60, "every node healthy at the failover controller")
+        await _until(all_healthy, 60, "every service ready and every node healthy at the failover controller")
         for i in range(rounds):
             job = f"failover-{i:02d}"
             body = {"id": job, "tenant": "bench", "gpus": 8, "workload": {"simulated_runtime_s": 3600}}

@@ -99,6 +99,16 @@ class ServiceProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    async def ready(self, http: aiohttp.ClientSession) -> bool:
+        """It is up and ready (GET /readyz is 200); a slow start is not an error. What callers wait
+        for before sending it work: the scheduler, loading its runtime model's libraries, may be
+        seconds later than the others."""
+        try:
+            async with http.get(f"{self.url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
     def terminate(self) -> None:
         if self.running():
             assert self.proc is not None
@@ -350,15 +360,6 @@ def _scheduler_jobs(seed: int) -> list[dict[str, object]]:
     return jobs
 
 
-async def _answers(http: aiohttp.ClientSession, url: str) -> bool:
-    """The service at `url` is up and ready (GET /readyz is 200); a slow start is not an error."""
-    try:
-        async with http.get(f"{url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r:
-            return r.status == 200
-    except (aiohttp.ClientError, TimeoutError):
-        return False
-
-
 async def _submit_jobs(http: aiohttp.ClientSession, url: str, seed: int) -> int:
     accepted = 0
     for body in _scheduler_jobs(seed):
@@ -607,7 +608,7 @@ async def _scenario(
             ready = pool.nodes >= nodes and pool.fabric_version is not None
             if ready and not asked and obs.all_heartbeating_after is not None:
                 # The scheduler and the autoscaler take the work over HTTP: wait until both answer.
-                ready = all([await _answers(http, by_name[n].url) for n in ("scheduler", "autoscaler")])
+                ready = all([await by_name[n].ready(http) for n in ("scheduler", "autoscaler")])
             if not asked and obs.all_heartbeating_after is not None and ready:
                 await _request_allocations(http, alloc_url, args.seed, pool)
                 pool.gang_leaf_groups = await _leaf_groups_of(
