@@ -117,6 +117,8 @@ async def gang_loses_a_node(bus: Bus, store: Store, stack: StackInfo, declared: 
                 "kept_granted": await pool_events(bus, AllocationGranted, kept, alloc),
                 "kept_revoked": await pool_events(bus, AllocationRevoked, kept, alloc),
                 "doomed_revoked": await pool_events(bus, AllocationRevoked, doomed, alloc),
+                "kept_released": await pool_events(bus, AllocationReleased, kept, alloc),
+                "doomed_released": await pool_events(bus, AllocationReleased, doomed, alloc),
                 "spare_granted": await pool_events(bus, AllocationGranted, spare, alloc),
                 "replacements": [
                     decode(m.data)
@@ -163,7 +165,11 @@ async def test_a_restart_gang_that_loses_a_node_restarts_whole(bus: Bus, store: 
     kept, doomed, spare, before, after = (seen[k] for k in ("kept", "doomed", "spare", "before", "after"))
     assert after["allocation_id"] != before["allocation_id"] and after["attempt"] == 1
     assert set(after["hosts"]) == {kept, spare} and after["replacements"] == 0
-    assert len(seen["kept_revoked"]) == 1 and len(seen["doomed_revoked"]) == 1, "every member revoked"
+    # Every member's share of the first allocation ended once: revoked by the allocator on NodeFailed,
+    # or released by the scheduler's requeue when the controller's RequeueRequested was handled first.
+    for member in ("kept", "doomed"):
+        ended = seen[f"{member}_revoked"] + seen[f"{member}_released"]
+        assert len(ended) == 1, (member, ended)
     assert seen["spare_granted"] == [] and seen["replacements"] == []
     (requeued,) = seen["requeued"]
     assert requeued.allocation_id == before["allocation_id"] and doomed in requeued.reason
