@@ -68,6 +68,28 @@ async def test_rows_queued_in_a_rolled_back_savepoint_are_dropped(store: Store) 
     assert await queued_rows(store) == [3, 1]
 
 
+async def test_after_commit_calls_run_once_after_the_commit_and_never_after_a_rollback(store: Store) -> None:
+    """What the scheduler wakes its cycle with: the call comes once the rows are committed."""
+    await store.pool.execute("CREATE TABLE queued (id serial PRIMARY KEY, n int NOT NULL)")
+    calls: list[str] = []
+
+    def woken() -> None:
+        calls.append("woken")
+
+    async with store.transaction() as tx:
+        await tx.conn.execute(QUEUED, 1)
+        tx.after_commit(woken)
+        tx.after_commit(woken)  # the same call is queued once
+        assert calls == [] and await queued_rows(store) == []  # not yet: another connection sees nothing
+    assert calls == ["woken"] and await queued_rows(store) == [1]
+    with pytest.raises(RuntimeError):
+        async with store.transaction() as tx:
+            await tx.conn.execute(QUEUED, 2)
+            tx.after_commit(lambda: calls.append("rolled back"))
+            raise RuntimeError("handler failed")
+    assert calls == ["woken"] and await queued_rows(store) == [1]
+
+
 async def test_rolled_back_transaction_writes_no_queued_row(store: Store) -> None:
     await store.pool.execute("CREATE TABLE queued (id serial PRIMARY KEY, n int NOT NULL)")
     with pytest.raises(RuntimeError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ class Transaction:
         # Rows queued for one executemany per statement, in first-queued order; one scope per open savepoint.
         self._queued: dict[str, list[Sequence[Any]]] = {}
         self._savepoints = 0
+        self._after_commit: list[Callable[[], None]] = []
 
     @property
     def in_savepoint(self) -> bool:
@@ -88,6 +89,14 @@ class Transaction:
             out = outgoing(m)
             rows.append((m.id, out.subject, msgspec.json.encode(out.headers).decode(), out.body))
         self.executemany_at_commit(_OUTBOX_INSERT, rows)
+
+    def after_commit(self, call: Callable[[], None]) -> None:
+        """Call `call` (once, synchronously) after this transaction commits; never if it rolls back.
+        For waking a loop that reads what this transaction writes: woken earlier, it could read
+        the rows before they are committed and miss them. A call queued inside a savepoint that
+        rolls back still runs: it must be harmless when nothing changed (a spurious wake-up)."""
+        if call not in self._after_commit:
+            self._after_commit.append(call)
 
     def executemany_at_commit(self, statement: str, rows: Sequence[Sequence[Any]]) -> None:
         """Queue `rows` for `statement`, written with one `executemany` per statement before commit.
@@ -206,6 +215,8 @@ class Store:
             await tx.write_queued()
         if tx.emitted:
             self._committed_outbox.set()
+        for call in tx._after_commit:
+            call()
 
     def outbox_committed(self) -> asyncio.Event:
         """Set after a commit that wrote outbox rows; the relay waits on it."""

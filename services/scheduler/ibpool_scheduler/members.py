@@ -163,7 +163,7 @@ async def member_lost(
     await state.save_job(tx.conn, marked, now)
     sched.requeues.labels("member replacement").inc()
     log.info("gang member lost; replacing it", job_id=job.job_id, node_id=node_id, why=why)
-    sched.wake.set()
+    tx.after_commit(sched.wake.set)
 
 
 async def on_member_exit(sched: Scheduler, tx: Transaction, job: JobRecord, ev: JobExited, now: dt.datetime) -> bool:
@@ -284,7 +284,7 @@ async def on_rejected(
             reason=f"replacing the member on {job.replacing}: refused ({ev.reason}: {ev.detail}), trying again",
         )
         await state.save_job(tx.conn, again, now)
-        sched.wake.set()
+        tx.after_commit(sched.wake.set)
         return
     why = f"replacement of the member on {job.replacing} refused ({ev.reason}: {ev.detail}): gang restarted"
     await sched.on_lost(tx, job.job_id, job.allocation_id, why)

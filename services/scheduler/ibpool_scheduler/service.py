@@ -205,6 +205,7 @@ class Scheduler:
         self.decoded: dict[str, JobRecord] = {}
         # Allocation id -> when its lease renewal was last sent (monotonic): one renewal in flight.
         self._renewed: dict[str, float] = {}
+        self._renewals_checked = -1e18  # monotonic: the last look for leases to renew
         self._lock = asyncio.Lock()
         registry = kit.metrics.registry
         self.proposed = Counter("ibpool_scheduler_proposals", "Placements proposed", registry=registry)
@@ -308,7 +309,7 @@ class Scheduler:
                 hosts=record.hosts,
             )
         )
-        self.wake.set()
+        tx.after_commit(self.wake.set)
         return record
 
     async def cancel(self, tx: Transaction, job_id: str, reason: str) -> JobRecord | None:
@@ -322,7 +323,7 @@ class Scheduler:
         done = jobs.finished(job, "cancelled", reason, now)
         await state.save_job(tx.conn, done, now)
         await tx.outbox(self.finished_event(done))
-        self.wake.set()
+        tx.after_commit(self.wake.set)
         return done
 
     async def current(self, tx: Transaction, job_id: str, allocation_id: str, now: dt.datetime) -> JobRecord | None:
@@ -358,7 +359,7 @@ class Scheduler:
         done = msgspec.structs.replace(done, exited_nodes=exited)
         await state.save_job(tx.conn, done, now)
         await tx.outbox(self.finished_event(done), self.release(ev.allocation_id, f"job {job.job_id} exited"))
-        self.wake.set()
+        tx.after_commit(self.wake.set)
 
     async def on_granted(self, tx: Transaction, ev: AllocationGranted, now: dt.datetime) -> None:
         job = await state.lock_job(tx.conn, ev.job_id)
@@ -409,7 +410,7 @@ class Scheduler:
         later = None if ev.reason in RETRY_AT_ONCE else now + dt.timedelta(seconds=self.cfg.retry_after_s)
         why = f"proposal rejected ({ev.reason}): {ev.detail}"
         await state.save_job(tx.conn, jobs.rejected(job, why, later), now)
-        self.wake.set()
+        tx.after_commit(self.wake.set)
 
     async def on_lost(
         self,
@@ -450,7 +451,7 @@ class Scheduler:
                 not_before=not_before,
             )
         )
-        self.wake.set()
+        tx.after_commit(self.wake.set)
 
     def release(self, allocation_id: str, why: str) -> ReleaseAllocation:
         return ReleaseAllocation(
@@ -530,7 +531,8 @@ class Scheduler:
             await self._write(tx, plan, {j.job_id: j for j in live}, term, now)
             proposed = (a for p in plan.proposals for a in p.assignments)
             await members.propose_replacements(self, tx, live, ledger, proposed, term, now)
-            await tx.outbox(*self.renewals(live, now))
+            if self.renewals_due():
+                await tx.outbox(*self.renewals(live, now))
         return plan
 
     def placement_inputs(self, live: list[JobRecord], now: dt.datetime) -> PlacementInputs:
@@ -711,6 +713,15 @@ class Scheduler:
                 for p in proposals
             ],
         )
+
+    def renewals_due(self) -> bool:
+        """Time to look for leases to renew: at most every `lease_s / 8`, and every second at most. A
+        look walks every live job; a lease still has half its length left when it first becomes due."""
+        clock = time.monotonic()
+        if clock - self._renewals_checked < min(1.0, self.cfg.lease_s / 8):
+            return False
+        self._renewals_checked = clock
+        return True
 
     def renewals(self, live: list[JobRecord], now: dt.datetime) -> list[RenewLease]:
         """Renew the leases of held allocations with less than half of `lease_s` left (once per quarter)."""
