@@ -1,8 +1,11 @@
 """Scheduling throughput end to end: SubmitJob on the bus -> scheduler -> pool allocator -> JobScheduled.
 
-The scheduler and the pool allocator run in-process (Kit + bootstrap + Service, as
-tests/integration/test_scheduler.py does) on an embedded stack started here in a temp dir and always
-stopped: nats-server and Postgres (fsync on). Each stack setting runs on its own fresh stack:
+`--services process` (the default) runs the scheduler and the pool allocator each as its own process
+(`python -m ibpool_scheduler`, `python -m ibpool_pool_allocator`, as `ibpool run` and an operator
+start them); `--services inproc` runs both in the benchmark process (Kit + bootstrap + Service, as
+tests/integration/test_scheduler.py does), which `--profile` and the garbage-collector figures need.
+Either way on an embedded stack started here in a temp dir and always stopped: nats-server and
+Postgres (fsync on). Each stack setting runs on its own fresh stack:
 `sync_interval: always` and nats-server's default fsync. No node agent runs (jobs need not start).
 
 Before the runs, NODES nodes x GPUS_PER_NODE GPUs are registered through NodeRegistered events
@@ -14,7 +17,9 @@ every allocation is released, so each phase meets the same free pool.
   throughput  N SubmitJob commands published as fast as publish_async goes; time from the first
               publish to the last JobScheduled seen on a core NATS subscription
   latency     M submissions offered at each fixed RATE/s (150 and the floor's 300 by default); per job
-              SubmitJob publish -> JobScheduled received
+              SubmitJob publish -> AllocationGranted received (the issue's "submit -> granted": the
+              GPUs are the job's) and SubmitJob publish -> JobScheduled received (the scheduler has
+              recorded the grant); the floor is judged on the first, both are reported
 
 Messages per job: what every stream took during the phase (each stream's last sequence), commands
 included, over the phase's jobs. The latency phase also times each step of the path on the bus
@@ -22,8 +27,9 @@ included, over the phase's jobs. The latency phase also times each step of the p
 -> JobScheduled) and every phase reports
 the scheduler's cycles (count, mean duration). Every phase also
 records the 1-minute load average at its start and the CPU seconds of the benchmark process
-(publisher, subscriber, scheduler and allocator together), nats-server and Postgres, and how much of
-the benchmark process's CPU went to Python's garbage collector (`gc_s`, per generation).
+(publisher and subscriber, plus scheduler and allocator in-process), of the scheduler and allocator
+processes, nats-server and Postgres, and in-process how much of the benchmark process's CPU went to
+Python's garbage collector (`gc_s`, per generation).
 
 `--placement framework|leaf` (the scheduler's placement plugins, the default, or the plain LeafPlacer)
 and `--batch on|off` (a cycle's proposals in one ProposePlacements, the default, or one each).
@@ -44,14 +50,19 @@ import json
 import os
 import platform
 import pstats
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import nats
 
+from ibpool_cli.run import ServiceProcess
 from ibpool_pool_allocator.bootstrap import bootstrap as allocator_bootstrap
 from ibpool_pool_allocator.config import PoolAllocatorConfig
 from ibpool_proto import decode
@@ -179,13 +190,65 @@ class Watch:
         return out
 
 
-async def drain(bus: Bus, sched: Scheduler, job_ids: list[str]) -> None:
-    """Cancel the phase's jobs and wait until the scheduler's ledger replica holds no allocation."""
+class InProcess:
+    """The scheduler and the allocator in this process: their state read directly."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+
+    async def leading_with(self, nodes: int) -> bool:
+        s = self.sched
+        return s.is_leader and s.feed.caught_up and len(s.feed.ledger.nodes) >= nodes
+
+    async def cycles(self) -> tuple[float, float]:
+        samples = {s.name: s.value for m in self.sched.cycle_seconds.collect() for s in m.samples}
+        return samples["ibpool_scheduler_cycle_seconds_count"], samples["ibpool_scheduler_cycle_seconds_sum"]
+
+    async def allocations(self) -> int:
+        return len(self.sched.feed.ledger.allocations)
+
+
+class OwnProcesses:
+    """The scheduler and the allocator as their own processes: their state over their HTTP APIs
+    (GET /v1/scheduler, /metrics; the allocator's GET /v1/allocations)."""
+
+    def __init__(self, http: aiohttp.ClientSession, scheduler_url: str, allocator_url: str) -> None:
+        self.http, self.scheduler_url, self.allocator_url = http, scheduler_url, allocator_url
+
+    async def _get(self, url: str) -> Any:
+        async with self.http.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
+            r.raise_for_status()
+            return await (r.json() if r.content_type == "application/json" else r.text())
+
+    async def leading_with(self, nodes: int) -> bool:
+        try:
+            about = await self._get(f"{self.scheduler_url}/v1/scheduler")
+        except (aiohttp.ClientError, TimeoutError):
+            return False  # not up yet
+        return bool(about["leader"] and about["ledger_caught_up"] and about["nodes"] >= nodes)
+
+    async def cycles(self) -> tuple[float, float]:
+        found: dict[str, float] = {}
+        for line in (await self._get(f"{self.scheduler_url}/metrics")).splitlines():
+            name, _, value = line.partition(" ")
+            if name in ("ibpool_scheduler_cycle_seconds_count", "ibpool_scheduler_cycle_seconds_sum"):
+                found[name] = float(value)
+        return found["ibpool_scheduler_cycle_seconds_count"], found["ibpool_scheduler_cycle_seconds_sum"]
+
+    async def allocations(self) -> int:
+        return len(await self._get(f"{self.allocator_url}/v1/allocations"))
+
+
+Probe = InProcess | OwnProcesses
+
+
+async def drain(bus: Bus, probe: Probe, job_ids: list[str]) -> None:
+    """Cancel the phase's jobs and wait until no allocation is held."""
     outs = [outgoing(CancelJob(source="bench", key=j, job_id=j, reason="bench phase over")) for j in job_ids]
     await bus.publish_batch(outs, timeout_s=60)
     deadline = time.monotonic() + PHASE_TIMEOUT_S
     while time.monotonic() < deadline:
-        if not sched.feed.ledger.allocations:
+        if not await probe.allocations():
             return
         await asyncio.sleep(0.2)
     raise RuntimeError(f"allocations not released within {PHASE_TIMEOUT_S} s")
@@ -226,30 +289,28 @@ GC = GcMeter()
 class Cycles:
     """The scheduler's cycles during a phase, from its `ibpool_scheduler_cycle_seconds` histogram."""
 
-    def __init__(self, sched: Scheduler) -> None:
-        self.sched = sched
-        self.began = self._now()
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self.began = (0.0, 0.0)
 
-    def _now(self) -> tuple[float, float]:
-        samples = {s.name: s.value for m in self.sched.cycle_seconds.collect() for s in m.samples}
-        return samples["ibpool_scheduler_cycle_seconds_count"], samples["ibpool_scheduler_cycle_seconds_sum"]
+    async def start(self) -> Cycles:
+        self.began = await self.probe.cycles()
+        return self
 
-    def stop(self) -> dict[str, Any]:
-        (c0, s0), (c1, s1) = self.began, self._now()
+    async def stop(self) -> dict[str, Any]:
+        (c0, s0), (c1, s1) = self.began, await self.probe.cycles()
         cycles = int(c1 - c0)
         return {"cycles": cycles, "cycle_mean_ms": round(1000 * (s1 - s0) / cycles, 2) if cycles else None}
 
 
-async def phase_throughput(
-    bus: Bus, watch: Watch, sched: Scheduler, n: int, tag: str, meter: CpuMeter
-) -> dict[str, Any]:
+async def phase_throughput(bus: Bus, watch: Watch, probe: Probe, n: int, tag: str, meter: CpuMeter) -> dict[str, Any]:
     cmds = [submission(f"{tag}-{i:05d}") for i in range(n)]
     outs = [outgoing(c) for c in cmds]
     jobs = {c.job_id for c in cmds}
     await watch.reset(jobs, stages=False)
     meter.start()
     GC.start()
-    cycles = Cycles(sched)
+    cycles = await Cycles(probe).start()
     t0 = time.perf_counter_ns()
     futures = [await bus.js.publish_async(o.subject, o.body, headers=o.headers) for o in outs]
     await asyncio.wait_for(asyncio.gather(*futures), timeout=PHASE_TIMEOUT_S)
@@ -267,24 +328,26 @@ async def phase_throughput(
         "span_s": round(span / 1e9, 3),
         "jobs_per_s": round(len(done) / (span / 1e9), 1) if span > 0 else float("nan"),
         **(await watch.finish(n)),
-        **cycles.stop(),
+        **(await cycles.stop()),
         **machine,
     }
 
 
 async def phase_latency(
-    bus: Bus, watch: Watch, sched: Scheduler, n: int, rate: float, tag: str, meter: CpuMeter
+    bus: Bus, watch: Watch, probe: Probe, n: int, rate: float, tag: str, meter: CpuMeter
 ) -> dict[str, Any]:
     cmds = [submission(f"{tag}-{i:05d}") for i in range(n)]
     await watch.reset({c.job_id for c in cmds}, stages=True)
     meter.start()
     GC.start()
-    cycles = Cycles(sched)
+    cycles = await Cycles(probe).start()
     sent, offered_s = await publish_paced(bus, cmds, rate)
     complete = await watch.wait(PHASE_TIMEOUT_S)
     await asyncio.sleep(0.2)
     machine = {**meter.stop(), **GC.stop()}
     lat_ms = sorted((watch.scheduled[j] - t) / 1e6 for j, t in sent.items() if j in watch.scheduled)
+    granted = watch.seen_at[AllocationGranted]
+    granted_ms = sorted((granted[j] - t) / 1e6 for j, t in sent.items() if j in granted)
     return {
         "n": n,
         "offered_per_s": rate,
@@ -294,45 +357,107 @@ async def phase_latency(
         "p50_ms": round(pct(lat_ms, 50), 3),
         "p99_ms": round(pct(lat_ms, 99), 3),
         "max_ms": round(pct(lat_ms, 100), 3),
+        "granted": len(granted_ms),
+        "granted_p50_ms": round(pct(granted_ms, 50), 3),
+        "granted_p99_ms": round(pct(granted_ms, 99), 3),
+        "granted_max_ms": round(pct(granted_ms, 100), 3),
         "stages_ms": watch.stages_ms(sent),
         **(await watch.finish(n)),
-        **cycles.stop(),
+        **(await cycles.stop()),
         **machine,
     }
 
 
-async def bench(args: argparse.Namespace, nats_url: str, dsn: str, pids: dict[str, int]) -> dict[str, Any]:
-    bus = await Bus.connect(nats_url, name="bench-sched")
+def _scheduler_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The scheduler's settings in this bench (either way it runs)."""
+    tuning: dict[str, Any] = {} if args.debounce is None else {"cycle_debounce_s": args.debounce}
+    return {
+        "policy": "fifo",
+        "log_level": "warning",
+        "placement": args.placement,
+        "batch_proposals": args.batch == "on",
+        **tuning,
+    }
+
+
+async def in_process(
+    stack: AsyncExitStack, args: argparse.Namespace, bus: Bus, dsn: str
+) -> tuple[InProcess, dict[str, int]]:
+    """The allocator and the scheduler as Services in this process; stopped when `stack` closes."""
     stores: list[Store] = []
-    services: list[Service[Any]] = []
-    sub_nc = None
-    try:
+    for schema in ("bench_pool", "bench_sched"):
+        store = await Store.connect(dsn, schema)
+        stack.push_async_callback(store.close)
+        await store.migrate()
+        stores.append(store)
+    acfg = PoolAllocatorConfig(instance="bench", durable_prefix="pool-allocator-bench", log_level="warning")
+    akit = Kit(name="pool_allocator", config=acfg, bus=bus, store=stores[0], metrics=ServiceMetrics("pa"))
+    scfg = SchedulerConfig(instance="bench", durable_prefix="scheduler-bench", **_scheduler_config(args))
+    skit = Kit(name="scheduler", config=scfg, bus=bus, store=stores[1], metrics=ServiceMetrics("scheduler"))
+    spec = await scheduler_bootstrap(skit)
+    sched: Scheduler = spec.tasks[0].__self__  # type: ignore[attr-defined]
+    for service in (Service(akit, await allocator_bootstrap(akit)), Service(skit, spec)):
+        await service.start()
+        stack.push_async_callback(_stop_service, service)
+    return InProcess(sched), {}
+
+
+async def _stop_service(service: Service[Any]) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(service.stop(), timeout=30)
+
+
+async def own_processes(
+    stack: AsyncExitStack, args: argparse.Namespace, nats_url: str, dsn: str
+) -> tuple[OwnProcesses, dict[str, int]]:
+    """The allocator and the scheduler each as its own process (logs in a temp dir, kept on failure
+    only); SIGTERM and waited for when `stack` closes."""
+    logs = Path(tempfile.mkdtemp(prefix="ibpool-bench-sched-logs-"))
+    base = dict(os.environ, IBPOOL_NATS_URL=nats_url, IBPOOL_POSTGRES_DSN=dsn)
+    settings = {
+        k.upper(): str(v).lower() if isinstance(v, bool) else str(v) for k, v in _scheduler_config(args).items()
+    }
+    procs = [
+        ServiceProcess.of("pool_allocator", base, logs, instance="bench", LOG_LEVEL="warning"),
+        ServiceProcess.of("scheduler", base, logs, instance="bench", **settings),
+    ]
+
+    def stop_all() -> None:
+        for p in procs:
+            p.terminate()
+        codes = [p.wait(30) for p in procs]
+        if all(c == 0 for c in codes):
+            shutil.rmtree(logs, ignore_errors=True)
+        else:
+            print(f"a service ended with {codes}; its log is in {logs}", flush=True)
+
+    stack.callback(stop_all)
+    for p in procs:
+        p.start()
+    http = await stack.enter_async_context(aiohttp.ClientSession())
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    for p in procs:
+        while not await p.ready(http):
+            if not p.running() or time.monotonic() > deadline:
+                raise RuntimeError(f"{p.name} did not start; its log: {p.log_path}")
+            await asyncio.sleep(0.2)
+    allocator, scheduler = procs
+    pids = {p.name: p.proc.pid for p in procs if p.proc is not None}
+    return OwnProcesses(http, scheduler.url, allocator.url), pids
+
+
+async def bench(args: argparse.Namespace, nats_url: str, dsn: str, pids: dict[str, int]) -> dict[str, Any]:
+    async with AsyncExitStack() as stack:
+        bus = await Bus.connect(nats_url, name="bench-sched")
+        stack.push_async_callback(_close, bus.close())
         await bus.ensure_streams()
-        for schema in ("bench_pool", "bench_sched"):
-            store = await Store.connect(dsn, schema)
-            await store.migrate()
-            stores.append(store)
-        acfg = PoolAllocatorConfig(instance="bench", durable_prefix="pool-allocator-bench", log_level="warning")
-        akit = Kit(name="pool_allocator", config=acfg, bus=bus, store=stores[0], metrics=ServiceMetrics("pa"))
-        services.append(Service(akit, await allocator_bootstrap(akit)))
-        tuning: dict[str, Any] = {} if args.debounce is None else {"cycle_debounce_s": args.debounce}
-        scfg = SchedulerConfig(
-            instance="bench",
-            durable_prefix="scheduler-bench",
-            policy="fifo",
-            log_level="warning",
-            placement=args.placement,
-            batch_proposals=args.batch == "on",
-            **tuning,
-        )
-        skit = Kit(name="scheduler", config=scfg, bus=bus, store=stores[1], metrics=ServiceMetrics("scheduler"))
-        spec = await scheduler_bootstrap(skit)
-        sched: Scheduler = spec.tasks[0].__self__  # type: ignore[attr-defined]
-        services.append(Service(skit, spec))
-        for s in services:
-            await s.start()
+        if args.services == "inproc":
+            probe, service_pids = await in_process(stack, args, bus, dsn)
+        else:
+            probe, service_pids = await own_processes(stack, args, nats_url, dsn)
 
         sub_nc = await nats.connect(nats_url, name="bench-sched-sub", connect_timeout=5)
+        stack.push_async_callback(_close, sub_nc.close())
         watch = Watch(sub_nc, bus.js)
         await watch.start()
 
@@ -340,7 +465,7 @@ async def bench(args: argparse.Namespace, nats_url: str, dsn: str, pids: dict[st
         t = time.perf_counter()
         await bus.publish_batch([outgoing(registered(n, args.gpus)) for n in nodes], timeout_s=60)
         deadline = time.monotonic() + PHASE_TIMEOUT_S
-        while not (sched.is_leader and sched.feed.caught_up and len(sched.feed.ledger.nodes) >= len(nodes)):
+        while not await probe.leading_with(len(nodes)):
             if time.monotonic() > deadline:
                 raise RuntimeError("the scheduler did not lead with every node in time")
             await asyncio.sleep(0.2)
@@ -350,38 +475,31 @@ async def bench(args: argparse.Namespace, nats_url: str, dsn: str, pids: dict[st
             freeze_startup_heap()  # as every service does once it is wired (ibpool_runtime.service)
         profile = cProfile.Profile() if args.profile else None
         runs = []
-        meter = CpuMeter(pids)
+        meter = CpuMeter({**pids, **service_pids})
         for r in range(args.runs):
             if profile is not None:
                 profile.enable()
-            tp = await phase_throughput(bus, watch, sched, args.n, f"tp{r}", meter)
+            tp = await phase_throughput(bus, watch, probe, args.n, f"tp{r}", meter)
             if profile is not None:
                 profile.disable()
             print(f"run {r + 1} throughput: {tp}", flush=True)
-            await drain(bus, sched, [f"tp{r}-{i:05d}" for i in range(args.n)])
+            await drain(bus, probe, [f"tp{r}-{i:05d}" for i in range(args.n)])
             run: dict[str, Any] = {"throughput": tp}
             for rate in args.rates:
                 tag = f"lat{rate:g}r{r}"
-                lat = await phase_latency(bus, watch, sched, args.lat_n, rate, tag, meter)
+                lat = await phase_latency(bus, watch, probe, args.lat_n, rate, tag, meter)
                 print(f"run {r + 1} latency at {rate:g}/s: {lat}", flush=True)
-                await drain(bus, sched, [f"{tag}-{i:05d}" for i in range(args.lat_n)])
+                await drain(bus, probe, [f"{tag}-{i:05d}" for i in range(args.lat_n)])
                 run[f"latency_{rate:g}"] = lat
             runs.append(run)
         if profile is not None:
             pstats.Stats(profile).sort_stats("cumulative").print_stats(args.profile)
         return {"runs": runs}
-    finally:
-        if sub_nc is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(sub_nc.close(), timeout=5)
-        for s in reversed(services):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(s.stop(), timeout=30)
-        for store in stores:
-            with contextlib.suppress(Exception):
-                await store.close()
-        with contextlib.suppress(Exception):
-            await bus.close()
+
+
+async def _close(closing: Any) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(closing, timeout=5)
 
 
 def cycle_only(args: argparse.Namespace) -> dict[str, Any]:
@@ -527,7 +645,18 @@ def main() -> int:
     ap.add_argument("--sync", choices=("both", "always", "default"), default="both", help="nats-server fsync")
     ap.add_argument("--placement", choices=("framework", "leaf"), default="framework", help="the scheduler's placement")
     ap.add_argument("--batch", choices=("on", "off"), default="on", help="one ProposePlacements per cycle, or one each")
-    ap.add_argument("--profile", type=int, default=0, help="cProfile the throughput phases; print this many rows")
+    ap.add_argument(
+        "--services",
+        choices=("process", "inproc"),
+        default="process",
+        help="the scheduler and the allocator each as its own process, or both in the benchmark process",
+    )
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="cProfile the throughput phases (with --services inproc); rows to print",
+    )
     ap.add_argument(
         "--no-gc-freeze",
         dest="gc_freeze",
@@ -540,6 +669,8 @@ def main() -> int:
     ap.add_argument("--cycle-jobs", type=int, default=20, help="--cycle-only: new 1-GPU jobs per cycle")
     ap.add_argument("--grant-delay", type=int, default=5, help="--cycle-only: cycles a proposal waits for its grant")
     args = ap.parse_args()
+    if args.profile and args.services != "inproc":
+        ap.error("--profile profiles this process: use it with --services inproc")
     if max(args.n, args.lat_n) > args.nodes * args.gpus:
         ap.error("a phase needs at most one job per GPU")
     configure_logging("bench", "warning")
@@ -578,6 +709,7 @@ def main() -> int:
             "batch_proposals": args.batch == "on",
             "postgres_fsync": True,
             "gc_freeze": args.gc_freeze,
+            "services": args.services,
         },
         **results,
     }
