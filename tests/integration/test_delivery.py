@@ -50,10 +50,11 @@ class Recorder:
 
 
 async def start_consumer(
-    bus: Bus, store: Store, handler, job_ids: list[str], **settings
+    bus: Bus, store: Store, handler, job_ids: list[str], prepare=None, **settings
 ) -> tuple[Consumer, asyncio.Event, asyncio.Task]:
     durable = f"test-{uuid.uuid4().hex[:8]}"
-    sub = Subscription(durable=durable, filter_subjects=tuple(CancelJob.subject(j) for j in job_ids), handler=handler)
+    subjects = tuple(CancelJob.subject(j) for j in job_ids)
+    sub = Subscription(durable=durable, filter_subjects=subjects, handler=handler, prepare=prepare)
     consumer = Consumer(bus, store, sub, ConsumerSettings(**settings), ServiceMetrics("test"), "test")
     await consumer.start()
     stop = asyncio.Event()
@@ -155,6 +156,44 @@ async def test_handler_failure_rolls_back_only_its_own_event_in_a_batch(bus: Bus
     assert await count_effects(store, bad_job) == 0
     inbox = await store.pool.fetch("SELECT event_id FROM inbox WHERE consumer = $1", consumer.sub.durable)
     assert {r["event_id"] for r in inbox} == {events[0].id, events[2].id}
+
+
+async def test_prepare_sees_the_batch_first_and_a_failing_one_falls_back_to_event_by_event(
+    bus: Bus, store: Store
+) -> None:
+    await effects_table(store)
+    jobs = [f"prep-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    events = [cancel(j) for j in jobs]
+    for e in events:
+        await bus.publish(e)
+    batches: list[list[str]] = []
+    seen_ahead: list[bool] = []
+
+    async def prepare(batch: list[CancelJob], tx) -> None:
+        batches.append([e.job_id for e in batch])
+        tx.scratch["ahead"] = True
+        if len(batches) == 1:
+            raise RuntimeError("the read-ahead failed")
+
+    class Ahead(Recorder):
+        async def __call__(self, event: CancelJob, ctx: HandlerContext) -> None:
+            assert ctx.tx is not None
+            seen_ahead.append(bool(ctx.tx.scratch.get("ahead")))
+            await super().__call__(event, ctx)
+
+    _consumer, stop, task = await start_consumer(bus, store, Ahead(), jobs, prepare=prepare, batch=16)
+    await eventually(lambda: _count_is(store, jobs[2], 1), what="the batch handled after the failed prepare")
+    for e in events[:2]:  # a second batch: prepare runs and its handlers see what it kept
+        await bus.publish(cancel(e.job_id))
+    await eventually(lambda: _count_is(store, jobs[1], 2), what="the second batch handled")
+    stop.set()
+    await task
+    # The first batch: prepare saw every event, failed, and the batch ran one event at a time
+    # without it (each handler once, nothing of the failed attempt kept).
+    assert batches[0] == jobs and [await count_effects(store, j) for j in jobs] == [2, 2, 1]
+    assert seen_ahead[:3] == [False, False, False]
+    # Later batches had a prepare that held, and their handlers saw its scratch.
+    assert len(batches) >= 2 and all(seen_ahead[3:]) and len(seen_ahead) == 5
 
 
 def test_occurred_at_is_utc() -> None:

@@ -79,6 +79,12 @@ class HandlerContext:
 
 
 Handler = Callable[[Any, HandlerContext], Awaitable[None]]
+# Called once per batch on the fast path, in the batch transaction, before the handlers, with the
+# batch's events that are not redeliveries: a service may read or write ahead for the whole batch
+# in one statement (kept in `Transaction.scratch` for its handlers). It must leave the outcome as
+# the handlers alone would have made it. If it raises, the batch is rolled back and run again one
+# event at a time, without it.
+Prepare = Callable[[list[Any], Transaction], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,7 @@ class Subscription:
     handler: Handler
     transactional: bool = True
     stream: str | None = None
+    prepare: Prepare | None = None
 
     def stream_name(self) -> str:
         return self.stream or stream_for_subject(self.filter_subjects[0])
@@ -211,6 +218,19 @@ class Consumer:
                     o.duplicate = True
                     continue
                 fresh.discard(o.event.id)  # a second copy in the same batch is a duplicate too
+            if self.sub.prepare is not None:
+                try:
+                    await self.sub.prepare([o.event for o in outcomes if not o.duplicate], tx)
+                except Exception as e:
+                    log.warning(
+                        "batch prepare failed; the batch runs again one event at a time",
+                        consumer=self.sub.durable,
+                        error=f"{type(e).__name__}: {e}",
+                    )
+                    raise _HandlerFailed(f"prepare: {type(e).__name__}: {e}") from e
+            for o in outcomes:
+                if o.duplicate:
+                    continue
                 await self._handle_one(o, tx, isolated=False)
                 if o.error is not None:
                     raise _HandlerFailed(o.error)

@@ -53,6 +53,9 @@ class Transaction:
         self._queued: dict[str, list[Sequence[Any]]] = {}
         self._savepoints = 0
         self._after_commit: list[Callable[[], None]] = []
+        # What a service keeps between the handlers of one transaction (rows read ahead for a batch,
+        # see `Subscription.prepare`); emptied when a savepoint rolls back, as it may be stale then.
+        self.scratch: dict[str, Any] = {}
 
     @property
     def in_savepoint(self) -> bool:
@@ -125,6 +128,9 @@ class Transaction:
             async with self.conn.transaction():
                 yield
                 await self.write_queued()
+        except BaseException:
+            self.scratch.clear()
+            raise
         finally:
             self._savepoints -= 1
             self._queued = outer

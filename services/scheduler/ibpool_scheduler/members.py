@@ -160,7 +160,7 @@ async def member_lost(
         exited_nodes=[n for n in job.exited_nodes if n != node_id],
         reason=f"replacing the member on {node_id}: {why}",
     )
-    await state.save_job(tx.conn, marked, now)
+    await state.save_job(tx, marked, now)
     sched.requeues.labels("member replacement").inc()
     log.info("gang member lost; replacing it", job_id=job.job_id, node_id=node_id, why=why)
     tx.after_commit(sched.wake.set)
@@ -197,7 +197,7 @@ async def propose_replacements(
     for a in [*proposed, *(a for j in live if j.replace_id is not None for a in j.replace_proposal)]:
         taken.setdefault(a.node_id, set()).add(a.gpu_index)
     for job in waiting:
-        locked = await state.lock_job(tx.conn, job.job_id)
+        locked = await state.lock_job(tx, job.job_id)
         if locked != job:
             continue  # changed since the cycle read it: the next cycle looks again
         assert job.replacing is not None and job.allocation_id is not None
@@ -223,7 +223,7 @@ async def propose_replacements(
         for a in choice:
             taken.setdefault(a.node_id, set()).add(a.gpu_index)
         replaced = msgspec.structs.replace(job, replace_id=cmd.id, replace_proposal=choice, placement=placement)
-        await state.save_job(tx.conn, replaced, now)
+        await state.save_job(tx, replaced, now)
         await tx.outbox(cmd)
         log.info("gang member replacement proposed", job_id=job.job_id, failed=job.replacing, host=choice[0].node_id)
 
@@ -263,7 +263,7 @@ async def on_granted(
         exited_nodes=[n for n in job.exited_nodes if n != lost],
         reason=f"member on {lost} replaced by {new}",
     )
-    await state.save_job(tx.conn, done, now)
+    await state.save_job(tx, done, now)
     sched.answers.labels("member replaced").inc()
     log.info("gang member replaced", job_id=job.job_id, lost=lost, new=new, allocation_id=ev.allocation_id)
 
@@ -283,7 +283,7 @@ async def on_rejected(
             replace_retries=job.replace_retries + 1,
             reason=f"replacing the member on {job.replacing}: refused ({ev.reason}: {ev.detail}), trying again",
         )
-        await state.save_job(tx.conn, again, now)
+        await state.save_job(tx, again, now)
         tx.after_commit(sched.wake.set)
         return
     why = f"replacement of the member on {job.replacing} refused ({ev.reason}: {ev.detail}): gang restarted"

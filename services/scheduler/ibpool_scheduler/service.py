@@ -234,7 +234,9 @@ class Scheduler:
         p = self.cfg.durable_prefix
 
         def sub(name: str, types: tuple[type[Message], ...]) -> Subscription:
-            return Subscription(f"{p}-{name}", tuple(t.subject_pattern() for t in types), self.on_news)
+            return Subscription(
+                f"{p}-{name}", tuple(t.subject_pattern() for t in types), self.on_news, prepare=self.prepare
+            )
 
         return [sub("jobs", JOB_NEWS), sub("pool", POOL_NEWS), sub("health", HEALTH_NEWS)]
 
@@ -285,18 +287,50 @@ class Scheduler:
                     message.node_id,
                 )
 
-    async def accept(self, tx: Transaction, job_id: str, spec: JobSpec) -> JobRecord | str:
-        """Queue a new job (JobQueued); a repeated id returns the stored job; a bad spec, why."""
+    async def prepare(self, batch: list[Message], tx: Transaction) -> None:
+        """One statement for what the batch's handlers would each do alone: insert the submissions
+        (those whose job no other event of the batch names, so the batch's order still holds) and
+        lock and read the jobs the other events name."""
+        named: dict[str, int] = {}
+        for m in batch:
+            job_id = getattr(m, "job_id", None)
+            if isinstance(job_id, str):
+                named[job_id] = named.get(job_id, 0) + 1
+        now = self.clock.now()
+        new: list[JobRecord] = []
+        for m in batch:
+            if isinstance(m, SubmitJob) and named[m.job_id] == 1:
+                admitted = self.admit(m.job_id, m.spec, now)
+                if not isinstance(admitted, str):
+                    new.append(admitted)
+        await state.insert_many(tx, new, now)
+        inserted = {j.job_id for j in new}
+        await state.lock_ahead(tx, [j for j in named if j not in inserted])
+
+    def admit(self, job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord | str:
+        """The job record of a submission this replica takes, or why it does not."""
         if not self.serves(spec.queue):
             return f"queue {spec.queue!r} is not served here (serving {', '.join(self.cfg.queues)})"
-        now = self.clock.now()
         record = record_from_spec(job_id, spec, now)
         if isinstance(record, str):
             return record
         if record.sites and self.framework is None:
             return 'a job naming sites needs the framework placement (`placement = "framework"`)'
-        if not await state.insert_job(tx.conn, record, now):
-            return await state.get_job(tx.conn, job_id) or record
+        return record
+
+    async def accept(self, tx: Transaction, job_id: str, spec: JobSpec) -> JobRecord | str:
+        """Queue a new job (JobQueued); a repeated id returns the stored job; a bad spec, why."""
+        done, stored = state.taken_insert(tx, job_id)  # inserted by `prepare` with its batch
+        if done and stored is not None:
+            record = stored
+        else:
+            now = self.clock.now()
+            admitted = self.admit(job_id, spec, now)
+            if isinstance(admitted, str):
+                return admitted
+            record = admitted
+            if done or not await state.insert_job(tx.conn, record, now):
+                return await state.get_job(tx.conn, job_id) or record
         await tx.outbox(
             JobQueued(
                 source=self.kit.source,
@@ -314,14 +348,14 @@ class Scheduler:
 
     async def cancel(self, tx: Transaction, job_id: str, reason: str) -> JobRecord | None:
         """End a live job (its allocation released); an ended job is returned unchanged."""
-        job = await state.lock_job(tx.conn, job_id)
+        job = await state.lock_job(tx, job_id)
         if job is None or not job.live:
             return job
         now = self.clock.now()
         if job.holding and job.allocation_id is not None:
             await tx.outbox(self.release(job.allocation_id, f"job {job_id} cancelled"))
         done = jobs.finished(job, "cancelled", reason, now)
-        await state.save_job(tx.conn, done, now)
+        await state.save_job(tx, done, now)
         await tx.outbox(self.finished_event(done))
         tx.after_commit(self.wake.set)
         return done
@@ -329,7 +363,7 @@ class Scheduler:
     async def current(self, tx: Transaction, job_id: str, allocation_id: str, now: dt.datetime) -> JobRecord | None:
         """The job, locked, if `allocation_id` is its allocation. An agent's news of a proposal still
         marked proposed means it was granted (the grant's own news is on another consumer, maybe later)."""
-        job = await state.lock_job(tx.conn, job_id)
+        job = await state.lock_job(tx, job_id)
         if job is not None and job.state == "proposed" and job.proposal_id == allocation_id:
             return await self.mark_granted(tx, job, allocation_id, sorted({a.node_id for a in job.proposal}), now)
         return job if job is not None and job.holding and job.allocation_id == allocation_id else None
@@ -338,7 +372,7 @@ class Scheduler:
         job = await self.current(tx, ev.job_id, ev.allocation_id, now)
         if job is None or job.state != "scheduled":
             return
-        await state.save_job(tx.conn, msgspec.structs.replace(job, state="running", started_at=ev.occurred_at), now)
+        await state.save_job(tx, msgspec.structs.replace(job, state="running", started_at=ev.occurred_at), now)
 
     async def on_exited(self, tx: Transaction, ev: JobExited, now: dt.datetime) -> None:
         job = await self.current(tx, ev.job_id, ev.allocation_id, now) if ev.reason != "revoked" else None
@@ -348,7 +382,7 @@ class Scheduler:
             return  # a replaced member's late exit, or a hardware exit: the member is replaced
         exited = sorted({*job.exited_nodes, ev.node_id})
         if ev.reason == "completed" and len(exited) < len(job.nodes):
-            await state.save_job(tx.conn, msgspec.structs.replace(job, exited_nodes=exited), now)
+            await state.save_job(tx, msgspec.structs.replace(job, exited_nodes=exited), now)
             return  # a gang is done when all its members are
         started = job.started_at or job.scheduled_at or now
         runtime = ev.runtime_s or (now - started).total_seconds()
@@ -357,12 +391,12 @@ class Scheduler:
             job, "completed" if ev.reason == "completed" else "failed", why, now, ev.exit_code, runtime
         )
         done = msgspec.structs.replace(done, exited_nodes=exited)
-        await state.save_job(tx.conn, done, now)
+        await state.save_job(tx, done, now)
         await tx.outbox(self.finished_event(done), self.release(ev.allocation_id, f"job {job.job_id} exited"))
         tx.after_commit(self.wake.set)
 
     async def on_granted(self, tx: Transaction, ev: AllocationGranted, now: dt.datetime) -> None:
-        job = await state.lock_job(tx.conn, ev.job_id)
+        job = await state.lock_job(tx, ev.job_id)
         if job is not None and ev.replaces is not None:
             await members.on_granted(self, tx, job, ev, now)  # a replaced gang member
             return
@@ -380,7 +414,7 @@ class Scheduler:
     ) -> JobRecord:
         self.answers.labels("granted").inc()
         done = jobs.granted(job, allocation_id, nodes, now)
-        await state.save_job(tx.conn, done, now)
+        await state.save_job(tx, done, now)
         await tx.outbox(
             JobScheduled(
                 source=self.kit.source,
@@ -399,7 +433,7 @@ class Scheduler:
         return done
 
     async def on_rejected(self, tx: Transaction, ev: AllocationRejected, now: dt.datetime) -> None:
-        job = await state.lock_job(tx.conn, ev.job_id)
+        job = await state.lock_job(tx, ev.job_id)
         if job is not None and job.replace_id is not None and job.replace_id == ev.command_id:
             await members.on_rejected(self, tx, job, ev, now)  # a replacement of a gang member refused
             return
@@ -409,7 +443,7 @@ class Scheduler:
         # conflict/stale: the pool moved under the proposal; place it again on fresher state at once.
         later = None if ev.reason in RETRY_AT_ONCE else now + dt.timedelta(seconds=self.cfg.retry_after_s)
         why = f"proposal rejected ({ev.reason}): {ev.detail}"
-        await state.save_job(tx.conn, jobs.rejected(job, why, later), now)
+        await state.save_job(tx, jobs.rejected(job, why, later), now)
         tx.after_commit(self.wake.set)
 
     async def on_lost(
@@ -424,7 +458,7 @@ class Scheduler:
         """The job's allocation is gone or must go: requeue it in its place (or fail it after max_attempts).
         A gang that declared `replace` and lost the member on `node_id` has that member replaced instead
         (members.py)."""
-        job = await state.lock_job(tx.conn, job_id)
+        job = await state.lock_job(tx, job_id)
         if job is None or not job.holding or job.allocation_id != allocation_id:
             return
         now = self.clock.now()
@@ -435,11 +469,11 @@ class Scheduler:
         await tx.outbox(self.release(allocation_id, f"job {job_id} requeued"))
         if job.attempt + 1 > self.cfg.max_attempts:
             done = jobs.finished(job, "failed", f"requeued {job.attempt} times; then {why}", now)
-            await state.save_job(tx.conn, done, now)
+            await state.save_job(tx, done, now)
             await tx.outbox(self.finished_event(done))
             return
         again = jobs.requeued(job, why, now, not_before)
-        await state.save_job(tx.conn, again, now)
+        await state.save_job(tx, again, now)
         await tx.outbox(
             JobRequeued(
                 source=self.kit.source,

@@ -9,6 +9,8 @@ from pathlib import Path
 import asyncpg
 import msgspec
 
+from ibpool_runtime.store import Transaction
+
 from .jobs import LIVE, JobRecord
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -33,10 +35,33 @@ async def lock_cycle(conn: asyncpg.Connection, schema: str) -> bool:
     return got
 
 
-async def lock_job(conn: asyncpg.Connection, job_id: str) -> JobRecord | None:
-    """The job, its row locked until the transaction ends (handlers and cycles change it one at a time)."""
-    body = await conn.fetchval("SELECT body FROM jobs WHERE job_id = $1 FOR UPDATE", job_id)
+# `Transaction.scratch` keys: rows a batch read ahead (`lock_ahead`), submissions it inserted (`insert_many`).
+AHEAD = "scheduler.jobs_ahead"
+INSERTED = "scheduler.jobs_inserted"
+
+
+async def lock_job(tx: Transaction, job_id: str) -> JobRecord | None:
+    """The job, its row locked until the transaction ends (handlers and cycles change it one at a time).
+    Taken from the batch's read-ahead when there (once: a later call reads the row again)."""
+    ahead: dict[str, JobRecord | None] | None = tx.scratch.get(AHEAD)
+    if ahead is not None and job_id in ahead:
+        return ahead.pop(job_id)
+    body = await tx.conn.fetchval("SELECT body FROM jobs WHERE job_id = $1 FOR UPDATE", job_id)
     return None if body is None else _record.decode(body)
+
+
+async def lock_ahead(tx: Transaction, job_ids: Sequence[str]) -> None:
+    """Lock and read the rows of `job_ids` in one statement, in job id order (the cycle's lock order),
+    for `lock_job` to take; an id without a row is remembered as none."""
+    wanted = sorted(set(job_ids))
+    if not wanted:
+        return
+    rows = await tx.conn.fetch(
+        "SELECT job_id, body FROM jobs WHERE job_id = ANY($1::text[]) ORDER BY job_id FOR UPDATE", wanted
+    )
+    ahead: dict[str, JobRecord | None] = dict.fromkeys(wanted)
+    ahead.update((r["job_id"], _record.decode(r["body"])) for r in rows)
+    tx.scratch[AHEAD] = ahead
 
 
 async def get_job(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> JobRecord | None:
@@ -54,8 +79,35 @@ async def insert_job(conn: asyncpg.Connection, job: JobRecord, now: dt.datetime)
     return done is not None
 
 
-async def save_job(conn: asyncpg.Connection, job: JobRecord, now: dt.datetime) -> None:
-    await conn.execute(UPSERT, *row(job, now))
+async def insert_many(tx: Transaction, jobs: Sequence[JobRecord], now: dt.datetime) -> None:
+    """Store new jobs in one statement, in order; `taken_insert` then tells each one's outcome."""
+    if not jobs:
+        return
+    columns = list(zip(*(row(j, now) for j in jobs), strict=True))
+    inserted = await tx.conn.fetch(
+        "INSERT INTO jobs (job_id, queue, tenant, state, submitted_at, updated_at, body)"
+        " SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[],"
+        " $6::timestamptz[], $7::text[]) ON CONFLICT (job_id) DO NOTHING RETURNING job_id",
+        *(list(c) for c in columns),
+    )
+    new = {r["job_id"] for r in inserted}
+    tx.scratch[INSERTED] = {j.job_id: j if j.job_id in new else None for j in jobs}
+
+
+def taken_insert(tx: Transaction, job_id: str) -> tuple[bool, JobRecord | None]:
+    """(whether `insert_many` stored a row for `job_id` in this transaction, the record it stored
+    or None when the id was taken); (False, None) when it had no row for it. Each answer once."""
+    done: dict[str, JobRecord | None] | None = tx.scratch.get(INSERTED)
+    if done is None or job_id not in done:
+        return False, None
+    return True, done.pop(job_id)
+
+
+async def save_job(tx: Transaction, job: JobRecord, now: dt.datetime) -> None:
+    ahead: dict[str, JobRecord | None] | None = tx.scratch.get(AHEAD)
+    if ahead is not None:
+        ahead.pop(job.job_id, None)  # what was read ahead is no longer the row
+    await tx.conn.execute(UPSERT, *row(job, now))
 
 
 async def live_jobs(
