@@ -1,17 +1,24 @@
 """The outbox relay: publishes committed outbox rows in commit order and deletes them once acked.
 
-One relay at a time per schema (a transaction-level advisory lock), so events of one aggregate
-leave in the order they were committed. A crash after publish and before delete republishes;
-JetStream drops the copy by `Nats-Msg-Id`. So the relay's own transaction commits without waiting
-for its WAL fsync (`synchronous_commit = off`, for that transaction only): a delete lost in a crash
-is the same case, and Postgres's other commits, the services' state changes, still wait for theirs.
+One relay at a time per schema: the relay that takes the schema's session advisory lock keeps it,
+on a connection of its own, for as long as it runs, so events of one aggregate leave in the order
+they were committed; another replica's relay tries again every `poll_s` and takes over when the
+holder's connection ends. The holder is woken by its own service's commits and, through LISTEN
+(migration 002), by every replica's. A round is two statements: read the oldest rows, and after
+JetStream acked them, delete them. A crash after publish and before delete republishes; JetStream
+drops the copy by `Nats-Msg-Id`. So the relay's connection runs with `synchronous_commit = off`:
+a delete lost in a crash is the same case, and Postgres's other commits, the services' state
+changes, still wait for their WAL fsync.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+from typing import Any
 
+import asyncpg
 import msgspec
 
 from . import faults
@@ -22,6 +29,11 @@ from .store import Store
 log = get_logger(__name__)
 
 
+def notify_channel(schema: str) -> str:
+    """The LISTEN channel of a schema's outbox commits (as migration 002 names it)."""
+    return "ibpool_outbox_" + hashlib.md5(schema.encode()).hexdigest()[:16]
+
+
 class OutboxRelay:
     def __init__(self, store: Store, bus: Bus, *, window: int = 256, poll_s: float = 0.5) -> None:
         self.store = store
@@ -29,39 +41,98 @@ class OutboxRelay:
         self.window = window
         self.poll_s = poll_s
         self.published = 0
+        self._lock_key = f"ibpool.outbox.{store.schema}"
+        self._channel = notify_channel(store.schema)
+        self._conn: asyncpg.Connection | None = None  # holds the lock while set
+        # One user of the connection at a time: a flush at shutdown may start while a slow round of
+        # `run` is still going.
+        self._using = asyncio.Lock()
 
     async def run(self, stop: asyncio.Event) -> None:
         wake = self.store.outbox_committed()
-        while not stop.is_set():
-            wake.clear()
-            try:
-                while await self.publish_pending() == self.window:
-                    pass
-            except Exception as e:  # the bus or the store is down: retry on the next tick
-                log.warning("outbox relay failed, will retry", error=str(e) or type(e).__name__)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=self.poll_s)
+        try:
+            while not stop.is_set():
+                wake.clear()
+                try:
+                    while await self.publish_pending() == self.window:
+                        pass
+                except Exception as e:  # the bus or the store is down: retry on the next tick
+                    log.warning("outbox relay failed, will retry", error=str(e) or type(e).__name__)
+                    await self._let_go(broken=True)
+                waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
+                try:
+                    await asyncio.wait(waits, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        w.cancel()
+        finally:
+            await self._let_go()
 
     async def publish_pending(self) -> int:
         """Publish up to `window` rows; returns how many were published (0 if another relay holds the lock)."""
-        async with self.store.pool.acquire() as conn, conn.transaction():
-            # The delete need not wait for its own fsync: if a crash loses it, the rows are published
-            # again and JetStream drops the copies by Nats-Msg-Id, as after a crash before the delete.
-            locked = await conn.fetchval(
-                "SELECT pg_try_advisory_xact_lock(hashtext($1)) FROM set_config('synchronous_commit', 'off', true)",
-                f"ibpool.outbox.{self.store.schema}",
-            )
-            if not locked:
-                return 0
-            rows = await conn.fetch("SELECT seq, subject, headers, body FROM outbox ORDER BY seq LIMIT $1", self.window)
-            if not rows:
-                return 0
-            faults.crash_if_armed("outbox.before_publish")
-            batch = [OutgoingMessage(r["subject"], msgspec.json.decode(r["headers"]), bytes(r["body"])) for r in rows]
-            await self.bus.publish_batch(batch)
-            await conn.execute("DELETE FROM outbox WHERE seq = ANY($1::bigint[])", [r["seq"] for r in rows])
+        async with self._using:
+            return await self._publish_pending()
+
+    async def _publish_pending(self) -> int:
+        conn = await self._holder()
+        if conn is None:
+            return 0
+        rows = await conn.fetch("SELECT seq, subject, headers, body FROM outbox ORDER BY seq LIMIT $1", self.window)
+        if not rows:
+            return 0
+        faults.crash_if_armed("outbox.before_publish")
+        batch = [OutgoingMessage(r["subject"], msgspec.json.decode(r["headers"]), bytes(r["body"])) for r in rows]
+        await self.bus.publish_batch(batch)
+        await conn.execute("DELETE FROM outbox WHERE seq = ANY($1::bigint[])", [r["seq"] for r in rows])
         self.published += len(rows)
         return len(rows)
+
+    async def _holder(self) -> asyncpg.Connection | None:
+        """The connection holding this schema's relay lock: kept, or taken now; None while another has it."""
+        if self._conn is not None and not self._conn.is_closed():
+            return self._conn
+        self._conn = None
+        pool = self.store.pool
+        conn = await pool.acquire()
+        try:
+            got = await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", self._lock_key)
+            if got:
+                await conn.execute("SET synchronous_commit = off")
+                await conn.add_listener(self._channel, self._notified)
+        except BaseException:
+            conn.terminate()
+            await pool.release(conn)
+            raise
+        if not got:
+            await pool.release(conn)
+            return None
+        self._conn = conn
+        return conn
+
+    def _notified(self, *_: Any) -> None:
+        self.store.outbox_committed().set()
+
+    async def _let_go(self, *, broken: bool = False) -> None:
+        """Give the lock and the connection back (the connection as the pool lent it: the lock, the
+        listener and the session setting undone; or closed when `broken`)."""
+        async with self._using:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                await self._give_back(conn, broken)
+
+    async def _give_back(self, conn: asyncpg.Connection, broken: bool) -> None:
+        try:
+            if broken or conn.is_closed():
+                conn.terminate()
+            else:
+                await conn.remove_listener(self._channel, self._notified)
+                await conn.execute("RESET synchronous_commit; SELECT pg_advisory_unlock_all()")
+        except Exception:
+            with contextlib.suppress(Exception):  # the pool may be closed and have taken it back
+                conn.terminate()
+        finally:
+            with contextlib.suppress(Exception):
+                await self.store.pool.release(conn)
 
     async def flush(self, timeout_s: float = 10.0) -> None:
         """Publish everything committed so far (used at shutdown)."""
@@ -74,3 +145,5 @@ class OutboxRelay:
             await asyncio.wait_for(_drain(), timeout=timeout_s)
         except Exception as e:
             log.warning("outbox flush incomplete; rows stay for the next start", error=str(e) or type(e).__name__)
+        finally:
+            await self._let_go()
