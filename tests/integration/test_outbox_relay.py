@@ -59,6 +59,31 @@ async def test_one_relay_holds_the_schema_is_woken_by_any_replica_and_is_taken_o
             await store_b.close()
 
 
+async def test_a_frozen_holder_loses_the_lock_and_another_relay_publishes(bus: Bus, stack: StackInfo) -> None:
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    async with own_store(stack, schema) as store_a:
+        store_b = await Store.connect(stack.postgres_dsn, schema)
+        try:
+            # A takes the lock and then never reads again, as a paused process would not.
+            frozen = OutboxRelay(store_a, bus, poll_s=0.1, hold_idle_s=1.0)
+            assert await frozen._holder() is not None
+            relay_b = OutboxRelay(store_b, bus, poll_s=0.2)
+            stop_b = asyncio.Event()
+            task_b = asyncio.create_task(relay_b.run(stop_b))
+            job = f"relay-{uuid.uuid4().hex[:8]}"
+            began = time.monotonic()
+            await commit_event(store_b, job)
+            await eventually(lambda: _counted(relay_b, 1), what="B publishing once A's session was ended")
+            took = time.monotonic() - began
+            assert 0.8 < took < 10, took  # not before A's idle limit, and soon after it
+            assert await _published_once(bus, job)
+            stop_b.set()
+            await task_b
+            await frozen._let_go(broken=True)
+        finally:
+            await store_b.close()
+
+
 async def _holds(relay: OutboxRelay) -> bool:
     return relay._conn is not None
 

@@ -3,7 +3,9 @@
 One relay at a time per schema: the relay that takes the schema's session advisory lock keeps it,
 on a connection of its own, for as long as it runs, so events of one aggregate leave in the order
 they were committed; another replica's relay tries again every `poll_s` and takes over when the
-holder's connection ends. The holder is woken by its own service's commits and, through LISTEN
+holder's connection ends. A holder that freezes (a paused container, a stalled VM) loses the lock
+after `hold_idle_s`: its connection is closed by Postgres (`idle_session_timeout`), since a live
+holder reads the outbox at least every `poll_s`. The holder is woken by its own service's commits and, through LISTEN
 (migration 002), by every replica's. A round is two statements: read the oldest rows, and after
 JetStream acked them, delete them. A crash after publish and before delete republishes; JetStream
 drops the copy by `Nats-Msg-Id`. So the relay's connection runs with `synchronous_commit = off`:
@@ -35,8 +37,11 @@ def notify_channel(schema: str) -> str:
 
 
 class OutboxRelay:
-    def __init__(self, store: Store, bus: Bus, *, window: int = 256, poll_s: float = 0.5) -> None:
+    def __init__(
+        self, store: Store, bus: Bus, *, window: int = 256, poll_s: float = 0.5, hold_idle_s: float = 5.0
+    ) -> None:
         self.store = store
+        self.hold_idle_s = max(hold_idle_s, 4 * poll_s)
         self.bus = bus
         self.window = window
         self.poll_s = poll_s
@@ -97,7 +102,11 @@ class OutboxRelay:
         try:
             got = await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", self._lock_key)
             if got:
-                await conn.execute("SET synchronous_commit = off")
+                await conn.execute(
+                    "SELECT set_config('synchronous_commit', 'off', false),"
+                    " set_config('idle_session_timeout', $1, false)",
+                    f"{round(self.hold_idle_s * 1000)}ms",
+                )
                 await conn.add_listener(self._channel, self._notified)
         except BaseException:
             conn.terminate()
@@ -126,7 +135,9 @@ class OutboxRelay:
                 conn.terminate()
             else:
                 await conn.remove_listener(self._channel, self._notified)
-                await conn.execute("RESET synchronous_commit; SELECT pg_advisory_unlock_all()")
+                await conn.execute(
+                    "RESET synchronous_commit; RESET idle_session_timeout; SELECT pg_advisory_unlock_all()"
+                )
         except Exception:
             with contextlib.suppress(Exception):  # the pool may be closed and have taken it back
                 conn.terminate()
