@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from ibpool_proto import decode
+from ibpool_proto.health import RequeueRequested
 from ibpool_proto.job import JobRequeued, JobScheduled, JobStarted
 from ibpool_proto.pool import AllocationGranted, AllocationReleased, AllocationRevoked, ReplaceGangMember
 from ibpool_runtime.bus import Bus
@@ -125,6 +126,9 @@ async def gang_loses_a_node(bus: Bus, store: Store, stack: StackInfo, declared: 
                     for m in await stream_messages(bus.js, "IBPOOL_POOL", ReplaceGangMember.subject(alloc))
                 ],
                 "requeued": await job_events(bus, j, JobRequeued),
+                "requeue_requested": [
+                    decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_HEALTH", RequeueRequested.subject(j))
+                ],
                 "scheduled": await job_events(bus, j, JobScheduled),
                 "started": await job_events(bus, j, JobStarted),
             }
@@ -155,6 +159,10 @@ async def test_a_replace_gang_gets_one_new_member_in_the_same_allocation_and_com
     assert 0 < took_s < 10, took_s
     (cmd,) = seen["replacements"]
     assert cmd.failed_node_id == doomed and granted.command_id == cmd.id and cmd.fencing_term == granted.fencing_term
+    # The controller's backoff for the job (retry_after_s) holds for its replacement too.
+    (asked,) = seen["requeue_requested"]
+    assert asked.retry_after_s > 0 and asked.node_id == doomed
+    assert (cmd.occurred_at - asked.occurred_at).total_seconds() >= asked.retry_after_s - 0.05
     assert seen["requeued"] == [] and len(seen["scheduled"]) == 1
     assert [e.node_id for e in seen["started"]].count(spare) == 1
     assert [e.node_id for e in seen["started"]].count(kept) == 1, "the surviving member was not restarted"

@@ -124,9 +124,21 @@ def sharp_after_replacement(ledger: Ledger, job: JobRecord, new_host: str, leaf_
 
 
 async def member_lost(
-    sched: Scheduler, tx: Transaction, job: JobRecord, node_id: str, why: str, now: dt.datetime
+    sched: Scheduler,
+    tx: Transaction,
+    job: JobRecord,
+    node_id: str,
+    why: str,
+    now: dt.datetime,
+    not_before: dt.datetime | None = None,
 ) -> None:
-    """`job` (locked, holding, replaceable) lost its member on `node_id`: mark it for replacement."""
+    """`job` (locked, holding, replaceable) lost its member on `node_id`: mark it for replacement, to be
+    proposed not before `not_before` (the failover controller's backoff for a job that keeps landing
+    on failing hardware)."""
+    if job.replacing == node_id and job.replace_id is None and _later(not_before, job.not_before):
+        # The controller's backoff came after the revocation that marked the member: wait for it too.
+        await state.save_job(tx, msgspec.structs.replace(job, not_before=not_before), now)
+        return
     if node_id not in job.nodes or job.replacing == node_id:
         return  # a member replaced already (the old member's late news), or being replaced
     assert job.allocation_id is not None
@@ -136,6 +148,7 @@ async def member_lost(
             job.job_id,
             job.allocation_id,
             f"member on {node_id} lost while the member on {job.replacing} was being replaced: gang restarted; {why}",
+            not_before,
         )
         return
     ranked = job.placement.hosts if job.placement is not None and job.placement.hosts else job.nodes
@@ -143,12 +156,16 @@ async def member_lost(
         # Rank 0 is the gang's rendezvous (MASTER_ADDR in every member's environment): the survivors
         # would keep pointing at the lost host, so the whole gang starts again.
         await sched.on_lost(
-            tx, job.job_id, job.allocation_id, f"member of rank 0 on {node_id} lost: gang restarted; {why}"
+            tx, job.job_id, job.allocation_id, f"member of rank 0 on {node_id} lost: gang restarted; {why}", not_before
         )
         return
     if job.replacements >= sched.cfg.max_attempts:
         await sched.on_lost(
-            tx, job.job_id, job.allocation_id, f"{job.replacements} members replaced already: gang restarted; {why}"
+            tx,
+            job.job_id,
+            job.allocation_id,
+            f"{job.replacements} members replaced already: gang restarted; {why}",
+            not_before,
         )
         return
     marked = msgspec.structs.replace(
@@ -158,7 +175,10 @@ async def member_lost(
         replace_proposal=[],
         replace_retries=0,
         exited_nodes=[n for n in job.exited_nodes if n != node_id],
-        reason=f"replacing the member on {node_id}: {why}",
+        not_before=not_before,
+        reason=f"replacing the member on {node_id}"
+        + (f" not before {not_before.isoformat(timespec='seconds')}" if not_before is not None else "")
+        + f": {why}",
     )
     await state.save_job(tx, marked, now)
     sched.requeues.labels("member replacement").inc()
@@ -178,6 +198,22 @@ async def on_member_exit(sched: Scheduler, tx: Transaction, job: JobRecord, ev: 
     return False
 
 
+def _later(a: dt.datetime | None, b: dt.datetime | None) -> bool:
+    return a is not None and (b is None or a > b)
+
+
+def replacements_due(live: Iterable[JobRecord], now: dt.datetime) -> list[JobRecord]:
+    """The held jobs with a member to replace, none proposed yet, and their backoff (if any) over."""
+    return [
+        j
+        for j in live
+        if j.holding
+        and j.replacing is not None
+        and j.replace_id is None
+        and (j.not_before is None or j.not_before <= now)
+    ]
+
+
 async def propose_replacements(
     sched: Scheduler,
     tx: Transaction,
@@ -190,7 +226,7 @@ async def propose_replacements(
     """In the cycle (the leader, fenced): a ReplaceGangMember for every job with a member to replace
     and none in flight, or the gang restarted when no host fits. `proposed`: the GPUs this cycle's
     proposals take."""
-    waiting = [j for j in live if j.holding and j.replacing is not None and j.replace_id is None]
+    waiting = replacements_due(live, now)
     if not waiting:
         return
     taken: dict[str, set[int]] = {n: set(g) for n, g in taken_in_flight(ledger, live).items()}
@@ -260,6 +296,7 @@ async def on_granted(
         replace_proposal=[],
         replace_retries=0,
         replacements=job.replacements + 1,
+        not_before=None,
         exited_nodes=[n for n in job.exited_nodes if n != lost],
         reason=f"member on {lost} replaced by {new}",
     )

@@ -463,7 +463,7 @@ class Scheduler:
             return
         now = self.clock.now()
         if node_id is not None and members.replaceable(job):
-            await members.member_lost(self, tx, job, node_id, why, now)
+            await members.member_lost(self, tx, job, node_id, why, now, not_before)
             return
         self.requeues.labels(why.split(":", 1)[0]).inc()
         await tx.outbox(self.release(allocation_id, f"job {job_id} requeued"))

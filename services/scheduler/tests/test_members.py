@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import msgspec
 import pytest
 
@@ -11,7 +13,7 @@ from ibpool_proto.job import JobSpec
 from ibpool_proto.pool import GpuAssignment, ProposePlacement, ResourceRequest
 from ibpool_runtime.http import BadBody
 from ibpool_scheduler.api import JobBody, spec_of
-from ibpool_scheduler.members import choose_host
+from ibpool_scheduler.members import choose_host, replacements_due
 from ibpool_scheduler.service import record_from_spec
 
 from .test_glue import T0, job, ledger_of, node
@@ -134,3 +136,14 @@ def test_a_workload_environment_no_process_could_take_is_refused_with_the_path(e
     assert e.value.path == path
     spec = JobSpec(name="n", tenant="t", request=ResourceRequest(kind="whole", gpus=1), workload=body.workload)
     assert "environment variable" in str(record_from_spec("j", spec, T0))
+
+
+def test_a_replacement_waits_for_the_controllers_backoff() -> None:
+    later = T0 + dt.timedelta(seconds=30)
+    marked = gang_job(replacing="a1")
+    backing_off = gang_job(replacing="a1", not_before=later)
+    proposed = gang_job(replacing="a1", replace_id="r1")
+    queued = job("q", replacing=None)
+    live = [marked, backing_off, proposed, queued]
+    assert replacements_due(live, T0) == [marked]
+    assert replacements_due(live, later) == [marked, backing_off]
