@@ -379,18 +379,11 @@ def _propose(ctx: _Ctx, cmd: proto.ProposePlacement) -> Decision:
 
     if not cmd.assignments:
         return reject("invalid", "the proposal assigns no GPU")
-    if not 0 <= since <= ledger.version:
-        return reject("invalid", f"computed on version {since}; the ledger is at {ledger.version}")
     if cmd.lease_s <= 0 or cpu < 0 or host_memory < 0:
         return reject("invalid", "lease_s must be positive, cpu_milli and host_memory_mib not negative")
-    refusal = _fenced(ledger, cmd.scheduler_group, cmd.fencing_term) or next(
-        filter(None, (_node_refusal(ledger, n, since) for n in sorted({a.node_id for a in cmd.assignments}))), None
-    )
-    if refusal is not None:
-        return reject(*refusal)
-    shaped = _shape(ledger, cmd.assignments, client)
-    if isinstance(shaped, str):
-        return reject("invalid", shaped)
+    shaped = _admitted(ledger, cmd, {a.node_id for a in cmd.assignments}, client)
+    if isinstance(shaped, _Refusal):
+        return reject(*shaped)
     kind, asks = shaped
     distance: int | None = None
     if client is not None:
@@ -416,6 +409,24 @@ def _propose(ctx: _Ctx, cmd: proto.ProposePlacement) -> Decision:
         cmd.on_member_failure if kind == "gang" else "restart",
     )
     return _commit(ctx, claim, since)
+
+
+def _admitted(
+    ledger: Ledger, cmd: proto.ProposePlacement | proto.ReplaceGangMember, nodes: set[str], client: str | None
+) -> tuple[AllocationKind, list[_Ask]] | _Refusal:
+    """What a proposal and a member replacement both must pass: computed on a version the ledger has
+    reached, the proposer not fenced, every node of `nodes` usable since that version; then the
+    kind and exact shares of its assignments."""
+    since = cmd.ledger_version
+    if not 0 <= since <= ledger.version:
+        return _Refusal("invalid", f"computed on version {since}; the ledger is at {ledger.version}")
+    refusal = _fenced(ledger, cmd.scheduler_group, cmd.fencing_term) or next(
+        filter(None, (_node_refusal(ledger, n, since) for n in sorted(nodes))), None
+    )
+    if refusal is not None:
+        return _Refusal(*refusal)
+    shaped = _shape(ledger, cmd.assignments, client)
+    return _Refusal("invalid", shaped) if isinstance(shaped, str) else shaped
 
 
 def _fenced(ledger: Ledger, group: str, term: int | None) -> tuple[RejectReason, str] | None:
@@ -472,14 +483,9 @@ def _replace(ctx: _Ctx, cmd: proto.ReplaceGangMember) -> Decision:
     (new_node,) = new_nodes
     if new_node in alloc.nodes:
         return reject("invalid", f"node {new_node} is already a member of allocation {cmd.allocation_id}")
-    if not 0 <= since <= ledger.version:
-        return reject("invalid", f"computed on version {since}; the ledger is at {ledger.version}")
-    refusal = _fenced(ledger, cmd.scheduler_group, cmd.fencing_term) or _node_refusal(ledger, new_node, since)
-    if refusal is not None:
-        return reject(*refusal)
-    shaped = _shape(ledger, cmd.assignments, None)
-    if isinstance(shaped, str):
-        return reject("invalid", shaped)
+    shaped = _admitted(ledger, cmd, {new_node}, None)
+    if isinstance(shaped, _Refusal):
+        return reject(*shaped)
     _, asks = shaped
     survivors = [n for n in alloc.held_nodes if n != cmd.failed_node_id]
     model_member = survivors[0] if survivors else alloc.held_nodes[0]
