@@ -201,8 +201,8 @@ class Scheduler:
         self.backlog = 0
         # What an unchanged node offers and an unchanged held job is, kept across cycles (plan.PlanCache).
         self.plan_cache = PlanCache()
-        # The live jobs' records by stored body, kept across cycles (state.live_jobs).
-        self.decoded: dict[str, JobRecord] = {}
+        # The live jobs as the last cycle read them; each cycle reads only the rows changed since.
+        self.live = state.LiveJobs()
         # Allocation id -> when its lease renewal was last sent (monotonic): one renewal in flight.
         self._renewed: dict[str, float] = {}
         self._renewals_checked = -1e18  # monotonic: the last look for leases to renew
@@ -521,10 +521,15 @@ class Scheduler:
         if not self.is_leader or not self.feed.caught_up:
             if not self.is_leader and self.fairshare.updated_at:
                 self.fairshare = FairShareState()  # leading again later starts from the history anew
+                self.live.reset()  # and from a whole read of the live jobs
             return None
         async with self._lock:
             started = time.perf_counter()
-            plan = await self._decide_and_commit()
+            try:
+                plan = await self._decide_and_commit()
+            except BaseException:
+                self.live.reset()  # what was read may be half taken in: read it whole next time
+                raise
             if plan is not None:
                 self.cycle_seconds.observe(time.perf_counter() - started)
                 self.cycles += 1
@@ -539,7 +544,7 @@ class Scheduler:
             if self.leadership is not None and (term is None or not await state.fence(tx.conn, term)):
                 self.leadership.step_down("a newer leader has scheduled (fenced)")
                 return None
-            live = await state.live_jobs(tx.conn, decoded=self.decoded)
+            live = await self.live.read(tx.conn)
             now = self.clock.now()
             ledger = self.feed.ledger
             if self.framework is not None:

@@ -110,29 +110,82 @@ async def save_job(tx: Transaction, job: JobRecord, now: dt.datetime) -> None:
     await tx.conn.execute(UPSERT, *row(job, now))
 
 
-async def live_jobs(
-    conn: asyncpg.Connection | asyncpg.Pool, *, lock: bool = False, decoded: dict[str, JobRecord] | None = None
-) -> list[JobRecord]:
-    """Every queued, proposed, scheduled or running job, in submission order; `lock` holds their rows.
-
-    `decoded` (body -> record, kept by the caller across calls) skips decoding a body already seen:
-    records are frozen, so an identical body is the same record. It is left holding this call's
-    bodies only, so it never outgrows the live set.
-    """
+async def live_jobs(conn: asyncpg.Connection | asyncpg.Pool, *, lock: bool = False) -> list[JobRecord]:
+    """Every queued, proposed, scheduled or running job, in submission order; `lock` holds their rows."""
     rows = await conn.fetch(
         "SELECT body FROM jobs WHERE state = ANY($1::text[]) ORDER BY seq" + (" FOR UPDATE" if lock else ""),
         list(LIVE),
     )
-    if decoded is None:
-        return [_record.decode(r["body"]) for r in rows]
-    seen: dict[str, JobRecord] = {}
-    for r in rows:
-        body = r["body"]
-        record = decoded.get(body)
-        seen[body] = record if record is not None else _record.decode(body)
-    decoded.clear()
-    decoded.update(seen)
-    return [seen[r["body"]] for r in rows]
+    return [_record.decode(r["body"]) for r in rows]
+
+
+# Each read returns its statement's snapshot xmin (an int) in every row (at least one row: the LEFT JOIN).
+_LIVE_ALL = (
+    "SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin, j.job_id, j.seq, j.state, j.body"
+    " FROM (SELECT 1) one LEFT JOIN jobs j ON j.state = ANY($1::text[])"
+)
+_CHANGED_SINCE = (
+    "SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin, j.job_id, j.seq, j.state, j.body"
+    " FROM (SELECT 1) one LEFT JOIN jobs j ON j.changed_xid >= $1::xid8"
+)
+
+
+class LiveJobs:
+    """The live jobs, kept across scheduling cycles: a read fetches only the rows written since the
+    previous read, not every live job (thousands hold GPUs on a big cluster; a cycle runs many times
+    a second under load).
+
+    Why it is exact: every row carries the transaction that last wrote it (`changed_xid`, migration
+    004). A transaction below a snapshot's xmin had ended when the snapshot was taken, so a read
+    that saw it sees its rows; every other one (in progress then, or later) is read again by the next
+    read, which asks for the rows written by transactions from that xmin on. A row read again with an
+    unchanged body keeps its record object, which the cycle's caches compare by identity.
+
+    `reset()` (a new leader, a failed cycle) makes the next read a whole one.
+    """
+
+    def __init__(self) -> None:
+        self._xmin: int | None = None
+        self._rows: dict[str, tuple[int, str, JobRecord]] = {}  # job id -> (seq, body, record), by seq
+        self._records: list[JobRecord] | None = []
+
+    def reset(self) -> None:
+        self._xmin, self._rows, self._records = None, {}, []
+
+    async def read(self, conn: asyncpg.Connection) -> list[JobRecord]:
+        """The live jobs in submission order, as of this read's snapshot. Not to be changed."""
+        if self._xmin is None:
+            rows = await conn.fetch(_LIVE_ALL, list(LIVE))
+            self._rows, self._records = {}, None
+        else:
+            rows = await conn.fetch(_CHANGED_SINCE, self._xmin)
+        known = self._rows
+        last_seq = next(reversed(known.values()))[0] if known else -1
+        unordered = False
+        for r in rows:
+            job_id = r["job_id"]
+            if job_id is None:
+                continue
+            if r["state"] not in LIVE:
+                if known.pop(job_id, None) is not None:
+                    self._records = None
+                continue
+            body: str = r["body"]
+            had = known.get(job_id)
+            if had is not None and had[1] == body:
+                continue
+            seq: int = r["seq"]
+            known[job_id] = (seq, body, _record.decode(body))
+            self._records = None
+            if had is None:
+                unordered = unordered or seq < last_seq
+                last_seq = max(last_seq, seq)
+        if unordered:  # a transaction that took an earlier seq committed after a later one
+            self._rows = dict(sorted(known.items(), key=lambda kv: kv[1][0]))
+        self._xmin = int(rows[0]["xmin"])
+        if self._records is None:
+            self._records = [r for _, _, r in self._rows.values()]
+        return self._records
 
 
 async def list_jobs(

@@ -1,0 +1,121 @@
+"""The scheduling cycle's incremental read of the live jobs (`state.LiveJobs`), on real Postgres: after a
+whole first read, each read fetches only the rows written since the previous one, and still ends with
+exactly what a whole read returns, also when a transaction that was open during a read commits after
+it, or when a later submission commits before an earlier one."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import msgspec
+
+from ibpool_proto.job import JobSpec
+from ibpool_proto.pool import ResourceRequest
+from ibpool_runtime.devstack import StackInfo
+from ibpool_runtime.store import Store
+from ibpool_scheduler import jobs, state
+from ibpool_scheduler.jobs import JobRecord
+from ibpool_scheduler.service import record_from_spec
+from tests.integration.helpers import own_store
+
+NOW = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
+
+
+def record(job_id: str) -> JobRecord:
+    spec = JobSpec(name=job_id, tenant="t", queue="q", request=ResourceRequest(kind="whole", gpus=1))
+    made = record_from_spec(job_id, spec, NOW)
+    assert isinstance(made, JobRecord)
+    return made
+
+
+async def whole(store: Store) -> list[tuple[str, str]]:
+    return [(j.job_id, j.state) for j in await state.live_jobs(store.pool)]
+
+
+async def incremental(live: state.LiveJobs, store: Store) -> list[tuple[str, str]]:
+    async with store.pool.acquire() as conn:
+        return [(j.job_id, j.state) for j in await live.read(conn)]
+
+
+async def rows_read(live: state.LiveJobs, store: Store) -> int:
+    """How many job rows the next read fetches (without taking them in)."""
+    assert live._xmin is not None
+    async with store.pool.acquire() as conn:
+        rows = await conn.fetch("SELECT count(*) AS n FROM jobs WHERE changed_xid >= $1::xid8", live._xmin)
+    return int(rows[0]["n"])
+
+
+async def test_reads_only_what_changed_and_ends_with_what_a_whole_read_returns(stack: StackInfo) -> None:
+    async with own_store(stack) as store:
+        await store.migrate(state.MIGRATIONS)
+        async with store.transaction() as tx:
+            await state.insert_many(tx, [record(f"j{i:02}") for i in range(20)], NOW)
+        live = state.LiveJobs()
+        assert await incremental(live, store) == await whole(store)
+        assert len(await whole(store)) == 20
+        first = (await incremental(live, store), live._records)
+        # Nothing written since: the read fetches no job row and hands back the same list.
+        assert await rows_read(live, store) == 0
+        assert (await incremental(live, store), live._records) == first
+
+        # A job ends, another is scheduled, a third is submitted: three rows are read, not 21.
+        async with store.transaction() as tx:
+            ended = await state.lock_job(tx, "j03")
+            assert ended is not None
+            await state.save_job(tx, jobs.finished(ended, "completed", "done", NOW), NOW)
+            held = await state.lock_job(tx, "j07")
+            assert held is not None
+            await state.save_job(tx, msgspec.structs.replace(held, state="scheduled", reason="granted"), NOW)
+            await state.insert_many(tx, [record("j20")], NOW)
+        assert await rows_read(live, store) == 3
+        assert await incremental(live, store) == await whole(store)
+        assert ("j03", "queued") not in await whole(store)
+        assert ("j07", "scheduled") in await whole(store)
+
+
+async def test_a_transaction_open_during_a_read_is_seen_by_the_next_one(stack: StackInfo) -> None:
+    async with own_store(stack) as store:
+        await store.migrate(state.MIGRATIONS)
+        async with store.transaction() as tx:
+            await state.insert_many(tx, [record("a")], NOW)
+        live = state.LiveJobs()
+        await incremental(live, store)
+        # "late" takes its seq (and its transaction id) first, then "early" commits before it does.
+        async with store.pool.acquire() as slow_conn:
+            slow = slow_conn.transaction()
+            await slow.start()
+            try:
+                await state.insert_job(slow_conn, record("late"), NOW)
+                async with store.transaction() as tx:
+                    await state.insert_many(tx, [record("early")], NOW)
+                # A read while "late" is uncommitted sees "early" only...
+                assert [j for j, _ in await incremental(live, store)] == ["a", "early"]
+                # ...and so does the next, which reads the uncommitted transaction's rows again.
+                assert [j for j, _ in await incremental(live, store)] == ["a", "early"]
+                await slow.commit()
+            except BaseException:
+                await slow.rollback()
+                raise
+        # Once it commits, the next read has it, in submission (seq) order as a whole read does.
+        assert [j for j, _ in await incremental(live, store)] == ["a", "late", "early"]
+        assert await incremental(live, store) == await whole(store)
+
+
+async def test_an_unchanged_row_keeps_its_record_and_reset_reads_whole(stack: StackInfo) -> None:
+    async with own_store(stack) as store:
+        await store.migrate(state.MIGRATIONS)
+        async with store.transaction() as tx:
+            await state.insert_many(tx, [record("a"), record("b")], NOW)
+        live = state.LiveJobs()
+        async with store.pool.acquire() as conn:
+            before = {j.job_id: j for j in await live.read(conn)}
+            # "b" written again with the same body (a handler's no-op save): read again, same object.
+            async with conn.transaction():
+                await conn.execute("UPDATE jobs SET updated_at = now() WHERE job_id = 'b'")
+            after = {j.job_id: j for j in await live.read(conn)}
+            assert after["a"] is before["a"] and after["b"] is before["b"]
+            # After a reset the read is a whole one again.
+            await conn.execute("UPDATE jobs SET state = 'completed' WHERE job_id = 'a'")
+            live.reset()
+            assert live._xmin is None
+            assert [j.job_id for j in await live.read(conn)] == ["b"]
