@@ -330,7 +330,7 @@ class Scheduler:
                 return admitted
             record = admitted
             if done or not await state.insert_job(tx.conn, record, now):
-                return await state.get_job(tx.conn, job_id) or record
+                return await state.read_job(tx, job_id) or record
         await tx.outbox(
             JobQueued(
                 source=self.kit.source,

@@ -35,14 +35,20 @@ async def lock_cycle(conn: asyncpg.Connection, schema: str) -> bool:
     return got
 
 
-# `Transaction.scratch` keys: rows a batch read ahead (`lock_ahead`), submissions it inserted (`insert_many`).
+# `Transaction.scratch` keys: rows a batch read ahead (`lock_ahead`), submissions it inserted
+# (`insert_many`), records saved but not yet written (`save_job`).
 AHEAD = "scheduler.jobs_ahead"
 INSERTED = "scheduler.jobs_inserted"
+SAVED = "scheduler.jobs_saved"
 
 
 async def lock_job(tx: Transaction, job_id: str) -> JobRecord | None:
     """The job, its row locked until the transaction ends (handlers and cycles change it one at a time).
-    Taken from the batch's read-ahead when there (once: a later call reads the row again)."""
+    What this transaction saved of it when it did (the row is written at commit); else taken from
+    the batch's read-ahead when there (once: a later call reads the row again)."""
+    saved: dict[str, JobRecord] | None = tx.scratch.get(SAVED)
+    if saved is not None and job_id in saved:
+        return saved[job_id]
     ahead: dict[str, JobRecord | None] | None = tx.scratch.get(AHEAD)
     if ahead is not None and job_id in ahead:
         return ahead.pop(job_id)
@@ -67,6 +73,14 @@ async def lock_ahead(tx: Transaction, job_ids: Sequence[str]) -> None:
 async def get_job(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> JobRecord | None:
     body = await conn.fetchval("SELECT body FROM jobs WHERE job_id = $1", job_id)
     return None if body is None else _record.decode(body)
+
+
+async def read_job(tx: Transaction, job_id: str) -> JobRecord | None:
+    """The job as this transaction leaves it (what it saved, else the row), without locking it."""
+    saved: dict[str, JobRecord] | None = tx.scratch.get(SAVED)
+    if saved is not None and job_id in saved:
+        return saved[job_id]
+    return await get_job(tx.conn, job_id)
 
 
 async def insert_job(conn: asyncpg.Connection, job: JobRecord, now: dt.datetime) -> bool:
@@ -104,10 +118,14 @@ def taken_insert(tx: Transaction, job_id: str) -> tuple[bool, JobRecord | None]:
 
 
 async def save_job(tx: Transaction, job: JobRecord, now: dt.datetime) -> None:
+    """Store `job` (its row locked by `lock_job` first). The row is written with the batch's others
+    in one statement at commit (`Transaction.executemany_at_commit`); until then `lock_job` and
+    `read_job` of this transaction answer with `job`, so a batch's handlers see each other's work."""
     ahead: dict[str, JobRecord | None] | None = tx.scratch.get(AHEAD)
     if ahead is not None:
         ahead.pop(job.job_id, None)  # what was read ahead is no longer the row
-    await tx.conn.execute(UPSERT, *row(job, now))
+    tx.scratch.setdefault(SAVED, {})[job.job_id] = job
+    tx.executemany_at_commit(UPSERT, [row(job, now)])
 
 
 async def live_jobs(conn: asyncpg.Connection | asyncpg.Pool, *, lock: bool = False) -> list[JobRecord]:
@@ -122,11 +140,11 @@ async def live_jobs(conn: asyncpg.Connection | asyncpg.Pool, *, lock: bool = Fal
 # Each read returns its statement's snapshot xmin (an int) in every row (at least one row: the LEFT JOIN).
 _LIVE_ALL = (
     "SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin, j.job_id, j.seq, j.state, j.body"
-    " FROM (SELECT 1) one LEFT JOIN jobs j ON j.state = ANY($1::text[])"
+    " FROM (SELECT 1) one LEFT JOIN jobs j ON j.state = ANY($1::text[]) ORDER BY j.seq"
 )
 _CHANGED_SINCE = (
     "SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin, j.job_id, j.seq, j.state, j.body"
-    " FROM (SELECT 1) one LEFT JOIN jobs j ON j.changed_xid >= $1::xid8"
+    " FROM (SELECT 1) one LEFT JOIN jobs j ON j.changed_xid >= $1::xid8 ORDER BY j.seq"
 )
 
 
