@@ -375,6 +375,7 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
             raise BadBody("dataset name: 1..512 of letters, digits and ._/-", "$.name")
         body = await read_body(request, DatasetBody)
         await state.put_dataset(store.pool, name, body.nodes, scheduler.clock.now())
+        scheduler.datasets_changed()
         return json_response({"dataset": name, "nodes": sorted(set(body.nodes))})
 
     @documented("The dataset registry: dataset -> nodes (config and stored)", {200: dict[str, list[str]]})

@@ -181,7 +181,7 @@ class Scheduler:
                 raise ConfigError(f"invalid scheduler config: field `placement_profile`: {e}") from None
         if cfg.placement_sample < 0:
             raise ConfigError("invalid scheduler config: field `placement_sample`: must be >= 0")
-        # The dataset registry: the config's, plus what PUT /v1/datasets/{name} stored (read each cycle).
+        # The dataset registry: the config's, plus what PUT /v1/datasets/{name} stored (refresh_datasets).
         self.datasets: dict[str, list[str]] = dict(cfg.datasets)
         self.datasets_version = 0
         self.fairshare = FairShareState()
@@ -206,6 +206,7 @@ class Scheduler:
         # Allocation id -> when its lease renewal was last sent (monotonic): one renewal in flight.
         self._renewed: dict[str, float] = {}
         self._renewals_checked = -1e18  # monotonic: the last look for leases to renew
+        self._datasets_read = -1e18  # monotonic: the last read of the dataset registry
         self._lock = asyncio.Lock()
         registry = kit.metrics.registry
         self.proposed = Counter("ibpool_scheduler_proposals", "Placements proposed", registry=registry)
@@ -618,7 +619,13 @@ class Scheduler:
         return out
 
     async def refresh_datasets(self, tx: Transaction) -> None:
-        """The dataset registry: the config's entries plus the stored ones (PUT /v1/datasets)."""
+        """The dataset registry: the config's entries plus the stored ones (PUT /v1/datasets). Read at
+        most once a second (a registry another replica changed shows within a second), and by the
+        next cycle after a change through this replica (`datasets_changed`)."""
+        clock = time.monotonic()
+        if clock - self._datasets_read < 1.0:
+            return
+        self._datasets_read = clock
         stored = await state.datasets(tx.conn)
         merged: dict[str, list[str]] = {k: list(v) for k, v in self.cfg.datasets.items()}
         for name, nodes in stored.items():
@@ -626,6 +633,10 @@ class Scheduler:
         if merged != self.datasets:
             self.datasets = merged
             self.datasets_version += 1
+
+    def datasets_changed(self) -> None:
+        """The registry was changed through this replica: the next cycle reads it."""
+        self._datasets_read = -1e18
 
     async def _write(
         self, tx: Transaction, plan: CyclePlan, live: dict[str, JobRecord], term: int | None, now: dt.datetime
@@ -696,15 +707,14 @@ class Scheduler:
                 changes[job_id] = (old, msgspec.structs.replace(new, site=site, site_reason=why), commands)
         if not changes:
             return
-        enc = msgspec.json.Encoder()
         ordered = sorted(changes)  # one lock order for every cycle
         written = await tx.conn.fetch(
             CONDITIONAL_UPDATE,
             now,
             ordered,
-            [enc.encode(changes[j][0]).decode() for j in ordered],
+            [state.body_of(changes[j][0]) for j in ordered],
             [changes[j][1].state for j in ordered],
-            [enc.encode(changes[j][1]).decode() for j in ordered],
+            [state.body_of(changes[j][1]) for j in ordered],
         )
         kept = {r["job_id"] for r in written}
         out: list[Message] = []

@@ -24,9 +24,31 @@ UPSERT = (
 )
 
 
+# Body -> record of the bodies this process wrote lately: a later read of such a row (the cycle's,
+# a batch's read-ahead) takes the record instead of decoding the body again. A memo, as a body is
+# one record (records are frozen); cleared when it grows past `_WRITTEN_MAX`.
+_written: dict[str, JobRecord] = {}
+_WRITTEN_MAX = 4096
+
+
+def body_of(job: JobRecord) -> str:
+    """The stored body of `job`, remembered for `record_of`."""
+    body = _encoder.encode(job).decode()
+    if len(_written) >= _WRITTEN_MAX:
+        _written.clear()
+    _written[body] = job
+    return body
+
+
+def record_of(body: str) -> JobRecord:
+    """The record of a stored body."""
+    hit = _written.get(body)
+    return hit if hit is not None else _record.decode(body)
+
+
 def row(job: JobRecord, now: dt.datetime) -> tuple[str, str, str, str, dt.datetime, dt.datetime, str]:
     """The `UPSERT` parameters of `job`."""
-    return (job.job_id, job.queue, job.tenant, job.state, job.submitted_at, now, _encoder.encode(job).decode())
+    return (job.job_id, job.queue, job.tenant, job.state, job.submitted_at, now, body_of(job))
 
 
 async def lock_cycle(conn: asyncpg.Connection, schema: str) -> bool:
@@ -66,7 +88,7 @@ async def lock_ahead(tx: Transaction, job_ids: Sequence[str]) -> None:
         "SELECT job_id, body FROM jobs WHERE job_id = ANY($1::text[]) ORDER BY job_id FOR UPDATE", wanted
     )
     ahead: dict[str, JobRecord | None] = dict.fromkeys(wanted)
-    ahead.update((r["job_id"], _record.decode(r["body"])) for r in rows)
+    ahead.update((r["job_id"], record_of(r["body"])) for r in rows)
     tx.scratch[AHEAD] = ahead
 
 
@@ -193,7 +215,7 @@ class LiveJobs:
             if had is not None and had[1] == body:
                 continue
             seq: int = r["seq"]
-            known[job_id] = (seq, body, _record.decode(body))
+            known[job_id] = (seq, body, record_of(body))
             self._records = None
             if had is None:
                 unordered = unordered or seq < last_seq
