@@ -578,13 +578,16 @@ class Scheduler:
     def placement_inputs(self, live: list[JobRecord], now: dt.datetime) -> PlacementInputs:
         """Fair share brought to `now` (usage of the jobs holding GPUs), and what the plugins read."""
         held: dict[str, int] = {}
-        for job in live:
-            if job.holding or job.state == "proposed":
-                held[job.tenant] = held.get(job.tenant, 0) + job.gpus
+        waiting: set[str] = set()
+        for job in live:  # every live job but a queued one holds its GPUs or has them promised
+            if job.state == "queued":
+                waiting.add(job.tenant)
+            else:
+                held[job.tenant] = held.get(job.tenant, 0) + job.gpus_per_host * job.hosts
         if self.fairshare.updated_at == 0.0:
             self.fairshare = FairShareState(updated_at=now.timestamp())
         self.fairshare = accrue(self.fairshare, now.timestamp(), held, self.cfg.fairshare_half_life_s)
-        tenants = sorted({j.tenant for j in live if j.state == "queued"})
+        tenants = sorted(waiting)
         self.fairshare_factors = fairshare_factors(self.fairshare, tenants, self.cfg.fairshare_shares or None)
         if self.framework is None:
             return PlacementInputs(fairshare=self.fairshare_factors)
