@@ -24,7 +24,8 @@ every allocation is released, so each phase meets the same free pool.
 Messages per job: what every stream took during the phase (each stream's last sequence), commands
 included, over the phase's jobs. The latency phase also times each step of the path on the bus
 (submit -> JobQueued -> ProposePlacement, or its place in a cycle's ProposePlacements -> AllocationGranted
--> JobScheduled) and every phase reports
+-> JobScheduled; `--no-stages` leaves out the subscriptions to JobQueued and the proposals, which load
+the same two cores) and every phase reports
 the scheduler's cycles (count, mean duration). Every phase also
 records the 1-minute load average at its start and the CPU seconds of the benchmark process
 (publisher and subscriber, plus scheduler and allocator in-process), of the scheduler and allocator
@@ -123,18 +124,18 @@ class Watch:
     async def _stream_seqs(self) -> dict[str, int]:
         return {spec.name: (await self.js.stream_info(spec.name)).state.last_seq for spec in STREAMS}
 
-    async def reset(self, jobs: set[str], stages: bool) -> None:
-        """Expect `jobs`; `stages`: also time every step of their path."""
+    async def reset(self, jobs: set[str], *, granted: bool = False, stages: bool = False) -> None:
+        """Expect `jobs`; `granted`: also time their grants; `stages`: also every other step of their path."""
         self.expect, self.seen = jobs, 0
         self.done.clear()
+        for t in STAGES[:-1] if stages else (AllocationGranted,) if granted else ():
+            sub = await self.nc.subscribe(t.subject_pattern(), cb=self._on(t), pending_msgs_limit=-1)
+            self.stage_subs.append(sub)
         if stages:
-            for t in STAGES[:-1]:
-                sub = await self.nc.subscribe(t.subject_pattern(), cb=self._on(t), pending_msgs_limit=-1)
-                self.stage_subs.append(sub)
             # A cycle's proposals in one ProposePlacements: each placement reaches the "proposed" stage.
             sub = await self.nc.subscribe(ProposePlacements.subject_pattern(), cb=self._on_batch, pending_msgs_limit=-1)
             self.stage_subs.append(sub)
-            await self.nc.flush()
+        await self.nc.flush()
         self.seqs = await self._stream_seqs()
 
     def _on(self, stage: type) -> Any:
@@ -307,7 +308,7 @@ async def phase_throughput(bus: Bus, watch: Watch, probe: Probe, n: int, tag: st
     cmds = [submission(f"{tag}-{i:05d}") for i in range(n)]
     outs = [outgoing(c) for c in cmds]
     jobs = {c.job_id for c in cmds}
-    await watch.reset(jobs, stages=False)
+    await watch.reset(jobs)
     meter.start()
     GC.start()
     cycles = await Cycles(probe).start()
@@ -334,10 +335,10 @@ async def phase_throughput(bus: Bus, watch: Watch, probe: Probe, n: int, tag: st
 
 
 async def phase_latency(
-    bus: Bus, watch: Watch, probe: Probe, n: int, rate: float, tag: str, meter: CpuMeter
+    bus: Bus, watch: Watch, probe: Probe, n: int, rate: float, tag: str, meter: CpuMeter, stages: bool
 ) -> dict[str, Any]:
     cmds = [submission(f"{tag}-{i:05d}") for i in range(n)]
-    await watch.reset({c.job_id for c in cmds}, stages=True)
+    await watch.reset({c.job_id for c in cmds}, granted=True, stages=stages)
     meter.start()
     GC.start()
     cycles = await Cycles(probe).start()
@@ -361,7 +362,7 @@ async def phase_latency(
         "granted_p50_ms": round(pct(granted_ms, 50), 3),
         "granted_p99_ms": round(pct(granted_ms, 99), 3),
         "granted_max_ms": round(pct(granted_ms, 100), 3),
-        "stages_ms": watch.stages_ms(sent),
+        "stages_ms": watch.stages_ms(sent) if stages else None,
         **(await watch.finish(n)),
         **(await cycles.stop()),
         **machine,
@@ -487,7 +488,7 @@ async def bench(args: argparse.Namespace, nats_url: str, dsn: str, pids: dict[st
             run: dict[str, Any] = {"throughput": tp}
             for rate in args.rates:
                 tag = f"lat{rate:g}r{r}"
-                lat = await phase_latency(bus, watch, probe, args.lat_n, rate, tag, meter)
+                lat = await phase_latency(bus, watch, probe, args.lat_n, rate, tag, meter, args.stages)
                 print(f"run {r + 1} latency at {rate:g}/s: {lat}", flush=True)
                 await drain(bus, probe, [f"{tag}-{i:05d}" for i in range(args.lat_n)])
                 run[f"latency_{rate:g}"] = lat
@@ -667,6 +668,13 @@ def main() -> int:
         action="store_false",
         help="leave the start-up heap to the garbage collector (every service freezes it once wired)",
     )
+    ap.add_argument(
+        "--no-stages",
+        dest="stages",
+        action="store_false",
+        help="time the grant and JobScheduled only: no subscriptions to JobQueued and the proposals, whose"
+        " deliveries and decoding load the cores the services run on",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "bench_sched-latest.json")
     ap.add_argument("--cycle-only", action="store_true", help="time the scheduling cycle alone (see cycle_only)")
     ap.add_argument("--cycles", type=int, default=100, help="--cycle-only: cycles")
@@ -714,6 +722,7 @@ def main() -> int:
             "postgres_fsync": True,
             "gc_freeze": args.gc_freeze,
             "services": args.services,
+            "stage_subscriptions": args.stages,
         },
         **results,
     }
