@@ -136,6 +136,7 @@ class FrameworkPlacer:
         self.sample = sample
         self._synced = [view.free(n) for n in self.names]
         self._last: list[int] = []  # the hosts of the last placement made
+        self._leaf_check: tuple[list[int], bool] | None = None  # (a FreeView's leaf_of, `_leaves_are_groups`)
         self.results: dict[str, PlacementResult] = {}
         self.reasons: dict[str, str] = {}
 
@@ -226,10 +227,54 @@ class FrameworkPlacer:
             return None
         return too_few_hosts(n, member_needs(per, None), count)
 
+    def short_of_one_leaf(self, view: FreeView, job: Job, max_leaves: int | None) -> str | None:
+        """The framework's answer to a gang that must stay under one leaf, "needs n hosts with g free
+        GPUs under one leaf group; the best leaf group has b", read from the free counts when certain:
+        an ask counted over every host alike, the cycle's leaves being the framework's leaf groups,
+        and no leaf with n hosts that have a member's GPUs free. Most of the tries of a reservation
+        for such a gang end here (one per running job released until a leaf has room)."""
+        if max_leaves != 1 or job.nodes <= 1:
+            return None
+        hints = self.hints.get(job.id, NO_HINTS)
+        if hints.gpu_model is not None or hints.dataset is not None or hints.hosts is not None:
+            return None
+        if not self._leaves_are_groups(view):
+            return None
+        per, n, free = host_shares(job)[0], job.nodes, view.free
+        best = 0
+        for hosts in view.leaves.values():
+            if len(hosts) > best:
+                best = max(best, sum(1 for h in hosts if free[h] >= per))
+                if best >= n:
+                    return None
+        return f"needs {n} hosts with {member_needs(per, None)} under one leaf group; the best leaf group has {best}"
+
+    def _leaves_are_groups(self, view: FreeView) -> bool:
+        """Whether the free view's leaves are the framework view's leaf groups, host for host (as the
+        service and the simulator build them); checked once per `leaf_of` list."""
+        if self._leaf_check is not None and self._leaf_check[0] is view.leaf_of:
+            return self._leaf_check[1]
+        group_of, group_hosts = self.view.group_of, self.view.group_hosts
+        pairs: dict[int, int | None] = {}
+        same = self.view.levels >= 1
+        for h, leaf in enumerate(view.leaf_of):
+            group = group_of.get(self.names[h])
+            if pairs.setdefault(leaf, group) != group or group is None:
+                same = False
+                break
+        groups = list(pairs.values())
+        same = same and len(set(groups)) == len(groups)
+        same = same and all(len(group_hosts[g]) == len(view.leaves[leaf]) for leaf, g in pairs.items() if g is not None)
+        self._leaf_check = (view.leaf_of, same)
+        return same
+
     def place(self, view: FreeView, job: Job, max_leaves: int | None) -> Placement | None:
         if job.gpus > view.total_free:
             return None
-        if self.count_first and (short := self.short_of_hosts(view, job)) is not None:
+        if self.count_first and (
+            (short := self.short_of_hosts(view, job)) is not None
+            or (short := self.short_of_one_leaf(view, job, max_leaves)) is not None
+        ):
             self.reasons[job.id] = short
             return None
         self._sync(view.free)
