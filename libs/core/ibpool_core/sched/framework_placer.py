@@ -240,13 +240,15 @@ class FrameworkPlacer:
             return None
         if not self._leaves_are_groups(view):
             return None
-        per, n, free = host_shares(job)[0], job.nodes, view.free
-        best = 0
-        for hosts in view.leaves.values():
-            if len(hosts) > best:
-                best = max(best, sum(1 for h in hosts if free[h] >= per))
-                if best >= n:
+        per, n, leaf_of = host_shares(job)[0], job.nodes, view.leaf_of
+        by_leaf: dict[int, int] = {}  # leaf -> its hosts with a member's GPUs free (few, when none has room)
+        for bucket in itertools.islice(view.by_free, per, None):
+            for h in bucket:
+                count = by_leaf.get(leaf_of[h], 0) + 1
+                if count >= n:
                     return None
+                by_leaf[leaf_of[h]] = count
+        best = max(by_leaf.values(), default=0)
         return f"needs {n} hosts with {member_needs(per, None)} under one leaf group; the best leaf group has {best}"
 
     def _leaves_are_groups(self, view: FreeView) -> bool:
