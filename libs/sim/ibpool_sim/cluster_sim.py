@@ -283,6 +283,7 @@ def simulate(
     for i, failure in enumerate(config.failures):
         push(failure.at_s, _FAIL, str(i))
     refresh_s = policy.refresh_s
+    tenants = sorted({t.tenant for t in trace})  # fair share is refreshed for every tenant of the trace
     if refresh_s is not None and trace:
         push(trace[0].submit_s + refresh_s, _REFRESH)
 
@@ -491,7 +492,7 @@ def simulate(
                 for act in active.values():
                     by_tenant[act.run.job.tenant] = by_tenant.get(act.run.job.tenant, 0) + act.run.job.gpus
                 fairshare = accrue(fairshare, now, by_tenant, config.fairshare_half_life_s)
-                queues.rekey(fairshare_factors(fairshare, sorted({t.tenant for t in trace})))
+                queues.rekey(fairshare_factors(fairshare, tenants))
                 if refresh_s is not None and (queues.key_of[first_order] or active or len(outcomes) < n_total):
                     push(now + refresh_s, _REFRESH)
                 cycle_wanted = True
