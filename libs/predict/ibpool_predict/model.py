@@ -12,13 +12,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
-from sklearn.ensemble import HistGradientBoostingRegressor  # type: ignore[import-untyped]
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+
+if TYPE_CHECKING:
+    from sklearn.ensemble import HistGradientBoostingRegressor  # type: ignore[import-untyped]
+# scikit-learn itself is imported by the first training (`_regressor`): it takes about a second to
+# import, which a service importing this module would otherwise pay at every start.
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -212,6 +216,8 @@ def _matrix(tenant_codes: dict[str, int], tenants: Sequence[str], rows: Sequence
 
 
 def _regressor(quantile: float, params: BoostParams, n_columns: int) -> HistGradientBoostingRegressor:
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
     categorical = np.zeros(n_columns, dtype=bool)
     categorical[0] = True
     return HistGradientBoostingRegressor(
