@@ -181,7 +181,8 @@ class LiveJobs:
     read, which asks for the rows written by transactions from that xmin on. A row read again with an
     unchanged body keeps its record object, which the cycle's caches compare by identity.
 
-    `reset()` (a new leader, a failed cycle) makes the next read a whole one.
+    `reset()` (a new leader, a failed cycle) makes the next read a whole one, as does a snapshot xmin
+    below the previous one (the database restored from a backup, its transaction ids behind ours).
     """
 
     def __init__(self) -> None:
@@ -194,11 +195,11 @@ class LiveJobs:
 
     async def read(self, conn: asyncpg.Connection) -> list[JobRecord]:
         """The live jobs in submission order, as of this read's snapshot. Not to be changed."""
-        if self._xmin is None:
+        last = self._xmin
+        rows = None if last is None else await conn.fetch(_CHANGED_SINCE, last)
+        if rows is None or last is None or int(rows[0]["xmin"]) < last:  # ids went back: a restored database
             rows = await conn.fetch(_LIVE_ALL, list(LIVE))
             self._rows, self._records = {}, None
-        else:
-            rows = await conn.fetch(_CHANGED_SINCE, self._xmin)
         known = self._rows
         last_seq = next(reversed(known.values()))[0] if known else -1
         unordered = False
