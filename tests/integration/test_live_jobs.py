@@ -37,6 +37,16 @@ async def incremental(live: state.LiveJobs, store: Store) -> list[tuple[str, str
         return [(j.job_id, j.state) for j in await live.read(conn)]
 
 
+async def read_once(store: Store, *job_ids: str) -> state.LiveJobs:
+    """The scheduler's tables, `job_ids` submitted, and a first (whole) read of them."""
+    await store.migrate(state.MIGRATIONS)
+    async with store.transaction() as tx:
+        await state.insert_many(tx, [record(j) for j in job_ids], NOW)
+    live = state.LiveJobs()
+    await incremental(live, store)
+    return live
+
+
 async def rows_read(live: state.LiveJobs, store: Store) -> int:
     """How many job rows the next read fetches (without taking them in)."""
     assert live._xmin is not None
@@ -75,11 +85,7 @@ async def test_reads_only_what_changed_and_ends_with_what_a_whole_read_returns(s
 
 async def test_a_transaction_open_during_a_read_is_seen_by_the_next_one(stack: StackInfo) -> None:
     async with own_store(stack) as store:
-        await store.migrate(state.MIGRATIONS)
-        async with store.transaction() as tx:
-            await state.insert_many(tx, [record("a")], NOW)
-        live = state.LiveJobs()
-        await incremental(live, store)
+        live = await read_once(store, "a")
         # "late" takes its seq (and its transaction id) first, then "early" commits before it does.
         async with store.pool.acquire() as slow_conn:
             slow = slow_conn.transaction()
@@ -125,11 +131,7 @@ async def test_transaction_ids_behind_the_last_read_make_a_whole_read(stack: Sta
     """A database restored from a backup is behind the ids the cache has seen: its rows written since
     would all look old, so the read starts over instead of trusting the watermark."""
     async with own_store(stack) as store:
-        await store.migrate(state.MIGRATIONS)
-        async with store.transaction() as tx:
-            await state.insert_many(tx, [record("a")], NOW)
-        live = state.LiveJobs()
-        await incremental(live, store)
+        live = await read_once(store, "a")
         async with store.transaction() as tx:
             await state.insert_many(tx, [record("b")], NOW)
         live._xmin = 2**62  # as if a newer database had been read before
