@@ -715,7 +715,7 @@ class Scheduler:
             CONDITIONAL_UPDATE,
             now,
             ordered,
-            [state.body_of(changes[j][0]) for j in ordered],
+            [self.live.stored_body(j) for j in ordered],
             [changes[j][1].state for j in ordered],
             [state.body_of(changes[j][1]) for j in ordered],
         )

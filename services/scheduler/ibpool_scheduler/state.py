@@ -68,14 +68,14 @@ async def lock_job(tx: Transaction, job_id: str) -> JobRecord | None:
     """The job, its row locked until the transaction ends (handlers and cycles change it one at a time).
     What this transaction saved of it when it did (the row is written at commit); else taken from
     the batch's read-ahead when there (once: a later call reads the row again)."""
-    saved: dict[str, JobRecord] | None = tx.scratch.get(SAVED)
-    if saved is not None and job_id in saved:
+    saved: dict[str, JobRecord] = tx.scratch.get(SAVED, {})
+    if job_id in saved:
         return saved[job_id]
     ahead: dict[str, JobRecord | None] | None = tx.scratch.get(AHEAD)
     if ahead is not None and job_id in ahead:
         return ahead.pop(job_id)
     body = await tx.conn.fetchval("SELECT body FROM jobs WHERE job_id = $1 FOR UPDATE", job_id)
-    return None if body is None else _record.decode(body)
+    return None if body is None else record_of(body)
 
 
 async def lock_ahead(tx: Transaction, job_ids: Sequence[str]) -> None:
@@ -94,15 +94,13 @@ async def lock_ahead(tx: Transaction, job_ids: Sequence[str]) -> None:
 
 async def get_job(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> JobRecord | None:
     body = await conn.fetchval("SELECT body FROM jobs WHERE job_id = $1", job_id)
-    return None if body is None else _record.decode(body)
+    return None if body is None else record_of(body)
 
 
 async def read_job(tx: Transaction, job_id: str) -> JobRecord | None:
     """The job as this transaction leaves it (what it saved, else the row), without locking it."""
-    saved: dict[str, JobRecord] | None = tx.scratch.get(SAVED)
-    if saved is not None and job_id in saved:
-        return saved[job_id]
-    return await get_job(tx.conn, job_id)
+    saved: dict[str, JobRecord] = tx.scratch.get(SAVED, {})
+    return saved[job_id] if job_id in saved else await get_job(tx.conn, job_id)
 
 
 async def insert_job(conn: asyncpg.Connection, job: JobRecord, now: dt.datetime) -> bool:
@@ -192,6 +190,12 @@ class LiveJobs:
 
     def reset(self) -> None:
         self._xmin, self._rows, self._records = None, {}, []
+
+    def stored_body(self, job_id: str) -> str:
+        """The body of a live job's row as the last read found it (what a conditional write compares:
+        the stored text itself, which re-encoding the record need not give back once the record
+        has gained a field)."""
+        return self._rows[job_id][1]
 
     async def read(self, conn: asyncpg.Connection) -> list[JobRecord]:
         """The live jobs in submission order, as of this read's snapshot. Not to be changed."""
