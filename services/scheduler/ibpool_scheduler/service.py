@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 import time
 from typing import Any
 
@@ -86,6 +87,25 @@ CONDITIONAL_UPDATE = (
     " FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS u(job_id, old_body, state, body)"
     " WHERE jobs.job_id = u.job_id AND jobs.body = u.old_body RETURNING jobs.job_id"
 )
+
+
+class Every:
+    """Calling it says whether `period_s` (monotonic clock) has passed since it last said yes; `now()`
+    makes the next call say yes."""
+
+    def __init__(self, period_s: float) -> None:
+        self.period_s = period_s
+        self._last = -math.inf
+
+    def __call__(self) -> bool:
+        clock = time.monotonic()
+        if clock - self._last < self.period_s:
+            return False
+        self._last = clock
+        return True
+
+    def now(self) -> None:
+        self._last = -math.inf
 
 
 def release_id(allocation_id: str) -> str:
@@ -205,8 +225,12 @@ class Scheduler:
         self.live = state.LiveJobs()
         # Allocation id -> when its lease renewal was last sent (monotonic): one renewal in flight.
         self._renewed: dict[str, float] = {}
-        self._renewals_checked = -1e18  # monotonic: the last look for leases to renew
-        self._datasets_read = -1e18  # monotonic: the last read of the dataset registry
+        # A look for leases to renew walks every live job: at most every `lease_s / 8`, and once a
+        # second at most (a lease still has half its length left when it first becomes due).
+        self.renewals_due = Every(min(1.0, cfg.lease_s / 8))
+        # The dataset registry is read at most once a second (one another replica changed shows within
+        # a second), and by the next cycle after a change through this replica (`datasets_changed`).
+        self.datasets_due = Every(1.0)
         self._lock = asyncio.Lock()
         registry = kit.metrics.registry
         self.proposed = Counter("ibpool_scheduler_proposals", "Placements proposed", registry=registry)
@@ -622,13 +646,10 @@ class Scheduler:
         return out
 
     async def refresh_datasets(self, tx: Transaction) -> None:
-        """The dataset registry: the config's entries plus the stored ones (PUT /v1/datasets). Read at
-        most once a second (a registry another replica changed shows within a second), and by the
-        next cycle after a change through this replica (`datasets_changed`)."""
-        clock = time.monotonic()
-        if clock - self._datasets_read < 1.0:
+        """The dataset registry: the config's entries plus the stored ones (PUT /v1/datasets), when
+        `datasets_due`."""
+        if not self.datasets_due():
             return
-        self._datasets_read = clock
         stored = await state.datasets(tx.conn)
         merged: dict[str, list[str]] = {k: list(v) for k, v in self.cfg.datasets.items()}
         for name, nodes in stored.items():
@@ -639,7 +660,7 @@ class Scheduler:
 
     def datasets_changed(self) -> None:
         """The registry was changed through this replica: the next cycle reads it."""
-        self._datasets_read = -1e18
+        self.datasets_due.now()
 
     async def _write(
         self, tx: Transaction, plan: CyclePlan, live: dict[str, JobRecord], term: int | None, now: dt.datetime
@@ -765,15 +786,6 @@ class Scheduler:
                 for p in proposals
             ],
         )
-
-    def renewals_due(self) -> bool:
-        """Time to look for leases to renew: at most every `lease_s / 8`, and every second at most. A
-        look walks every live job; a lease still has half its length left when it first becomes due."""
-        clock = time.monotonic()
-        if clock - self._renewals_checked < min(1.0, self.cfg.lease_s / 8):
-            return False
-        self._renewals_checked = clock
-        return True
 
     def renewals(self, live: list[JobRecord], now: dt.datetime) -> list[RenewLease]:
         """Renew the leases of held allocations with less than half of `lease_s` left (once per quarter)."""
