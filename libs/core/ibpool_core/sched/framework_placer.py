@@ -218,8 +218,7 @@ class FrameworkPlacer:
         read from the cycle's free counts alone (no sync, no plugins) when it is certain: for an ask
         counted over every host alike (no GPU model, dataset or host restriction), fewer hosts have a
         member's GPUs free than the job has members. Most of a reservation's tries end here."""
-        hints = self.hints.get(job.id, NO_HINTS)
-        if hints.gpu_model is not None or hints.dataset is not None or hints.hosts is not None:
+        if not self._counted_alike(job):
             return None
         per, n = host_shares(job)[0], job.nodes
         count = view.hosts_with_at_least(per) if per < len(view.by_free) else 0
@@ -233,10 +232,7 @@ class FrameworkPlacer:
         an ask counted over every host alike, the cycle's leaves being the framework's leaf groups,
         and no leaf with n hosts that have a member's GPUs free. Most of the tries of a reservation
         for such a gang end here (one per running job released until a leaf has room)."""
-        if max_leaves != 1 or job.nodes <= 1:
-            return None
-        hints = self.hints.get(job.id, NO_HINTS)
-        if hints.gpu_model is not None or hints.dataset is not None or hints.hosts is not None:
+        if max_leaves != 1 or job.nodes <= 1 or not self._counted_alike(job):
             return None
         if not self._leaves_are_groups(view):
             return None
@@ -250,6 +246,12 @@ class FrameworkPlacer:
                 by_leaf[leaf_of[h]] = count
         best = max(by_leaf.values(), default=0)
         return f"needs {n} hosts with {member_needs(per, None)} under one leaf group; the best leaf group has {best}"
+
+    def _counted_alike(self, job: Job) -> bool:
+        """Whether the framework counts every host alike for `job` (no GPU model, dataset or host
+        restriction): only then can its answer be read from the free counts."""
+        hints = self.hints.get(job.id, NO_HINTS)
+        return hints.gpu_model is None and hints.dataset is None and hints.hosts is None
 
     def _leaves_are_groups(self, view: FreeView) -> bool:
         """Whether the free view's leaves are the framework view's leaf groups, host for host (as the
