@@ -25,6 +25,12 @@ def unique_prefix() -> str:
     return f"t{uuid.uuid4().hex[:6]}"
 
 
+# Simulated GPUs that report no random ECC errors or XIDs: for tests that run the failover controller
+# and count its verdicts (a random fault would cordon a GPU the test needs).
+QUIET_GPUS: dict[str, object] = {"sim_ecc_rate": 0.0, "sim_xid_rate": 0.0}
+QUIET_GPUS_ENV = {f"IBPOOL_NODE_AGENT_{k.upper()}": str(v) for k, v in QUIET_GPUS.items()}
+
+
 @asynccontextmanager
 async def running_agent(bus: Bus, store: Store, **overrides: object) -> AsyncIterator[Service[NodeAgentConfig]]:
     cfg = NodeAgentConfig(

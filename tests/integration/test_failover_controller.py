@@ -119,24 +119,32 @@ async def test_killed_agent_is_suspected_then_failed_its_grant_revoked_and_it_re
         agent = agent_process(stack, prefix, extra_env=extra)
         try:
             grant: dict[str, Any] = {}
+            job_id = f"job-{prefix}"
+            tries = iter(range(1_000))
 
             async def granted() -> bool:
-                body = {"job_id": f"job-{prefix}", "tenant": "t", "queue": "q", "request": {"kind": "whole", "gpus": 2}}
+                # The allocator may place on a node of an earlier test that was killed and is not yet
+                # failed; such a grant is released, and each try is a job of its own so that the one on
+                # this node has a requeue history of its own (the controller counts hits per job).
+                nonlocal job_id
+                job_id = f"job-{prefix}-{next(tries)}"
+                body = {"job_id": job_id, "tenant": "t", "queue": "q", "request": {"kind": "whole", "gpus": 2}}
                 body["workload"] = {"simulated_runtime_s": 600}
-                async with (
-                    aiohttp.ClientSession() as http,
-                    http.post(f"{allocator.http_url}/v1/allocations", json=body) as r,
-                ):
-                    if r.status != 201:
+                async with aiohttp.ClientSession() as http:
+                    async with http.post(f"{allocator.http_url}/v1/allocations", json=body) as r:
+                        if r.status != 201:
+                            return False
+                        grant.update(await r.json())
+                    if grant["grants"][0]["node_id"] == node:
+                        return True
+                    async with http.delete(f"{allocator.http_url}/v1/allocations/{grant['allocation_id']}"):
                         return False
-                    grant.update(await r.json())
-                    return bool(grant["grants"][0]["node_id"] == node)
 
             await eventually(granted, what="a grant on the agent's node")
             allocation_id = grant["allocation_id"]
 
             async def started() -> bool:
-                msgs = await stream_messages(bus.js, "IBPOOL_JOB", JobStarted.subject(f"job-{prefix}"))
+                msgs = await stream_messages(bus.js, "IBPOOL_JOB", JobStarted.subject(job_id))
                 return bool(msgs)
 
             await eventually(started, what="the job started on the agent")
@@ -160,7 +168,7 @@ async def test_killed_agent_is_suspected_then_failed_its_grant_revoked_and_it_re
             assert "no heartbeat" in failed_event.reason
             assert [c.scope for c in await health_events(bus, Cordoned, node)] == ["node"]
             assert len(await health_events(bus, DrainRequested, node)) == 1
-            [requeue] = await health_events(bus, RequeueRequested, f"job-{prefix}")
+            [requeue] = await health_events(bus, RequeueRequested, job_id)
             assert (requeue.allocation_id, requeue.attempt, requeue.node_id) == (allocation_id, 1, node)
 
             async def revoked() -> bool:

@@ -20,7 +20,7 @@ from ibpool_proto.pool import AllocationGranted, AllocationReleased, AllocationR
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.devstack import StackInfo
 from ibpool_runtime.store import Store
-from tests.integration.agent_support import agent_process, running_agent, unique_prefix
+from tests.integration.agent_support import QUIET_GPUS, QUIET_GPUS_ENV, agent_process, running_agent, unique_prefix
 from tests.integration.helpers import eventually, own_store, stream_messages
 from tests.integration.test_failover_controller import stop_process
 from tests.integration.test_scheduler import (
@@ -57,7 +57,7 @@ async def gang_loses_a_node(bus: Bus, store: Store, stack: StackInfo, declared: 
     """A 2 x 8 GPU gang on `kept` (in-process agent) and `doomed` (an agent process); a spare node
     joins; the doomed agent is SIGKILLed. Returns what the test checks."""
     async with (
-        cluster(bus, store, stack, nodes=1) as (service, sched, _allocator, (kept,)),
+        cluster(bus, store, stack, nodes=1, agent=QUIET_GPUS) as (service, sched, _allocator, (kept,)),
         own_store(stack) as fc_store,
         running_controller(bus, fc_store),
         AsyncExitStack() as spare_agent,
@@ -66,7 +66,7 @@ async def gang_loses_a_node(bus: Bus, store: Store, stack: StackInfo, declared: 
         # rank 0 restarts a gang whatever it declared.
         doomed_prefix = f"{kept.rsplit('-', 1)[0]}z"
         doomed = f"{doomed_prefix}-001"
-        doomed_agent = agent_process(stack, doomed_prefix)
+        doomed_agent = agent_process(stack, doomed_prefix, extra_env=QUIET_GPUS_ENV)
         try:
             await until_leading(sched, [kept, doomed])
             j = job_id()
@@ -92,7 +92,9 @@ async def gang_loses_a_node(bus: Bus, store: Store, stack: StackInfo, declared: 
             spare_prefix = unique_prefix()
             spare = f"{spare_prefix}-001"
             spare_store = await spare_agent.enter_async_context(own_store(stack))
-            await spare_agent.enter_async_context(running_agent(bus, spare_store, nodes=1, node_prefix=spare_prefix))
+            await spare_agent.enter_async_context(
+                running_agent(bus, spare_store, nodes=1, node_prefix=spare_prefix, **QUIET_GPUS)
+            )
             await until_leading(sched, [kept, doomed, spare])
             killed_at = dt.datetime.now(dt.UTC)
             await stop_process(doomed_agent, signal.SIGKILL)
@@ -189,7 +191,7 @@ async def test_a_replace_gang_with_no_host_to_take_the_member_restarts_and_says_
     bus: Bus, store: Store, stack: StackInfo
 ) -> None:
     async with (
-        cluster(bus, store, stack, nodes=1) as (service, sched, _allocator, (kept,)),
+        cluster(bus, store, stack, nodes=1, agent=QUIET_GPUS) as (service, sched, _allocator, (kept,)),
         own_store(stack) as fc_store,
         running_controller(bus, fc_store),
     ):
@@ -197,7 +199,7 @@ async def test_a_replace_gang_with_no_host_to_take_the_member_restarts_and_says_
         # rank 0 restarts a gang whatever it declared.
         doomed_prefix = f"{kept.rsplit('-', 1)[0]}z"
         doomed = f"{doomed_prefix}-001"
-        doomed_agent = agent_process(stack, doomed_prefix)
+        doomed_agent = agent_process(stack, doomed_prefix, extra_env=QUIET_GPUS_ENV)
         try:
             await until_leading(sched, [kept, doomed])
             j, before = await running_replace_gang(service, runtime_s=60)
@@ -226,7 +228,7 @@ async def test_an_xid_79_drill_on_a_replace_gang_member_replaces_only_that_membe
     bus: Bus, store: Store, stack: StackInfo
 ) -> None:
     async with (
-        cluster(bus, store, stack, nodes=1) as (service, sched, _allocator, (kept,)),
+        cluster(bus, store, stack, nodes=1, agent=QUIET_GPUS) as (service, sched, _allocator, (kept,)),
         own_store(stack) as fc_store,
         running_controller(bus, fc_store),
         AsyncExitStack() as agents,
@@ -235,12 +237,16 @@ async def test_an_xid_79_drill_on_a_replace_gang_member_replaces_only_that_membe
         doomed, spare = f"{prefix}-002", f"{prefix}-003"
         doomed_store = await agents.enter_async_context(own_store(stack))
         doomed_agent = await agents.enter_async_context(
-            running_agent(bus, doomed_store, nodes=1, node_prefix=prefix, first_node=2, fault_injection=True)
+            running_agent(
+                bus, doomed_store, nodes=1, node_prefix=prefix, first_node=2, fault_injection=True, **QUIET_GPUS
+            )
         )
         await until_leading(sched, [kept, doomed])
         j, before = await running_replace_gang(service, runtime_s=4)
         spare_store = await agents.enter_async_context(own_store(stack))
-        await agents.enter_async_context(running_agent(bus, spare_store, nodes=1, node_prefix=prefix, first_node=3))
+        await agents.enter_async_context(
+            running_agent(bus, spare_store, nodes=1, node_prefix=prefix, first_node=3, **QUIET_GPUS)
+        )
         await until_leading(sched, [kept, doomed, spare])
         async with (
             aiohttp.ClientSession() as http,

@@ -124,16 +124,19 @@ class Pool:
 
 
 @asynccontextmanager
-async def pool_of(bus: Bus, stack: StackInfo, nodes: int, agent_per_node: bool = False) -> AsyncIterator[Pool]:
+async def pool_of(
+    bus: Bus, stack: StackInfo, nodes: int, agent_per_node: bool = False, agent: dict[str, Any] | None = None
+) -> AsyncIterator[Pool]:
     """Simulated 8-GPU nodes and a fresh allocator (its ledger replayed from `from_seq`). `agent_per_node`:
-    one agent process per node, as gangs need (an agent keeps one workload per allocation id)."""
+    one agent process per node, as gangs need (an agent keeps one workload per allocation id); `agent`:
+    overrides of the agents' config."""
     prefix = unique_prefix()
     async with AsyncExitStack() as stack_:
         from_seq = await pool_stream_next(bus)
         for first, count in [(i, 1) for i in range(1, nodes + 1)] if agent_per_node else [(1, nodes)]:
             agent_store = await stack_.enter_async_context(own_store(stack))
             await stack_.enter_async_context(
-                running_agent(bus, agent_store, nodes=count, node_prefix=prefix, first_node=first)
+                running_agent(bus, agent_store, nodes=count, node_prefix=prefix, first_node=first, **(agent or {}))
             )
         allocator_store = await stack_.enter_async_context(own_store(stack))
         allocator = await stack_.enter_async_context(running_allocator(bus, allocator_store))
@@ -154,11 +157,17 @@ async def until_leading(sched: Scheduler, node_ids: list[str]) -> None:
 
 @asynccontextmanager
 async def cluster(
-    bus: Bus, store: Store, stack: StackInfo, nodes: int, agent_per_node: bool = False, **scheduler: Any
+    bus: Bus,
+    store: Store,
+    stack: StackInfo,
+    nodes: int,
+    agent_per_node: bool = False,
+    agent: dict[str, Any] | None = None,
+    **scheduler: Any,
 ) -> AsyncIterator[tuple[Service[SchedulerConfig], Scheduler, Service[PoolAllocatorConfig], list[str]]]:
     """A pool of `nodes` nodes and one scheduler leading, caught up with them."""
     async with (
-        pool_of(bus, stack, nodes, agent_per_node) as pool,
+        pool_of(bus, stack, nodes, agent_per_node, agent) as pool,
         running_scheduler(bus, store, pool.from_seq, leader_key=f"sched-{pool.prefix}", **scheduler) as (
             service,
             sched,
