@@ -219,8 +219,8 @@ class Store:
             tx = Transaction(conn)
             yield tx
             await tx.write_queued()
-        if tx.emitted:
-            self._committed_outbox.set()
+            if tx.emitted:
+                tx.after_commit(self._committed_outbox.set)  # the relay publishes what was committed
         for call in tx._after_commit:
             call()
 
