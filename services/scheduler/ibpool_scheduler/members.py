@@ -14,8 +14,10 @@ with `ReplaceGangMember`; the other members keep running and get no event. Other
                                         times), anything else restarts the gang
 
 A second member lost while one is being replaced, or more replacements than `max_attempts`, restart
-the gang. The replacement of a member is not held back by the failover controller's
-`retry_after_s` (a backoff for work that starts over, not for one member of running work).
+the gang. The replacement waits for the failover controller's backoff (`retry_after_s` of its
+RequeueRequested, as the job's `not_before`) when that arrives before the replacement is proposed,
+also after the revocation that marked the member; a replacement already proposed goes on (the
+controller's verdict and the allocator's revocation come on different streams, in either order).
 `choose_host` is pure; the rest reads and writes the job rows in the caller's transaction.
 """
 
@@ -137,7 +139,8 @@ async def member_lost(
     on failing hardware)."""
     if job.replacing == node_id and job.replace_id is None and _later(not_before, job.not_before):
         # The controller's backoff came after the revocation that marked the member: wait for it too.
-        await state.save_job(tx, msgspec.structs.replace(job, not_before=not_before), now)
+        reason = _replacing(node_id, not_before, why)
+        await state.save_job(tx, msgspec.structs.replace(job, not_before=not_before, reason=reason), now)
         return
     if node_id not in job.nodes or job.replacing == node_id:
         return  # a member replaced already (the old member's late news), or being replaced
@@ -176,9 +179,7 @@ async def member_lost(
         replace_retries=0,
         exited_nodes=[n for n in job.exited_nodes if n != node_id],
         not_before=not_before,
-        reason=f"replacing the member on {node_id}"
-        + (f" not before {not_before.isoformat(timespec='seconds')}" if not_before is not None else "")
-        + f": {why}",
+        reason=_replacing(node_id, not_before, why),
     )
     await state.save_job(tx, marked, now)
     sched.requeues.labels("member replacement").inc()
@@ -196,6 +197,12 @@ async def on_member_exit(sched: Scheduler, tx: Transaction, job: JobRecord, ev: 
         await member_lost(sched, tx, job, ev.node_id, f"member exited ({detail})", now)
         return True
     return False
+
+
+def _replacing(node_id: str, not_before: dt.datetime | None, why: str) -> str:
+    """The reason of a job whose member on `node_id` is to be replaced (ReplaceGangMember carries it)."""
+    after = f" not before {not_before.isoformat(timespec='seconds')}" if not_before is not None else ""
+    return f"replacing the member on {node_id}{after}: {why}"
 
 
 def _later(a: dt.datetime | None, b: dt.datetime | None) -> bool:
