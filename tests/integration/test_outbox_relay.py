@@ -7,11 +7,15 @@ import asyncio
 import time
 import uuid
 
+from nats.aio.msg import Msg
+from nats.js.api import StreamConfig
+
 from ibpool_proto.job import CancelJob
-from ibpool_runtime.bus import Bus
+from ibpool_runtime.bus import ATOMIC_BATCH_MIN, Bus, OutgoingMessage, outgoing
 from ibpool_runtime.devstack import StackInfo
 from ibpool_runtime.outbox import OutboxRelay
 from ibpool_runtime.store import Store
+from ibpool_runtime.streams import StreamSpec
 from tests.integration.helpers import eventually, own_store, stream_messages
 
 
@@ -94,3 +98,57 @@ async def _counted(relay: OutboxRelay, n: int) -> bool:
 
 async def _published_once(bus: Bus, job: str) -> bool:
     return await published(bus, job) == 1
+
+
+def cancels(tag: str, n: int) -> list[OutgoingMessage]:
+    return [
+        outgoing(CancelJob(source="test", key=f"{tag}-{i:03d}", job_id=f"{tag}-{i:03d}", reason="batch"))
+        for i in range(n)
+    ]
+
+
+async def stored(bus: Bus, tag: str) -> list[Msg]:
+    msgs = await stream_messages(bus.js, "IBPOOL_JOB", CancelJob.subject_pattern())
+    return [m for m in msgs if m.subject.rsplit(".", 1)[-1].startswith(f"{tag}-")]
+
+
+async def test_a_large_batch_is_stored_as_one_atomic_batch_and_its_repeat_adds_nothing(bus: Bus) -> None:
+    assert {"IBPOOL_JOB", "IBPOOL_POOL"} <= bus.atomic_streams, "ensure_streams turned atomic batches on"
+    tag = f"atomic-{uuid.uuid4().hex[:8]}"
+    batch = cancels(tag, ATOMIC_BATCH_MIN + 4)
+    await bus.publish_batch(batch)
+    msgs = await stored(bus, tag)
+    assert [m.headers["Nats-Msg-Id"] for m in msgs] == [m.headers["Nats-Msg-Id"] for m in batch], "in order"
+    assert len({m.headers["Nats-Batch-Id"] for m in msgs}) == 1, "one atomic batch"
+    # A relay that published and stopped before deleting its rows publishes them again: the server
+    # refuses the atomic batch (ids it holds), and one by one JetStream drops every copy.
+    more = f"more-{uuid.uuid4().hex[:8]}"
+    await bus.publish_batch([*batch, *cancels(more, 2)])
+    assert len(await stored(bus, tag)) == len(batch)
+    assert len(await stored(bus, more)) == 2
+
+
+async def test_a_small_batch_and_a_stream_without_atomic_batches_are_published_one_by_one(bus: Bus) -> None:
+    tag = f"small-{uuid.uuid4().hex[:8]}"
+    await bus.publish_batch(cancels(tag, ATOMIC_BATCH_MIN - 1))
+    msgs = await stored(bus, tag)
+    assert len(msgs) == ATOMIC_BATCH_MIN - 1 and not any("Nats-Batch-Id" in (m.headers or {}) for m in msgs)
+    plain = Bus(bus.nc, bus.js)  # a bus that did not see the streams allow atomic batches
+    tag = f"plain-{uuid.uuid4().hex[:8]}"
+    await plain.publish_batch(cancels(tag, ATOMIC_BATCH_MIN + 4))
+    msgs = await stored(bus, tag)
+    assert len(msgs) == ATOMIC_BATCH_MIN + 4 and not any("Nats-Batch-Id" in (m.headers or {}) for m in msgs)
+
+
+async def test_a_stream_made_before_atomic_batches_gets_them_from_ensure_streams(bus: Bus) -> None:
+    name = f"T_OLD_{uuid.uuid4().hex[:8].upper()}"
+    spec = StreamSpec(name, (f"{name.lower()}.>",), 600.0, description="made before atomic batches")
+    await bus.js.add_stream(
+        StreamConfig(name=name, subjects=list(spec.subjects), max_age=600.0, description=spec.description)
+    )
+    try:
+        assert not (await bus.js.stream_info(name)).config.allow_atomic
+        await bus.ensure_streams(specs=[spec])
+        assert (await bus.js.stream_info(name)).config.allow_atomic and name in bus.atomic_streams
+    finally:
+        await bus.js.delete_stream(name)
