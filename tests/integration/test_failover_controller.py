@@ -64,6 +64,10 @@ FAST = {
     "leader_ttl_s": 1.0,
 }
 
+# For tests where only XIDs and operators act: beats handled late on a loaded machine must not make
+# the node suspect or fail it meanwhile.
+LENIENT = {"suspect_after_intervals": 25.0, "fail_after_s": 10.0}
+
 
 @asynccontextmanager
 async def running(name: str, kit: Kit[Any], build: Any) -> AsyncIterator[Service[Any]]:
@@ -241,7 +245,8 @@ async def test_xid_on_one_gpu_cordons_only_that_gpu_and_requeues_only_its_work(b
 
     beating = asyncio.create_task(beat())
     try:
-        async with running("failover_controller", controller_kit(bus, store), controller_bootstrap) as controller:
+        kit = controller_kit(bus, store, **LENIENT)  # heartbeats are not what this test is about
+        async with running("failover_controller", kit, controller_bootstrap) as controller:
             await bus.publish(registration(node))
             holders = {}
             for gpu in (1, 2):

@@ -34,6 +34,7 @@ from ibpool_runtime.store import Store
 from tests.integration.agent_support import unique_prefix
 from tests.integration.helpers import eventually, own_store
 from tests.integration.test_failover_controller import (
+    LENIENT,
     allocator_kit,
     controller_kit,
     get_json,
@@ -42,8 +43,6 @@ from tests.integration.test_failover_controller import (
 )
 
 GPUS = 4
-# Only XIDs and operators act here: beats late on a loaded machine must not fail the node meanwhile.
-LENIENT = {"suspect_after_intervals": 25.0, "fail_after_s": 10.0}
 
 
 def registration(node: str, model: str) -> NodeRegistered:
