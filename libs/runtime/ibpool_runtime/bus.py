@@ -259,10 +259,11 @@ class Bus:
     async def publish_batch(self, batch: Sequence[OutgoingMessage], timeout_s: float = 10.0) -> None:
         """Publish every message, in order within each stream, and return once JetStream has stored all.
 
-        `ATOMIC_BATCH_MIN` or more messages of one stream in `atomic_streams` go as atomic batches; a batch the server
-        refuses goes again message by message, where JetStream drops the copies of messages it holds
-        already by `Nats-Msg-Id` (a relay that published and stopped before deleting its rows
-        publishes them again). Messages of different streams were never ordered among each other.
+        `ATOMIC_BATCH_MIN` or more messages of one stream in `atomic_streams` go as atomic batches;
+        a batch the server refuses goes again message by message, where JetStream drops the copies
+        of messages it holds already by `Nats-Msg-Id` (a relay that published and stopped before
+        deleting its rows publishes them again). Messages of different streams were never ordered
+        among each other.
         """
         by_stream: dict[str | None, list[OutgoingMessage]] = {}
         for m in batch:
