@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -43,7 +44,30 @@ class StackInfo(msgspec.Struct, frozen=True, kw_only=True):
     sync_always: bool
 
 
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out to outgoing connections (Linux), else IANA's 49152."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
 def free_port() -> int:
+    """A loopback TCP port free now, for a server started a moment later.
+
+    Taken below the kernel's range for outgoing connections: a port from that range can be handed,
+    between this check and the server's bind, to one of the many connections the starting services
+    open to NATS and Postgres (seen once as a service's "address already in use")."""
+    low = _ephemeral_low()
+    pick = random.SystemRandom()  # not the module generator, which a caller may have seeded
+    candidates = pick.sample(range(10_000, low), k=min(64, low - 10_000)) if low > 10_064 else []
+    for port in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
