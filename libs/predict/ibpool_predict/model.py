@@ -21,8 +21,16 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 if TYPE_CHECKING:
     from sklearn.ensemble import HistGradientBoostingRegressor  # type: ignore[import-untyped]
-# scikit-learn itself is imported by the first training (`_regressor`): it takes about a second to
-# import, which a service importing this module would otherwise pay at every start.
+# scikit-learn itself is imported by `load_learner` or the first training (`_regressor`): it takes
+# about a second to import, which a service importing this module would otherwise pay at every start.
+
+
+def load_learner() -> None:
+    """Import scikit-learn now. The import holds the interpreter's lock for most of its second, so a
+    service runs this on its training worker as it starts rather than let its first training, later,
+    pause the event loop that serves."""
+    from sklearn.ensemble import HistGradientBoostingRegressor  # noqa: F401
+
 
 FloatArray = npt.NDArray[np.float64]
 

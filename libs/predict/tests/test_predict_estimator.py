@@ -6,6 +6,8 @@ import datetime as dt
 import itertools
 import math
 import random
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 
@@ -224,3 +226,13 @@ def test_observations_start_background_trainings_by_themselves() -> None:
     retrainer.shutdown()  # waits for the training the 25th observation started
     assert est.version is not None and est.version.version == 1 and est.version.n_samples == 25
     assert est.observed_since_training == 5
+
+
+def test_the_module_leaves_scikit_learn_to_load_learner() -> None:
+    # A fresh interpreter: importing the model module does not import scikit-learn; load_learner does.
+    script = (
+        "import sys; import ibpool_predict.model as m; assert 'sklearn' not in sys.modules, 'imported early';"
+        " m.load_learner(); assert 'sklearn.ensemble' in sys.modules, 'not loaded'"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

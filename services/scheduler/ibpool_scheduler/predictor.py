@@ -48,7 +48,14 @@ from ibpool_core.clock import Clock
 from ibpool_core.sched.queueing import LearnedGittins, QueuePolicy
 from ibpool_core.sched.runtime import JobFeatures, RuntimeEstimate, RuntimeHistory
 from ibpool_predict.estimator import EstimatorConfig, LearnedEstimator, Retrainer
-from ibpool_predict.model import BoostParams, TrainedModel, Trainer, TrainingSet, train_boosted_quantiles
+from ibpool_predict.model import (
+    BoostParams,
+    TrainedModel,
+    Trainer,
+    TrainingSet,
+    load_learner,
+    train_boosted_quantiles,
+)
 from ibpool_runtime.logs import get_logger
 
 from . import state
@@ -287,6 +294,7 @@ class RuntimePredictor:
 
     async def run(self, pool: asyncpg.Pool, stop: asyncio.Event) -> None:
         """Sync every `sync_interval_s` until `stop`; a store error is logged and retried."""
+        self._retrainer.submit(load_learner)  # on the training worker, now rather than mid-service
         try:
             while not stop.is_set():
                 try:
