@@ -227,25 +227,21 @@ class Bus:
                         current = (await asyncio.wait_for(self.js.update_stream(config), timeout=1.0)).config
                     except (TimeoutError, nats.errors.TimeoutError, nats.js.errors.APIError):
                         may_update = False
-                if current.allow_atomic:
-                    self.atomic_streams.add(spec.name)
-                continue
-            try:
-                if current is None:
-                    info = await self.js.add_stream(config)
-                else:
-                    info = await self.js.update_stream(config)
-                if info.config.allow_atomic:
-                    self.atomic_streams.add(spec.name)
-            except (nats.errors.TimeoutError, nats.js.errors.APIError) as e:
-                what = (
-                    f"create stream {spec.name}"
-                    if current is None
-                    else f"bring stream {spec.name} to its declared settings"
-                )
-                raise StreamSetupError(
-                    f"cannot {what} (does this NATS user have the admin's permissions?): {e or type(e).__name__}"
-                ) from e
+            else:
+                try:
+                    made = await (self.js.add_stream(config) if current is None else self.js.update_stream(config))
+                except (nats.errors.TimeoutError, nats.js.errors.APIError) as e:
+                    what = (
+                        f"create stream {spec.name}"
+                        if current is None
+                        else f"bring stream {spec.name} to its declared settings"
+                    )
+                    raise StreamSetupError(
+                        f"cannot {what} (does this NATS user have the admin's permissions?): {e or type(e).__name__}"
+                    ) from e
+                current = made.config
+            if current.allow_atomic:
+                self.atomic_streams.add(spec.name)
 
     async def publish(self, message: Message) -> PubAck:
         out = outgoing(message)
