@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 def load_learner() -> None:
     """Import scikit-learn now. The import holds the interpreter's lock for most of its second, so a
-    service runs this on its training worker as it starts rather than let its first training, later,
-    pause the event loop that serves."""
+    service runs this before it serves rather than let its first training, later, pause the event
+    loop that serves."""
     from sklearn.ensemble import HistGradientBoostingRegressor  # noqa: F401
 
 

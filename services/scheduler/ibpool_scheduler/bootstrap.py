@@ -22,6 +22,7 @@ async def bootstrap(
     tasks: list[Task] = [scheduler.cycle_loop, scheduler.leader_loop, scheduler.feed.run, scheduler.nodes.run]
     if scheduler.predictor is not None:
         predictor = scheduler.predictor
+        await predictor.load()  # before the service consumes or schedules (see `load`)
 
         async def learn_runtimes(stop: asyncio.Event) -> None:
             await predictor.run(kit.store.pool, stop)

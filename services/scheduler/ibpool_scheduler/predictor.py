@@ -292,9 +292,14 @@ class RuntimePredictor:
         self.maybe_retrain(force=first)
         return learned
 
+    async def load(self) -> None:
+        """Import the learner (scikit-learn) on the training worker and wait for it. Called before
+        the service serves: the import holds the interpreter's lock for about a second (longer on a
+        busy machine), which would pause the event loop's consumers and cycles if it came later."""
+        await asyncio.wrap_future(self._retrainer.submit(load_learner))
+
     async def run(self, pool: asyncpg.Pool, stop: asyncio.Event) -> None:
         """Sync every `sync_interval_s` until `stop`; a store error is logged and retried."""
-        self._retrainer.submit(load_learner)  # on the training worker, now rather than mid-service
         try:
             while not stop.is_set():
                 try:
