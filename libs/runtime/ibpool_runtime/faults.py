@@ -11,13 +11,20 @@ import asyncio
 import os
 import signal
 
+# The last `IBPOOL_FAULTS` parsed and its points: a handler asks for every message it handles.
+_parsed: tuple[str, dict[str, str]] = ("", {})
+
 
 def _armed() -> dict[str, str]:
+    global _parsed
     spec = os.environ.get("IBPOOL_FAULTS", "")
+    if spec == _parsed[0]:
+        return _parsed[1]
     points: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, value = item.partition("=")
         points[name] = value
+    _parsed = (spec, points)
     return points
 
 
