@@ -12,7 +12,8 @@ Before the runs, NODES nodes x GPUS_PER_NODE GPUs are registered through NodeReg
 published directly (not 1,000 agents), and the bench waits until the scheduler leads with every node
 in its ledger replica. Every job asks for one whole GPU (policy fifo, easy backfill, the defaults
 otherwise). After each phase every job of it is cancelled (CancelJob) and the bench waits until
-every allocation is released, so each phase meets the same free pool.
+every allocation is released and every consumer of the job and pool streams has nothing pending, so
+each phase meets the same free pool and idle services.
 
   throughput  N SubmitJob commands published as fast as publish_async goes; time from the first
               publish to the last JobScheduled seen on a core NATS subscription
@@ -244,15 +245,35 @@ Probe = InProcess | OwnProcesses
 
 
 async def drain(bus: Bus, probe: Probe, job_ids: list[str]) -> None:
-    """Cancel the phase's jobs and wait until no allocation is held."""
+    """Cancel the phase's jobs, wait until no allocation is held, then until the services are quiet."""
     outs = [outgoing(CancelJob(source="bench", key=j, job_id=j, reason="bench phase over")) for j in job_ids]
     await bus.publish_batch(outs, timeout_s=60)
     deadline = time.monotonic() + PHASE_TIMEOUT_S
     while time.monotonic() < deadline:
         if not await probe.allocations():
+            await quiesce(bus, deadline)
             return
         await asyncio.sleep(0.2)
     raise RuntimeError(f"allocations not released within {PHASE_TIMEOUT_S} s")
+
+
+async def quiesce(bus: Bus, deadline: float) -> None:
+    """Wait until every consumer of the job and pool streams (the services' durable ones and the
+    scheduler's ledger replica) has nothing pending or unacknowledged, twice 0.3 s apart: the
+    release of the last allocation is not the end of a phase's cancellations (the scheduler still
+    folds thousands of releases and publishes thousands of JobFinished), and the next phase is to
+    meet services that are idle."""
+    quiet = 0
+    while time.monotonic() < deadline:
+        busy = 0
+        for stream in ("IBPOOL_JOB", "IBPOOL_POOL"):
+            for info in await bus.js.consumers_info(stream):
+                busy += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+        quiet = quiet + 1 if busy == 0 else 0
+        if quiet >= 2:
+            return
+        await asyncio.sleep(0.3)
+    raise RuntimeError(f"the services were not quiet within {PHASE_TIMEOUT_S} s")
 
 
 class GcMeter:
