@@ -283,7 +283,7 @@ def _view(obs: Observed, nodes: int, phase: str, pool: PoolSeen | None = None) -
         head.add_row(
             "pool allocated",
             pool.utilisation(),
-            "grants / rejections",
+            "grants / rejections of the demo's own requests",  # the scheduler's grants are not counted here
             f"{pool.granted} / {sum(pool.rejected.values())}",
         )
         head.add_row(
@@ -770,7 +770,8 @@ def _summary(
         checks += [
             (
                 "injected link faults detected (down, error rate)",
-                f"went down {obs.link_downs}, degraded {dict(obs.degraded) or '-'}",
+                f"went down {obs.link_downs}, degraded "
+                + (", ".join(f"{problem} {n}" for problem, n in sorted(obs.degraded.items())) or "-"),
                 obs.degraded.get("errors", 0) > 0 and obs.link_downs > 0,
             ),
             (
