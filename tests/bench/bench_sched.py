@@ -30,8 +30,10 @@ the same two cores) and every phase reports
 the scheduler's cycles (count, mean duration). Every phase also
 records the 1-minute load average at its start and the CPU seconds of the benchmark process
 (publisher and subscriber, plus scheduler and allocator in-process), of the scheduler and allocator
-processes, nats-server and Postgres, and in-process how much of the benchmark process's CPU went to
-Python's garbage collector (`gc_s`, per generation).
+processes, nats-server and Postgres, the CPU seconds the hypervisor stole from the machine during
+the phase (`steal_s`, /proc/stat: on a shared host the same code is slower when it is high), and
+in-process how much of the benchmark process's CPU went to Python's garbage collector (`gc_s`, per
+generation).
 
 `--placement framework|leaf` (the scheduler's placement plugins, the default, or the plain LeafPlacer)
 and `--batch on|off` (a cycle's proposals in one ProposePlacements, the default, or one each).
@@ -643,6 +645,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "throughput_cycles": [r["throughput"]["cycles"] for r in runs],
         "throughput_cycle_mean_ms": [r["throughput"]["cycle_mean_ms"] for r in runs],
         "load_1m_at_start": {p: [r[p]["load_1m_at_start"] for r in runs] for p in phases},
+        "steal_s": {p: [r[p].get("steal_s") for r in runs] for p in phases},
         "latency": latency,
         "every_job_scheduled": all_scheduled,
         "floor_jobs_per_s": FLOOR_JOBS_PER_S,
