@@ -283,7 +283,7 @@ def _view(obs: Observed, nodes: int, phase: str, pool: PoolSeen | None = None) -
         head.add_row(
             "pool allocated",
             pool.utilisation(),
-            "own grants / rejections",  # the demo's own allocation requests, not the scheduler's grants
+            "direct grants / rejections",  # the demo's own allocation requests, not the scheduler's grants
             f"{pool.granted} / {sum(pool.rejected.values())}",
         )
         head.add_row(
