@@ -296,7 +296,10 @@ class RuntimePredictor:
         """Import the learner (scikit-learn) on the training worker and wait for it. Called before
         the service serves: the import holds the interpreter's lock for about a second (longer on a
         busy machine), which would pause the event loop's consumers and cycles if it came later."""
-        await asyncio.wrap_future(self._retrainer.submit(load_learner))
+        try:
+            await asyncio.wrap_future(self._retrainer.submit(load_learner))
+        except Exception as e:  # the service still serves: trainings fail and the fallback predicts
+            log.warning("the runtime model's learner could not be loaded", error=f"{type(e).__name__}: {e}")
 
     async def run(self, pool: asyncpg.Pool, stop: asyncio.Event) -> None:
         """Sync every `sync_interval_s` until `stop`; a store error is logged and retried."""

@@ -4,6 +4,7 @@ Gittins history it shares, and the cycle planning with its predictions."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import math
 import threading
@@ -303,3 +304,18 @@ def test_prediction_off_builds_no_model_and_gittins_learned_shares_the_history_w
     on = scheduler()
     assert on.predictor is not None and on.policy.history is on.predictor.history  # type: ignore[attr-defined]
     on.predictor.close()
+
+
+def test_a_learner_that_cannot_be_loaded_leaves_the_service_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `load` runs before the service serves; a broken scikit-learn must not stop the scheduler from
+    # starting: trainings then fail and the fallback predicts, as when a training fails.
+    def broken() -> None:
+        raise ImportError("no module named sklearn.ensemble")
+
+    monkeypatch.setattr("ibpool_scheduler.predictor.load_learner", broken)
+    p = predictor()
+    try:
+        asyncio.run(p.load())
+        assert p.version == 0  # nothing trained, nothing raised
+    finally:
+        p.close()
