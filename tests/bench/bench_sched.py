@@ -12,8 +12,8 @@ Before the runs, NODES nodes x GPUS_PER_NODE GPUs are registered through NodeReg
 published directly (not 1,000 agents), and the bench waits until the scheduler leads with every node
 in its ledger replica. Every job asks for one whole GPU (policy fifo, easy backfill, the defaults
 otherwise). After each phase every job of it is cancelled (CancelJob) and the bench waits until
-every allocation is released and every consumer of the job and pool streams has nothing pending, so
-each phase meets the same free pool and idle services.
+every allocation is released and the job and pool streams and their consumers are idle (`quiesce`),
+so each phase meets the same free pool and idle services.
 
   throughput  N SubmitJob commands published as fast as publish_async goes; time from the first
               publish to the last JobScheduled seen on a core NATS subscription
@@ -260,22 +260,26 @@ async def drain(bus: Bus, probe: Probe, job_ids: list[str]) -> None:
 
 
 async def quiesce(bus: Bus, deadline: float) -> None:
-    """Wait until every consumer of the job and pool streams (the services' durable ones and the
-    scheduler's ledger replica) has nothing pending or unacknowledged, twice 0.3 s apart: the
-    release of the last allocation is not the end of a phase's cancellations (the scheduler still
-    folds thousands of releases and publishes thousands of JobFinished), and the next phase is to
-    meet services that are idle."""
-    quiet = 0
+    """Wait until, at two looks in a row (each 0.3 s after the one before), the job and pool streams
+    took no new message since the look before and every consumer of them (the services' durable ones
+    and the scheduler's ledger replica) had nothing pending or unacknowledged. The release of the last
+    allocation does not end a phase's cancellations: the allocator still publishes the releases'
+    events and the scheduler still folds them, and the next phase is to meet services that are idle.
+    (A no-ack consumer's pending count falls when it fetches, not when it has applied what it
+    fetched: the looks that follow give that time.)"""
+    quiet, last_seqs = 0, list[int]()
     while time.monotonic() < deadline:
-        busy = 0
+        busy, seqs = 0, list[int]()
         for stream in ("IBPOOL_JOB", "IBPOOL_POOL"):
+            seqs.append(int((await bus.js.stream_info(stream)).state.last_seq))
             for info in await bus.js.consumers_info(stream):
                 busy += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-        quiet = quiet + 1 if busy == 0 else 0
+        quiet = quiet + 1 if busy == 0 and seqs == last_seqs else 0
+        last_seqs = seqs
         if quiet >= 2:
             return
         await asyncio.sleep(0.3)
-    raise RuntimeError(f"the services were not quiet within {PHASE_TIMEOUT_S} s")
+    raise RuntimeError(f"the services were not idle within {PHASE_TIMEOUT_S} s of the phase's cancellations")
 
 
 class GcMeter:
