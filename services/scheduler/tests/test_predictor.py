@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 import pytest
+import structlog
 from prometheus_client import CollectorRegistry
 
 from ibpool_core.clock import FixedClock
@@ -308,14 +309,23 @@ def test_prediction_off_builds_no_model_and_gittins_learned_shares_the_history_w
 
 def test_a_learner_that_cannot_be_loaded_leaves_the_service_serving(monkeypatch: pytest.MonkeyPatch) -> None:
     # `load` runs before the service serves; a broken scikit-learn must not stop the scheduler from
-    # starting: trainings then fail and the fallback predicts, as when a training fails.
+    # starting: the load is tried and logged, trainings then fail and the median fallback predicts.
+    tried: list[bool] = []
+
     def broken() -> None:
+        tried.append(True)
         raise ImportError("no module named sklearn.ensemble")
 
     monkeypatch.setattr("ibpool_scheduler.predictor.load_learner", broken)
-    p = predictor()
+    p = predictor(ScriptedTrainer(ImportError("no module named sklearn.ensemble")))
     try:
-        asyncio.run(p.load())
-        assert p.version == 0  # nothing trained, nothing raised
+        with structlog.testing.capture_logs() as logs:
+            asyncio.run(p.load())
+        assert tried == [True]
+        assert [e["event"] for e in logs] == ["the runtime model's learner could not be loaded"]
+        for i in range(6):
+            p.observe(ended(f"e{i}", 100.0 * (i + 1)))
+        p.maybe_retrain(force=True, wait=True)
+        assert (p.status().serving, p.estimator.failed_trainings) == ("median", 1)
     finally:
         p.close()
