@@ -1361,7 +1361,7 @@ def main(argv: list[str] | None = None) -> int:
             "stream": STREAM,
             "consumer": vars(ConsumerSettings()),
             "postgres": "devstack.start_postgres(fsync=True): fsync on, synchronous_commit on",
-            "tracing": "telemetry.setup_tracing: SDK provider, spans not kept (services without OTLP)",
+            "tracing": "telemetry.setup_tracing: SDK tracer, spans not kept, OTel metrics no-op (without OTLP)",
         },
         "floors": FLOORS,
         "summary": summary,

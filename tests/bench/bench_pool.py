@@ -14,9 +14,10 @@ ever conflicts and each run sees the same free pool.
               first publish to the last AllocationGranted seen on a core NATS subscription
   latency     M proposals offered at a fixed RATE/s; per command publish -> grant received
 
-Every phase also records the 1-minute load average when it started and the CPU seconds that the
+Every phase also records the 1-minute load average when it started, the CPU seconds that the
 benchmark process (publisher, subscriber and allocator together), nats-server and Postgres (all its
-processes) spent during it, so a run on a busy machine can be told from a slow allocator.
+processes) spent during it, and the CPU seconds the hypervisor stole from the machine meanwhile
+(`steal_s`), so a run on a busy machine can be told from a slow allocator.
 
 Figures are the median over --runs. Results: tests/bench/results/bench_pool-latest.json.
 Usage: .venv/bin/python tests/bench/bench_pool.py --runs 3

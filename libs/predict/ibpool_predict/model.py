@@ -22,7 +22,8 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 if TYPE_CHECKING:
     from sklearn.ensemble import HistGradientBoostingRegressor  # type: ignore[import-untyped]
 # scikit-learn itself is imported by `load_learner` or the first training (`_regressor`): it takes
-# about a second to import, which a service importing this module would otherwise pay at every start.
+# about a second to import, which the CLI, the simulator and tests that import this module need not
+# pay. The scheduler pays it at start, before it serves (`load_learner`).
 
 
 def load_learner() -> None:
