@@ -58,10 +58,9 @@ def free_port() -> int:
     Taken below the kernel's range for outgoing connections: a port from that range can be handed,
     between this check and the server's bind, to one of the many connections the starting services
     open to NATS and Postgres (seen once as a service's "address already in use")."""
-    low = _ephemeral_low()
+    below = range(10_000, _ephemeral_low())
     pick = random.SystemRandom()  # not the module generator, which a caller may have seeded
-    candidates = pick.sample(range(10_000, low), k=min(64, low - 10_000)) if low > 10_064 else []
-    for port in candidates:
+    for port in pick.sample(below, k=min(64, len(below))):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
