@@ -18,7 +18,7 @@ def fenced(cmd: ProposePlacement, term: int | None, group: str = "batch") -> Pro
 def test_grant_records_the_term_of_its_group() -> None:
     ledger = pool(node("n1"), fenced(propose("j1", a("n1", 0), version=1), 7))
     assert ledger.terms == {"batch": 7}
-    grant = ledger.answers["cmd-j1"][0]
+    grant = ledger.answer("cmd-j1")[0]
     assert isinstance(grant, al.AllocationGranted)
     assert (grant.scheduler_group, grant.fencing_term) == ("batch", 7)
 

@@ -518,7 +518,7 @@ def test_rebuild_from_the_encoded_stream_equals_the_ledger() -> None:
     assert kinds == {"whole", "fraction", "mig", "gang", "remote"}
     ended = {type(e).__name__ for e in log if isinstance(e, AllocationReleased | AllocationRevoked | AllocationExpired)}
     assert ended == {"AllocationReleased", "AllocationRevoked", "AllocationExpired"}
-    assert list(ledger.allocations) == ["cmd-w"] and isinstance(ledger.answers["cmd-over"][0], AllocationRejected)
+    assert list(ledger.allocations) == ["cmd-w"] and isinstance(ledger.answer("cmd-over")[0], AllocationRejected)
 
 
 def test_events_round_trip_through_the_bus_codec() -> None:
@@ -536,3 +536,38 @@ def test_a_missed_event_is_a_gap() -> None:
         run(ledger, cmd, log=log)
     with pytest.raises(LedgerGap):
         rebuild([log[0], log[2]])
+
+
+def test_the_answers_of_the_past_are_bounded_but_never_those_of_a_held_allocation() -> None:
+    # A long-running ledger must not keep every answer it ever gave (memory, and the garbage
+    # collector's passes over them): past `past_kept` (plus the slack that makes forgetting cheap)
+    # the oldest answers and end events go, except those of allocations still held.
+    log: list[LedgerEvent] = []
+    ledger = Ledger(past_kept=10)
+    for cmd in (node("n1"), propose("held", a("n1", 0), version=1)):
+        run(ledger, cmd, log=log)
+    for i in range(1_500):
+        assert outcome(run(ledger, propose(f"j{i}", a("n1", 1), version=ledger.version), log=log)) == "granted:whole"
+        run(ledger, ReleaseAllocation(source="s", key=f"cmd-j{i}", allocation_id=f"cmd-j{i}"), log=log)
+    assert list(ledger.allocations) == ["cmd-held"]
+    assert 11 <= len(ledger.answers) <= 1 + 10 + 1_000 and 10 <= len(ledger.ended) <= 1 + 10 + 1_000
+    assert "cmd-held" in ledger.answers  # the oldest answer, kept while its allocation is held
+    assert "cmd-j0" not in ledger.answers and "cmd-j0" not in ledger.ended
+    # The newest are still answered as before: the same events, marked as a repeat.
+    again = decide(ledger, propose("j1499", a("n1", 1), version=ledger.version))
+    granted = tuple(e for e in log if isinstance(e, AllocationGranted) and e.allocation_id == "cmd-j1499")
+    assert again.repeat and len(granted) == 1 and again.events == granted
+    release = decide(ledger, ReleaseAllocation(source="s", key="cmd-j1499", allocation_id="cmd-j1499"))
+    released = tuple(e for e in log if isinstance(e, AllocationReleased) and e.allocation_id == "cmd-j1499")
+    assert release.repeat and len(released) == 1 and release.events == released
+    # Forgetting is part of folding each event: one by one or all at once gives the same ledger.
+    one_by_one, all_at_once = Ledger(past_kept=10), Ledger(past_kept=10)
+    for e in log:
+        apply(one_by_one, [e])
+    apply(all_at_once, log)
+    assert one_by_one == all_at_once == ledger
+    # A replica keeps none of the past, only the answers of what is held.
+    replica = Ledger(past_kept=0)
+    apply(replica, log)
+    assert len(replica.answers) <= 1 + 1_000 and "cmd-held" in replica.answers
+    assert replica.allocations == ledger.allocations and replica.nodes == ledger.nodes

@@ -12,6 +12,7 @@ replay over; until the replica has read what the stream held when it started, it
 The grants of one allocation need not arrive together: a gang that replaced a failed member has an
 `AllocationRevoked` for that node and a later `AllocationGranted` (with `replaces`) for the new node
 under the same allocation id; `apply` folds each per node, so the replica needs nothing of its own.
+A replica answers no command, so it keeps no answers of the past (`past_kept=0`).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class LedgerReplica:
         stream between allocators with ledgers of their own)."""
         self.bus = bus
         self.from_seq = from_seq
-        self.ledger = Ledger()
+        self.ledger = Ledger(past_kept=0)
         self.caught_up = False
         self.replays = 0
         # Set whenever the ledger changed: capacity may have freed up.
@@ -93,7 +94,7 @@ class LedgerReplica:
                         inactive_threshold=INACTIVE_S,
                     ),
                 )
-                self.ledger, self.caught_up = Ledger(), False
+                self.ledger, self.caught_up = Ledger(past_kept=0), False
                 backlog = (await sub.consumer_info()).num_pending or 0
                 read = 0
                 if backlog == 0:

@@ -193,7 +193,7 @@ def decide(
         case (
             proto.ProposePlacement() | proto.ReplaceGangMember() | proto.RequestAllocation() | RenewLease() | SetQuota()
         ) if command.id in ledger.answers:
-            return Decision(events=ledger.answers[command.id], repeat=True)
+            return Decision(events=ledger.answer(command.id), repeat=True)
         case proto.ProposePlacement():
             return _propose(ctx, command)
         case proto.ReplaceGangMember():
@@ -933,7 +933,7 @@ def _placed(ledger: Ledger, want: PlacementRequest, picked: list[GpuAssignment])
 def _release(ctx: _Ctx, cmd: ReleaseAllocation) -> Decision:
     alloc = ctx.ledger.allocations.get(cmd.allocation_id)
     if alloc is None:
-        ended = ctx.ledger.ended.get(cmd.allocation_id, ())
+        ended = ctx.ledger.ends(cmd.allocation_id)
         released = tuple(e for e in ended if isinstance(e, AllocationReleased))
         if released:
             return Decision(events=released, repeat=True)
