@@ -12,8 +12,10 @@ import pytest
 from ibpool_proto import new_id
 from ibpool_proto.job import CancelJob
 from ibpool_runtime.bus import Bus, envelope_headers
+from ibpool_runtime.config import BaseConfig
 from ibpool_runtime.consumer import Consumer, ConsumerSettings, HandlerContext, Subscription
 from ibpool_runtime.metrics import ServiceMetrics
+from ibpool_runtime.service import Kit, Service, ServiceSpec
 from ibpool_runtime.store import Store
 from ibpool_runtime.streams import DLQ_STREAM
 from tests.integration.helpers import eventually, stream_messages
@@ -201,3 +203,36 @@ def test_occurred_at_is_utc() -> None:
 
 
 pytestmark = pytest.mark.integration
+
+
+async def test_inbox_rows_past_the_retention_are_pruned_by_the_running_service(bus: Bus, store: Store) -> None:
+    # The inbox must not grow forever: ids handled longer ago than the retention go (in chunks),
+    # newer ones stay and still stop their duplicates.
+    old = [f"old-{i}" for i in range(25)]
+    await store.pool.executemany(
+        "INSERT INTO inbox (consumer, event_id, handled_at) VALUES ('c', $1, now() - interval '2 hours')",
+        [(e,) for e in old],
+    )
+    async with store.transaction() as tx:
+        assert await tx.mark_handled("c", "new")
+    assert await store.prune_inbox(3600, chunk=10) == 25  # three statements: 10, 10, 5
+    assert [r["event_id"] for r in await store.pool.fetch("SELECT event_id FROM inbox")] == ["new"]
+    async with store.transaction() as tx:
+        assert not await tx.mark_handled("c", "new")  # a duplicate of a kept id is still caught
+
+    # The service prunes on its own, every `inbox_prune_interval_s`.
+    await store.pool.execute(
+        "INSERT INTO inbox (consumer, event_id, handled_at) VALUES ('c', 'older', now() - interval '2 hours')"
+    )
+    cfg = BaseConfig(inbox_retention_s=3600, inbox_prune_interval_s=0.1)
+    service = Service(Kit(name="t", config=cfg, bus=bus, store=store, metrics=ServiceMetrics("t")), ServiceSpec())
+    await service.start()
+    try:
+
+        async def pruned() -> bool:
+            return await store.pool.fetchval("SELECT count(*) FROM inbox WHERE event_id = 'older'") == 0
+
+        await eventually(pruned, timeout_s=10, what="the service pruned the old inbox row")
+        assert await store.pool.fetchval("SELECT count(*) FROM inbox") == 1
+    finally:
+        await service.stop()

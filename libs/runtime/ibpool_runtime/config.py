@@ -11,13 +11,16 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
 
 class ConfigError(Exception):
     """The configuration cannot be used; the message says which field and why."""
+
+
+Positive = Annotated[float, msgspec.Meta(gt=0)]
 
 
 class BaseConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -41,6 +44,11 @@ class BaseConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     consumer_max_deliver: int = 5
     shutdown_grace_s: float = 10.0
     outbox_window: int = 256
+    # Handled event ids (the inbox) are kept one day longer than the streams keep messages (30 days,
+    # streams.py): an event can come again only while its stream holds it. Older ones are deleted
+    # every `inbox_prune_interval_s`.
+    inbox_retention_s: Positive = 31 * 86_400.0
+    inbox_prune_interval_s: Positive = 600.0
     log_level: str = "info"
     # HTTP API tokens: a file of '<operator|client|readonly> <token>' lines (or 'sha256:<hex>' digests).
     # Empty: the API is open (development). Reads need a token only with api_protect_reads.

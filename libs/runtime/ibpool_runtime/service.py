@@ -114,9 +114,23 @@ class Service(Generic[C]):
         self.http_url = kit.http_url = f"http://{kit.config.http_host}:{port}"
         if self.spec.on_start is not None:
             await self.spec.on_start()
-        for t in self.spec.tasks:
+        for t in [*self.spec.tasks, self.prune_inbox]:
             self._tasks.append(asyncio.create_task(t(kit.stop), name=getattr(t, "__name__", "task")))
         log.info("service started", http=self.http_url, consumers=[c.sub.durable for c in self.consumers])
+
+    async def prune_inbox(self, stop: asyncio.Event) -> None:
+        """Delete handled event ids past `inbox_retention_s`, every `inbox_prune_interval_s`, so the
+        inbox holds what the streams still hold and no more. Every replica does it (deletes of the
+        same rows are harmless); a store error is logged and tried again next time."""
+        cfg = self.kit.config
+        while not stop.is_set():
+            try:
+                deleted = await self.kit.store.prune_inbox(cfg.inbox_retention_s)
+                if deleted:
+                    log.info("inbox pruned", deleted=deleted, older_than_s=cfg.inbox_retention_s)
+            except Exception as e:
+                log.warning("inbox pruning failed, will retry", error=str(e) or type(e).__name__)
+            await sleep_unless_stopped(stop, cfg.inbox_prune_interval_s)
 
     async def readiness(self) -> dict[str, bool]:
         return {

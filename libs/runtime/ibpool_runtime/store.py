@@ -140,6 +140,11 @@ _OUTBOX_INSERT = (
     "INSERT INTO outbox (event_id, subject, headers, body) VALUES ($1, $2, $3, $4) ON CONFLICT (event_id) DO NOTHING"
 )
 
+_INBOX_PRUNE = (
+    "DELETE FROM inbox WHERE ctid = ANY(ARRAY("
+    "SELECT ctid FROM inbox WHERE handled_at < now() - make_interval(secs => $1) LIMIT $2))"
+)
+
 
 class Store:
     def __init__(self, pool: asyncpg.Pool, schema: str) -> None:
@@ -223,6 +228,18 @@ class Store:
                 tx.after_commit(self._committed_outbox.set)  # the relay publishes what was committed
         for call in tx._after_commit:
             call()
+
+    async def prune_inbox(self, older_than_s: float, chunk: int = 10_000) -> int:
+        """Delete the inbox rows handled more than `older_than_s` ago, `chunk` rows per statement
+        (short transactions, other work goes on between them); returns how many were deleted."""
+        deleted = 0
+        while True:
+            status = await self.pool.execute(_INBOX_PRUNE, older_than_s, chunk)
+            n = int(status.rsplit(" ", 1)[1])
+            deleted += n
+            if n < chunk:
+                return deleted
+            await asyncio.sleep(0)
 
     def outbox_committed(self) -> asyncio.Event:
         """Set after a commit that wrote outbox rows; the relay waits on it."""
