@@ -809,6 +809,8 @@ class Scheduler:
                     extend_s=self.cfg.lease_s,
                 )
             )
+        if len(self._renewed) > 2 * len(allocations) + 1_000:  # forget the allocations that ended
+            self._renewed = {a: at for a, at in self._renewed.items() if a in allocations}
         return out
 
     # -- loops ----------------------------------------------------------------------------------

@@ -337,3 +337,7 @@ def test_leases_are_renewed_at_half_once_per_quarter() -> None:
     (renewal,) = sched.renewals([held], T0 + dt.timedelta(seconds=200))
     assert (renewal.allocation_id, renewal.holder, renewal.extend_s) == ("p1", "j", 300.0)
     assert sched.renewals([held], T0 + dt.timedelta(seconds=201)) == []
+    # What it remembers of past renewals does not grow with every allocation that ever ended.
+    sched._renewed.update({f"ended-{i}": 0.0 for i in range(1_500)})
+    assert sched.renewals([held], T0 + dt.timedelta(seconds=202)) == []
+    assert list(sched._renewed) == ["p1"]
