@@ -31,7 +31,7 @@ from ibpool_proto.job import (
     JobStarted,
     SubmitJob,
 )
-from ibpool_proto.pool import AllocationRejected, GpuAssignment, ProposePlacement, ResourceRequest
+from ibpool_proto.pool import AllocationRejected, AllocationReleased, GpuAssignment, ProposePlacement, ResourceRequest
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.devstack import StackInfo
 from ibpool_runtime.metrics import ServiceMetrics
@@ -524,3 +524,42 @@ async def own_replica_store(stack: StackInfo, store: Store) -> AsyncIterator[Sto
         yield second
     finally:
         await second.close()
+
+
+async def test_a_proposal_whose_cycle_postgres_lost_is_granted_and_given_back(
+    bus: Bus, store: Store, stack: StackInfo
+) -> None:
+    # A cycle that only proposes commits without waiting for the disk (state.lock_cycle): a crash of
+    # Postgres may lose it after the relay published its proposal. The allocator then grants a
+    # proposal the job's row never recorded; the scheduler gives that grant back, and the job is
+    # placed by a cycle of its own, once.
+    async with cluster(bus, store, stack, nodes=1) as (service, sched, _allocator, nodes):
+        j = job_id()
+        status, _ = await call(service, "POST", "/v1/jobs", {"id": j, "tenant": "t", "gpus": 2})
+        assert status == 201
+        lost = ProposePlacement(
+            id=f"lost-{j}",
+            source="test",
+            key=j,
+            job_id=j,
+            tenant="t",
+            queue="default",
+            ledger_version=sched.feed.ledger.version,
+            assignments=[GpuAssignment(node_id=nodes[0], gpu_index=6), GpuAssignment(node_id=nodes[0], gpu_index=7)],
+            lease_s=60.0,
+        )
+        await bus.publish(lost)
+
+        async def given_back() -> bool:
+            released = await stream_messages(bus.js, "IBPOOL_POOL", AllocationReleased.subject(nodes[0]))
+            return any(decode(m.data).allocation_id == lost.id for m in released)
+
+        async def placed() -> bool:
+            return (await job_state(service, j))["state"] in ("scheduled", "running", "completed")
+
+        await eventually(given_back, what="the grant of the lost proposal released")
+        await eventually(placed, what="the job placed by a cycle of its own")
+        view = await job_state(service, j)
+        assert view["allocation_id"] != lost.id
+        (scheduled,) = await job_events(bus, j, JobScheduled)
+        assert scheduled.allocation_id == view["allocation_id"]

@@ -229,13 +229,13 @@ async def propose_replacements(
     proposed: Iterable[GpuAssignment],
     term: int | None,
     now: dt.datetime,
-) -> None:
+) -> bool:
     """In the cycle (the leader, fenced): a ReplaceGangMember for every job with a member to replace
     and none in flight, or the gang restarted when no host fits. `proposed`: the GPUs this cycle's
-    proposals take."""
+    proposals take. Whether any job had a member to replace."""
     waiting = replacements_due(live, now)
     if not waiting:
-        return
+        return False
     taken: dict[str, set[int]] = {n: set(g) for n, g in taken_in_flight(ledger, live).items()}
     for a in [*proposed, *(a for j in live if j.replace_id is not None for a in j.replace_proposal)]:
         taken.setdefault(a.node_id, set()).add(a.gpu_index)
@@ -269,6 +269,7 @@ async def propose_replacements(
         await state.save_job(tx, replaced, now)
         await tx.outbox(cmd)
         log.info("gang member replacement proposed", job_id=job.job_id, failed=job.replacing, host=choice[0].node_id)
+    return True
 
 
 async def on_granted(

@@ -594,7 +594,9 @@ class Scheduler:
             self.backlog = sum(1 for j in live if j.state == "queued") - len(plan.proposals)
             await self._write(tx, plan, {j.job_id: j for j in live}, term, now)
             proposed = (a for p in plan.proposals for a in p.assignments)
-            await members.propose_replacements(self, tx, live, ledger, proposed, term, now)
+            replacing = await members.propose_replacements(self, tx, live, ledger, proposed, term, now)
+            if plan.preempted or plan.killed or replacing:
+                await state.commit_durably(tx.conn)
             if self.renewals_due():
                 await tx.outbox(*self.renewals(live, now))
         return plan

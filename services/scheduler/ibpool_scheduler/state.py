@@ -52,9 +52,25 @@ def row(job: JobRecord, now: dt.datetime) -> tuple[str, str, str, str, dt.dateti
 
 
 async def lock_cycle(conn: asyncpg.Connection, schema: str) -> bool:
-    """Make this transaction the only scheduling cycle until it ends; False when another one runs."""
-    got: bool = await conn.fetchval("SELECT pg_try_advisory_xact_lock(hashtext($1))", f"ibpool.scheduler.{schema}")
+    """Make this transaction the only scheduling cycle until it ends; False when another one runs.
+
+    Its commit will not wait for the WAL to reach the disk (`synchronous_commit` off for this
+    transaction only; `commit_durably` turns it back on). A crash of Postgres may then lose the last
+    fraction of a second of cycles that only proposed: their jobs are queued again and planned
+    anew, and a proposal the relay had already published is granted to a job that no longer waits
+    for it, which `on_granted` gives back (a stray grant). Handlers' transactions, whose events are
+    acked after their commit, always wait for the disk."""
+    got: bool = await conn.fetchval(
+        "SELECT pg_try_advisory_xact_lock(hashtext($1)) FROM set_config('synchronous_commit', 'off', true)",
+        f"ibpool.scheduler.{schema}",
+    )
     return got
+
+
+async def commit_durably(conn: asyncpg.Connection) -> None:
+    """This cycle's commit waits for the disk after all: it ends, preempts or replaces, whose events
+    (releases, kills) cannot be taken back by planning again."""
+    await conn.execute("SET LOCAL synchronous_commit = on")
 
 
 # `Transaction.scratch` keys: rows a batch read ahead (`lock_ahead`), submissions it inserted
