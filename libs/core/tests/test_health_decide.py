@@ -31,7 +31,7 @@ from ibpool_proto.health import (
     RequeueRequested,
     Uncordoned,
 )
-from ibpool_proto.job import JobExited
+from ibpool_proto.job import JobExited, JobFinished
 from ibpool_proto.message import Event
 from ibpool_proto.node import GpuInfo, GpuSample, NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
 from ibpool_proto.pool import AllocationGranted, AllocationReleased, Enforcement, GpuAssignment
@@ -388,6 +388,9 @@ def test_hardware_exit_counts_once_per_allocation() -> None:
     )
     assert c.state.jobs["j1"].failures == 2
     assert "a2/n1" not in c.state.holdings
+    # Once the job has ended for good its count is dropped: the state does not keep every job ever hit.
+    c.apply([JobFinished(source="scheduler", key="j1", job_id="j1", state="failed", reason="lost twice")])
+    assert "j1" not in c.state.jobs
 
 
 def test_released_work_is_not_requeued_and_a_deregistered_node_is_not_failed() -> None:

@@ -48,7 +48,7 @@ from ibpool_core.health.link_signals import link_targets
 from ibpool_core.health.operator import OperatorAction, OperatorReply, OperatorRequest, act
 from ibpool_proto import DecodeError, Message, decode
 from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged, TopologyPublished
-from ibpool_proto.job import JobExited
+from ibpool_proto.job import JobExited, JobFinished
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
 from ibpool_runtime.config import ConfigError
@@ -66,7 +66,7 @@ log = get_logger(__name__)
 BEATS = (NodeHeartbeat, TelemetryReported)
 NODE_NEWS = (NodeRegistered, NodeDeregistered)
 FABRIC_NEWS = (TopologyPublished, LinkStateChanged, LinkDegraded, LinkFlapping, LinkRecovered)
-JOB_NEWS = (JobExited,)
+JOB_NEWS = (JobExited, JobFinished)
 POOL_NEWS = (AllocationGranted, AllocationReleased, AllocationRevoked, AllocationExpired)
 
 # Beats fetched at once; the ephemeral beat consumers vanish this long after the controller stops.

@@ -65,7 +65,7 @@ from ibpool_proto.health import (
     RequeueRequested,
     Uncordoned,
 )
-from ibpool_proto.job import JobExited
+from ibpool_proto.job import JobExited, JobFinished
 from ibpool_proto.message import Event
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
@@ -86,6 +86,7 @@ Observation = (
     | LinkFlapping
     | LinkRecovered
     | JobExited
+    | JobFinished
     | AllocationGranted
     | AllocationReleased
     | AllocationRevoked
@@ -323,6 +324,9 @@ class _Decision:
                 self.link_news(obs)
             case JobExited():
                 self.job_exited(obs)
+            case JobFinished():
+                # It will not be requeued again: its count of hardware hits is no longer needed.
+                self.jobs.pop(obs.job_id, None)
             case AllocationGranted():
                 gpus = sorted(a.gpu_index for a in obs.assignments if a.node_id == obs.node_id)
                 self.holdings[f"{obs.allocation_id}/{obs.node_id}"] = Holding(
