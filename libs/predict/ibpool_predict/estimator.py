@@ -113,7 +113,7 @@ class LearnedEstimator:
         self._retrainer = retrainer
         self._clock = clock or _WallClock()
         self.history = FinishedJobHistory()
-        self._naive = NaiveMedianEstimator(self.config.default_runtime_s)
+        self._naive = NaiveMedianEstimator(self.config.default_runtime_s, window=self.config.window)
         self._window: deque[_Observation] = deque(maxlen=self.config.window)
         self._lock = threading.Lock()
         self._serving: tuple[QuantileModel, ModelVersion] | None = None

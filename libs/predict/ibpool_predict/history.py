@@ -141,11 +141,14 @@ class FinishedJobHistory:
     """Finished jobs by similarity scope; answers `features_at(job)` from the past of its submit time only.
 
     `keep_per_key` bounds memory: each series holds its newest entries (counts and means still
-    cover all). Not thread-safe: one owner calls `add` and `features_at`.
+    cover all). `max_keys` bounds how many series a scope holds: job names are free text (a run id
+    in each makes one key per job), so past it the key added to longest ago goes. Not thread-safe:
+    one owner calls `add` and `features_at`.
     """
 
-    def __init__(self, keep_per_key: int = 5_000) -> None:
+    def __init__(self, keep_per_key: int = 5_000, max_keys: int = 50_000) -> None:
         self._keep = keep_per_key
+        self._max_keys = max_keys
         self._series: list[dict[Hashable, _Series]] = [{} for _ in SCOPES]
 
     def add(self, job: JobFeaturesLike, runtime_s: float, finished_at: float) -> None:
@@ -153,9 +156,12 @@ class FinishedJobHistory:
         for by_key, key in zip(self._series, _scope_keys(job), strict=True):
             if key is None:
                 continue
-            series = by_key.get(key)
+            series = by_key.pop(key, None)  # re-inserted last: the dict's order is the order of adds
             if series is None:
-                series = by_key[key] = _Series(self._keep)
+                series = _Series(self._keep)
+                if len(by_key) >= self._max_keys:
+                    del by_key[next(iter(by_key))]
+            by_key[key] = series
             series.add(finished_at, value)
 
     def features_at(self, job: JobFeaturesLike) -> list[float]:

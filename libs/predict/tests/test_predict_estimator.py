@@ -236,3 +236,17 @@ def test_the_module_leaves_scikit_learn_to_load_learner() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_naive_fallback_keeps_only_its_window_of_runtimes() -> None:
+    from ibpool_predict.baseline import NaiveMedianEstimator
+    from ibpool_predict.contract import JobFeatures
+
+    job = JobFeatures(tenant="a", num_gpus=1, submit_time=0.0)
+    windowed, everything = NaiveMedianEstimator(window=3), NaiveMedianEstimator()
+    for runtime in (1000.0, 1000.0, 1000.0, 10.0, 20.0, 30.0):
+        windowed.observe(job, runtime)
+        everything.observe(job, runtime)
+    assert windowed.predict(job).p50 == 20.0  # the newest three: 10, 20, 30
+    assert everything.predict(job).p50 == (30.0 + 1000.0) / 2
+    assert windowed.predict(JobFeatures(tenant="b", num_gpus=1, submit_time=0.0)).p50 == 20.0  # pool-wide, windowed too

@@ -105,3 +105,22 @@ def test_rows_asked_between_additions_equal_those_of_a_history_built_afresh() ->
             assert _same(live.features_at(probe), fresh.features_at(probe)), (k, probe)
             asked += 1
     assert asked == 240 * 6
+
+
+def test_free_text_names_do_not_grow_the_history_without_bound() -> None:
+    # One name per job (a run id in it): past max_keys the name added to longest ago is forgotten,
+    # a name seen again is kept, and the other scopes still count every job.
+    h = FinishedJobHistory(max_keys=3)
+    for i in range(5):
+        h.add(JobFeatures(tenant="a", num_gpus=1, submit_time=0.0, name=f"run-{i}"), 10.0, finished_at=float(i))
+        if i == 2:
+            h.add(JobFeatures(tenant="a", num_gpus=1, submit_time=0.0, name="run-0"), 10.0, finished_at=2.5)
+    named = _col("tenant_name", "log_count")
+
+    def count_of(name: str) -> float:
+        return h.features_at(JobFeatures(tenant="a", num_gpus=1, submit_time=100.0, name=name))[named]
+
+    assert [count_of(f"run-{i}") for i in range(5)] == [math.log1p(2), 0.0, 0.0, math.log1p(1), math.log1p(1)]
+    assert h.features_at(JobFeatures(tenant="a", num_gpus=1, submit_time=100.0))[_col("tenant", "log_count")] == (
+        math.log1p(6)
+    )
