@@ -137,3 +137,28 @@ async def test_transaction_ids_behind_the_last_read_make_a_whole_read(stack: Sta
         live._xmin = 2**62  # as if a newer database had been read before
         assert await incremental(live, store) == await whole(store) == [("a", "queued"), ("b", "queued")]
         assert live._xmin is not None and live._xmin < 2**62
+
+
+async def test_a_restarted_server_makes_a_whole_read(stack: StackInfo) -> None:
+    """A crash of Postgres may undo cycles that committed without waiting for the disk
+    (`state.lock_cycle`): rows go back to what they were, with their old transaction ids, which the
+    next incremental read would not fetch. A server that started again since the last read makes
+    the read a whole one."""
+    async with own_store(stack) as store:
+        live = await read_once(store, "a")
+        async with store.transaction() as tx:
+            held = await state.lock_job(tx, "a")
+            assert held is not None
+            await state.save_job(tx, msgspec.structs.replace(held, state="proposed", reason="proposed"), NOW)
+        assert await incremental(live, store) == [("a", "proposed")]
+        # The undone commit: the row as it was, its changed_xid as old as before (the trigger off).
+        async with store.pool.acquire() as conn, conn.transaction():
+            await conn.execute("ALTER TABLE jobs DISABLE TRIGGER jobs_mark_changed")
+            await conn.execute(
+                "UPDATE jobs SET state = 'queued', body = $1, changed_xid = '1' WHERE job_id = 'a'",
+                state.body_of(held),
+            )
+            await conn.execute("ALTER TABLE jobs ENABLE TRIGGER jobs_mark_changed")
+        assert await incremental(live, store) == [("a", "proposed")]  # the same server: not seen
+        live._started = "an earlier start of the server"
+        assert await incremental(live, store) == await whole(store) == [("a", "queued")]

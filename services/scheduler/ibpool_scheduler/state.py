@@ -68,9 +68,9 @@ async def lock_cycle(conn: asyncpg.Connection, schema: str) -> bool:
 
 
 async def commit_durably(conn: asyncpg.Connection) -> None:
-    """This cycle's commit waits for the disk after all: it ends, preempts or replaces, whose events
-    (releases, kills) cannot be taken back by planning again."""
-    await conn.execute("SET LOCAL synchronous_commit = on")
+    """This cycle's commit waits as the server's setting says after all: it ends, preempts or
+    replaces, whose events (releases, kills) cannot be taken back by planning again."""
+    await conn.execute("SET LOCAL synchronous_commit TO DEFAULT")  # the server's setting
 
 
 # `Transaction.scratch` keys: rows a batch read ahead (`lock_ahead`), submissions it inserted
@@ -173,13 +173,16 @@ async def live_jobs(conn: asyncpg.Connection | asyncpg.Pool, *, lock: bool = Fal
     return [_record.decode(r["body"]) for r in rows]
 
 
-# Each read returns its statement's snapshot xmin (an int) in every row (at least one row: the LEFT JOIN).
+# Each read returns its statement's snapshot xmin (an int) and when the server started in every row
+# (at least one row: the LEFT JOIN).
 _LIVE_ALL = (
-    "SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin, j.job_id, j.seq, j.state, j.body"
+    "SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin, pg_postmaster_start_time() AS started,"
+    " j.job_id, j.seq, j.state, j.body"
     " FROM (SELECT 1) one LEFT JOIN jobs j ON j.state = ANY($1::text[]) ORDER BY j.seq"
 )
 _CHANGED_SINCE = (
-    "SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin, j.job_id, j.seq, j.state, j.body"
+    "SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin, pg_postmaster_start_time() AS started,"
+    " j.job_id, j.seq, j.state, j.body"
     " FROM (SELECT 1) one LEFT JOIN jobs j ON j.changed_xid >= $1::xid8 ORDER BY j.seq"
 )
 
@@ -196,16 +199,20 @@ class LiveJobs:
     unchanged body keeps its record object, which the cycle's caches compare by identity.
 
     `reset()` (a new leader, a failed cycle) makes the next read a whole one, as does a snapshot xmin
-    below the previous one (the database restored from a backup, its transaction ids behind ours).
+    below the previous one (the database restored from a backup, its transaction ids behind ours), or
+    a server that started again since the previous read: a crash may have undone the last cycles,
+    which commit without waiting for the disk (`lock_cycle`), and their transaction ids are given out
+    again.
     """
 
     def __init__(self) -> None:
         self._xmin: int | None = None
+        self._started: object = None  # pg_postmaster_start_time() at the previous read
         self._rows: dict[str, tuple[int, str, JobRecord]] = {}  # job id -> (seq, body, record), by seq
         self._records: list[JobRecord] | None = []
 
     def reset(self) -> None:
-        self._xmin, self._rows, self._records = None, {}, []
+        self._xmin, self._started, self._rows, self._records = None, None, {}, []
 
     def stored_body(self, job_id: str) -> str:
         """The body of a live job's row as the last read found it (what a conditional write compares:
@@ -217,8 +224,8 @@ class LiveJobs:
         """The live jobs in submission order, as of this read's snapshot. Not to be changed."""
         last = self._xmin
         rows = None if last is None else await conn.fetch(_CHANGED_SINCE, last)
-        if rows is None or last is None or int(rows[0]["xmin"]) < last:  # ids went back: a restored database
-            rows = await conn.fetch(_LIVE_ALL, list(LIVE))
+        if rows is None or last is None or int(rows[0]["xmin"]) < last or rows[0]["started"] != self._started:
+            rows = await conn.fetch(_LIVE_ALL, list(LIVE))  # ids went back, or the server restarted
             self._rows, self._records = {}, None
         known = self._rows
         last_seq = next(reversed(known.values()))[0] if known else -1
@@ -243,7 +250,7 @@ class LiveJobs:
                 last_seq = max(last_seq, seq)
         if unordered:  # a transaction that took an earlier seq committed after a later one
             self._rows = dict(sorted(known.items(), key=lambda kv: kv[1][0]))
-        self._xmin = int(rows[0]["xmin"])
+        self._xmin, self._started = int(rows[0]["xmin"]), rows[0]["started"]
         if self._records is None:
             self._records = [r for _, _, r in self._rows.values()]
         return self._records
