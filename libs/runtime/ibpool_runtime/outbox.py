@@ -9,8 +9,9 @@ holder reads the outbox at least every `poll_s`. The holder is woken by its own 
 (migration 002), by every replica's. A round is two statements: read the oldest rows, and after
 JetStream acked them, delete them. A crash after publish and before delete republishes; JetStream
 drops the copy by `Nats-Msg-Id`. So the relay's connection runs with `synchronous_commit = off`:
-a delete lost in a crash is the same case, and Postgres's other commits, the services' state
-changes, still wait for their WAL fsync.
+a delete lost in a crash is the same case. The services' other commits still wait for their WAL
+fsync, except the scheduler's cycles that only propose (`ibpool_scheduler.state.lock_cycle` says
+why a lost one is harmless).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from .logs import configure_logging, get_logger
 from .metrics import ServiceMetrics
 from .outbox import OutboxRelay
 from .store import MigrationError, Store, StoreUnavailable
+from .streams import STREAMS
 
 log = get_logger(__name__)
 
@@ -123,9 +124,17 @@ class Service(Generic[C]):
         inbox holds what the streams still hold and no more. Every replica does it (deletes of the
         same rows are harmless); a store error is logged and tried again next time."""
         cfg = self.kit.config
+        longest = max(spec.max_age_s for spec in STREAMS)
+        if cfg.inbox_retention_s < longest:
+            log.warning(
+                "inbox_retention_s is shorter than the streams keep messages: an event redelivered after it"
+                " (a consumer recreated, a replay) is handled again",
+                inbox_retention_s=cfg.inbox_retention_s,
+                stream_max_age_s=longest,
+            )
         while not stop.is_set():
             try:
-                deleted = await self.kit.store.prune_inbox(cfg.inbox_retention_s)
+                deleted = await self.kit.store.prune_inbox(cfg.inbox_retention_s, stop=stop)
                 if deleted:
                     log.info("inbox pruned", deleted=deleted, older_than_s=cfg.inbox_retention_s)
             except Exception as e:

@@ -229,17 +229,19 @@ class Store:
         for call in tx._after_commit:
             call()
 
-    async def prune_inbox(self, older_than_s: float, chunk: int = 10_000) -> int:
+    async def prune_inbox(self, older_than_s: float, chunk: int = 10_000, stop: asyncio.Event | None = None) -> int:
         """Delete the inbox rows handled more than `older_than_s` ago, `chunk` rows per statement
-        (short transactions, other work goes on between them); returns how many were deleted."""
+        (short transactions, other work goes on between them), until none is left or `stop` is set;
+        returns how many were deleted."""
         deleted = 0
-        while True:
+        while stop is None or not stop.is_set():
             status = await self.pool.execute(_INBOX_PRUNE, older_than_s, chunk)
             n = int(status.rsplit(" ", 1)[1])
             deleted += n
             if n < chunk:
-                return deleted
+                break
             await asyncio.sleep(0)
+        return deleted
 
     def outbox_committed(self) -> asyncio.Event:
         """Set after a commit that wrote outbox rows; the relay waits on it."""
