@@ -162,3 +162,17 @@ async def test_a_restarted_server_makes_a_whole_read(stack: StackInfo) -> None:
         assert await incremental(live, store) == [("a", "proposed")]  # the same server: not seen
         live._started = "an earlier start of the server"
         assert await incremental(live, store) == await whole(store) == [("a", "queued")]
+
+
+async def test_the_history_queries_can_use_the_ended_jobs_index(stack: StackInfo) -> None:
+    """A new leader's fair share reads every job that ended lately, cancelled ones too, and the runtime
+    model the completed, failed and killed ones: both through `jobs_ended_by_end`, never the whole
+    table (with sequential scans off the planner says which it can use)."""
+    async with own_store(stack) as store:
+        await read_once(store, "a")
+        async with store.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            since = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+            for query, arg in ((state.USAGE_SINCE, since), (state.ENDED_SINCE, since), (state.ENDED_NEWEST, 5)):
+                plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + query, arg))
+                assert "jobs_ended_by_end" in plan, plan

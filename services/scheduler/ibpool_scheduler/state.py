@@ -309,28 +309,31 @@ async def put_dataset(
     )
 
 
+# Written out, not parameters, so that the planner uses the partial index `jobs_ended_by_end`.
+USAGE_SINCE = (
+    "SELECT tenant, body::jsonb->>'gpus_per_host' AS g, body::jsonb->>'hosts' AS h,"
+    " body::jsonb->>'runtime_s' AS r, updated_at FROM jobs"
+    " WHERE state IN ('completed', 'failed', 'cancelled', 'killed') AND updated_at > $1"
+)
+
+
 async def usage_history(conn: asyncpg.Connection, since: dt.datetime) -> list[tuple[str, int, float, dt.datetime]]:
     """(tenant, GPUs, runtime s, ended at) of every job that ended after `since`: what fair share
     starts from when a replica begins to lead."""
-    rows = await conn.fetch(
-        "SELECT tenant, body::jsonb->>'gpus_per_host' AS g, body::jsonb->>'hosts' AS h,"
-        " body::jsonb->>'runtime_s' AS r, updated_at FROM jobs"
-        " WHERE state IN ('completed', 'failed', 'cancelled', 'killed') AND updated_at > $1",
-        since,
-    )
+    rows = await conn.fetch(USAGE_SINCE, since)
     return [(r["tenant"], int(r["g"] or 1) * int(r["h"] or 1), float(r["r"] or 0.0), r["updated_at"]) for r in rows]
 
 
 # The ended states the runtime model learns from (ibpool_scheduler.predictor: never `cancelled`).
-# Written out, not a parameter, so that the planner uses the partial index `jobs_learned_by_end`.
+# Written out, not a parameter, so that the planner uses the partial index `jobs_ended_by_end`.
 _LEARNED = "state IN ('completed', 'failed', 'killed')"
+ENDED_NEWEST = f"SELECT body, updated_at FROM jobs WHERE {_LEARNED} ORDER BY updated_at DESC, job_id DESC LIMIT $1"
+ENDED_SINCE = f"SELECT job_id, updated_at FROM jobs WHERE {_LEARNED} AND updated_at > $1 ORDER BY updated_at, job_id"
 
 
 async def ended_jobs_newest(conn: asyncpg.Connection | asyncpg.Pool, limit: int) -> list[tuple[JobRecord, dt.datetime]]:
     """The newest `limit` completed, failed or killed jobs with when they ended, oldest first."""
-    rows = await conn.fetch(
-        f"SELECT body, updated_at FROM jobs WHERE {_LEARNED} ORDER BY updated_at DESC, job_id DESC LIMIT $1", limit
-    )
+    rows = await conn.fetch(ENDED_NEWEST, limit)
     return [(_record.decode(r["body"]), r["updated_at"]) for r in reversed(rows)]
 
 
@@ -338,9 +341,7 @@ async def ended_job_ids_since(
     conn: asyncpg.Connection | asyncpg.Pool, since: dt.datetime
 ) -> list[tuple[str, dt.datetime]]:
     """(job id, when it ended) of the completed, failed or killed jobs that ended after `since`, in that order."""
-    rows = await conn.fetch(
-        f"SELECT job_id, updated_at FROM jobs WHERE {_LEARNED} AND updated_at > $1 ORDER BY updated_at, job_id", since
-    )
+    rows = await conn.fetch(ENDED_SINCE, since)
     return [(r["job_id"], r["updated_at"]) for r in rows]
 
 
