@@ -377,3 +377,32 @@ async def test_gang_members_on_two_nodes_of_one_agent_each_run_and_exit(bus: Bus
         exits = await events_on(bus, "IBPOOL_JOB", JobExited.subject(first.job_id))
         assert sorted(e.node_id for e in exits) == [f"{prefix}-001", f"{prefix}-002"]
         assert all(e.reason == "completed" for e in exits)
+
+
+async def test_workloads_that_exited_before_the_retention_are_deleted(bus: Bus, store: Store) -> None:
+    # The agent's table of workloads must not grow with every allocation it ever ran: a restarted
+    # agent (and a running one every 10 minutes) deletes those that exited before the retention.
+    prefix = unique_prefix()
+    async with running_agent(bus, store, node_prefix=prefix, workload_retention_s=3600) as svc:
+        node = f"{prefix}-001"
+        done, kept = grant(node, [0], runtime_s=0.2), grant(node, [1], runtime_s=0.2)
+        for g in (done, kept):
+            await bus.publish(g)
+
+        async def both_exited() -> bool:
+            return await store.pool.fetchval("SELECT count(*) FROM workloads WHERE exited_at IS NOT NULL") == 2
+
+        await eventually(both_exited, what="both workloads exited")
+        await store.pool.execute(
+            "UPDATE workloads SET exited_at = now() - interval '2 hours' WHERE allocation_id = $1", done.allocation_id
+        )
+        assert svc.kit.config.workload_retention_s == 3600
+    async with running_agent(bus, store, node_prefix=prefix, workload_retention_s=3600) as svc:
+
+        async def pruned() -> bool:
+            return await store.pool.fetchval("SELECT count(*) FROM workloads") == 1
+
+        await eventually(pruned, what="the old workload deleted at the agent's start")
+        assert await store.pool.fetchval("SELECT allocation_id FROM workloads") == kept.allocation_id
+        async with aiohttp.ClientSession() as http, http.get(f"{svc.http_url}/v1/agent") as r:
+            assert msgspec.json.decode(await r.read())["exits_by_reason"] == {"completed": 1}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ibpool_runtime.config import BaseConfig
+from ibpool_runtime.config import BaseConfig, Positive
 
 
 class NodeAgentConfig(BaseConfig, frozen=True, kw_only=True):
@@ -37,6 +37,9 @@ class NodeAgentConfig(BaseConfig, frozen=True, kw_only=True):
     work_dir: str = ""
     # SIGTERM, then SIGKILL after this long, when an allocation is taken back.
     stop_grace_s: float = 10.0
+    # Exited workloads are kept this long, then deleted (GET /v1/agent's exits by reason count those
+    # kept). A grant that comes again is caught by the inbox (31 days) either way.
+    workload_retention_s: Positive = 7 * 86_400.0
     # Telemetry samples kept through a bus outage (oldest dropped first when full).
     telemetry_buffer: int = 10_000
     # Where /sys is (tests point it at a fake tree).

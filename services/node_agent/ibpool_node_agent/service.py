@@ -34,6 +34,8 @@ from .launcher import LaunchError, ProcessLauncher
 log = get_logger(__name__)
 
 WORKLOAD_TICK_S = 0.2
+# How often exited workloads past `workload_retention_s` are deleted.
+PRUNE_EVERY_S = 600.0
 
 
 class NodeAgent:
@@ -282,10 +284,19 @@ class NodeAgent:
             )
 
     async def workload_loop(self, stop: asyncio.Event) -> None:
-        """Finish simulated work whose time has come and keep the in-memory view current."""
+        """Finish simulated work whose time has come and keep the in-memory view current; every
+        `PRUNE_EVERY_S` (and at start) delete the workloads that exited before `workload_retention_s`."""
+        pruned_at = -PRUNE_EVERY_S
         while not stop.is_set():
             try:
                 await self.finish_due_work()
+                if time.monotonic() - pruned_at >= PRUNE_EVERY_S:
+                    pruned_at = time.monotonic()
+                    gone = await state.prune_exited(
+                        self.kit.store.pool, self.kit.config.workload_retention_s, self.node_ids
+                    )
+                    if gone:
+                        log.info("exited workloads pruned", deleted=gone)
             except Exception as e:
                 log.warning("workload tick failed", error=str(e) or type(e).__name__)
             await sleep_unless_stopped(stop, WORKLOAD_TICK_S)

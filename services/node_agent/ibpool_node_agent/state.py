@@ -101,6 +101,16 @@ async def mark_exited(conn: asyncpg.Connection, exited: JobExited) -> bool:
     return bool(status.endswith(" 1"))
 
 
+async def prune_exited(conn: asyncpg.Connection | asyncpg.Pool, older_than_s: float, node_ids: list[str]) -> int:
+    """Delete the workloads of `node_ids` that exited more than `older_than_s` ago; how many went."""
+    status = await conn.execute(
+        "DELETE FROM workloads WHERE node_id = ANY($1::text[]) AND exited_at < now() - make_interval(secs => $2)",
+        node_ids,
+        older_than_s,
+    )
+    return int(status.rsplit(" ", 1)[1])
+
+
 async def exits_by_reason(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, int]:
     rows = await conn.fetch(
         "SELECT exit_reason, count(*) AS n FROM workloads WHERE exited_at IS NOT NULL GROUP BY exit_reason"
