@@ -66,6 +66,13 @@ class CyclePlan(msgspec.Struct, frozen=True, kw_only=True):
     def preempted_ids(self) -> list[str]:
         return [victim for victim, _ in self.preempted]
 
+    def commits_durably(self, replacing: bool) -> bool:
+        """Whether the cycle's commit must wait for the disk (`state.commit_durably`): it preempts,
+        kills at the time limit or (`replacing`) replaces gang members, whose events cannot be taken
+        back by planning again. A cycle that only proposes, waits or chooses sites need not
+        (`state.lock_cycle` says why a lost one is harmless)."""
+        return bool(self.preempted or self.killed or replacing)
+
 
 class HostView(msgspec.Struct, frozen=True, kw_only=True):
     """The cycle's hosts: index -> node id, the free GPU indices of each, and the core's view."""

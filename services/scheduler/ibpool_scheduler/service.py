@@ -595,7 +595,7 @@ class Scheduler:
             await self._write(tx, plan, {j.job_id: j for j in live}, term, now)
             proposed = (a for p in plan.proposals for a in p.assignments)
             replacing = await members.propose_replacements(self, tx, live, ledger, proposed, term, now)
-            if plan.preempted or plan.killed or replacing:
+            if plan.commits_durably(replacing):
                 await state.commit_durably(tx.conn)
             if self.renewals_due():
                 await tx.outbox(*self.renewals(live, now))

@@ -23,7 +23,7 @@ from ibpool_scheduler import jobs
 from ibpool_scheduler.api import JobBody, spec_of
 from ibpool_scheduler.config import SchedulerConfig
 from ibpool_scheduler.jobs import JobRecord
-from ibpool_scheduler.plan import CyclePlan, FreeCache, PlanCache, host_view, plan_cycle, taken_in_flight
+from ibpool_scheduler.plan import CyclePlan, FreeCache, PlanCache, Proposal, host_view, plan_cycle, taken_in_flight
 from ibpool_scheduler.service import Scheduler, record_from_spec, release_id
 
 T0 = dt.datetime(2026, 12, 1, 14, 0, tzinfo=dt.UTC)
@@ -341,3 +341,24 @@ def test_leases_are_renewed_at_half_once_per_quarter() -> None:
     sched._renewed.update({f"ended-{i}": 0.0 for i in range(1_500)})
     assert sched.renewals([held], T0 + dt.timedelta(seconds=202)) == []
     assert list(sched._renewed) == ["p1"]
+
+
+PROPOSAL = Proposal(job_id="j", assignments=[GpuAssignment(node_id="n1", gpu_index=0)])
+
+
+@pytest.mark.parametrize(
+    ("plan", "replacing", "durable"),
+    [
+        (CyclePlan(ledger_version=1), False, False),
+        (CyclePlan(ledger_version=1, proposals=[PROPOSAL], waiting={"w": "no room"}), False, False),
+        (CyclePlan(ledger_version=1, sites={"s": ("east", "nearer its data")}), False, False),
+        (CyclePlan(ledger_version=1, proposals=[PROPOSAL], preempted=[("v", "j")]), False, True),
+        (CyclePlan(ledger_version=1, killed=["k"]), False, True),
+        (CyclePlan(ledger_version=1, proposals=[PROPOSAL]), True, True),
+    ],
+    ids=["empty", "proposes and waits", "chooses a site", "preempts", "kills", "replaces a member"],
+)
+def test_only_a_cycle_that_preempts_kills_or_replaces_waits_for_the_disk(
+    plan: CyclePlan, replacing: bool, durable: bool
+) -> None:
+    assert plan.commits_durably(replacing) is durable
