@@ -232,6 +232,9 @@ class Scheduler:
         # a second), and by the next cycle after a change through this replica (`datasets_changed`).
         self.datasets_due = Every(1.0)
         self._lock = asyncio.Lock()
+        # The fencing term the last committed cycle recorded: a cycle of a new term commits durably,
+        # so a crash of Postgres cannot take the fence back below a term that has proposed.
+        self._fenced_term: int | None = None
         registry = kit.metrics.registry
         self.proposed = Counter("ibpool_scheduler_proposals", "Placements proposed", registry=registry)
         self.answers = Counter(
@@ -595,10 +598,11 @@ class Scheduler:
             await self._write(tx, plan, {j.job_id: j for j in live}, term, now)
             proposed = (a for p in plan.proposals for a in p.assignments)
             replacing = await members.propose_replacements(self, tx, live, ledger, proposed, term, now)
-            if plan.commits_durably(replacing):
+            if plan.commits_durably(replacing) or term != self._fenced_term:
                 await state.commit_durably(tx.conn)
             if self.renewals_due():
                 await tx.outbox(*self.renewals(live, now))
+        self._fenced_term = term
         return plan
 
     def placement_inputs(self, live: list[JobRecord], now: dt.datetime) -> PlacementInputs:

@@ -58,8 +58,9 @@ async def lock_cycle(conn: asyncpg.Connection, schema: str) -> bool:
     transaction only; `commit_durably` turns it back on). A crash of Postgres may then lose the last
     fraction of a second of cycles that only proposed: their jobs are queued again and planned
     anew, and a proposal the relay had already published is granted to a job that no longer waits
-    for it, which `on_granted` gives back (a stray grant). Handlers' transactions, whose events are
-    acked after their commit, always wait for the disk."""
+    for it, which `on_granted` gives back (a stray grant). The first cycle of a leader's term waits
+    (the fence must not go back below a term that proposed), as do handlers' transactions, whose
+    events are acked after their commit."""
     got: bool = await conn.fetchval(
         "SELECT pg_try_advisory_xact_lock(hashtext($1)) FROM set_config('synchronous_commit', 'off', true)",
         f"ibpool.scheduler.{schema}",
