@@ -132,14 +132,13 @@ class Service(Generic[C]):
                 inbox_retention_s=cfg.inbox_retention_s,
                 stream_max_age_s=longest,
             )
-        while not stop.is_set():
-            try:
-                deleted = await self.kit.store.prune_inbox(cfg.inbox_retention_s, stop=stop)
-                if deleted:
-                    log.info("inbox pruned", deleted=deleted, older_than_s=cfg.inbox_retention_s)
-            except Exception as e:
-                log.warning("inbox pruning failed, will retry", error=str(e) or type(e).__name__)
-            await sleep_unless_stopped(stop, cfg.inbox_prune_interval_s)
+
+        async def prune() -> None:
+            deleted = await self.kit.store.prune_inbox(cfg.inbox_retention_s, stop=stop)
+            if deleted:
+                log.info("inbox pruned", deleted=deleted, older_than_s=cfg.inbox_retention_s)
+
+        await repeat_until_stopped(stop, cfg.inbox_prune_interval_s, prune, "inbox pruning")
 
     async def readiness(self) -> dict[str, bool]:
         return {
@@ -186,6 +185,20 @@ async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
     """Sleep `seconds`, or less if `stop` is set meanwhile: the pause of every service loop."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+async def repeat_until_stopped(
+    stop: asyncio.Event, interval_s: float, step: Callable[[], Awaitable[object]], what: str
+) -> None:
+    """Run `step` now and every `interval_s` after it until `stop` is set: a service's periodic work.
+    A step that raises (a store hiccup, a bad read) is logged as "`what` failed" and runs again at
+    its next time; it never ends the loop."""
+    while not stop.is_set():
+        try:
+            await step()
+        except Exception as e:
+            log.warning(f"{what} failed", error=str(e) or type(e).__name__)
+        await sleep_unless_stopped(stop, interval_s)
 
 
 async def _wait_bounded(tasks: list[asyncio.Task[None]], timeout_s: float, what: str) -> None:

@@ -140,6 +140,11 @@ _OUTBOX_INSERT = (
     "INSERT INTO outbox (event_id, subject, headers, body) VALUES ($1, $2, $3, $4) ON CONFLICT (event_id) DO NOTHING"
 )
 
+def rows_affected(status: str) -> int:
+    """How many rows a statement changed, from its command status (`DELETE 3`, `INSERT 0 3`)."""
+    return int(status.rsplit(" ", 1)[1])
+
+
 _INBOX_PRUNE = (
     "DELETE FROM inbox WHERE ctid = ANY(ARRAY("
     "SELECT ctid FROM inbox WHERE handled_at < now() - make_interval(secs => $1) LIMIT $2))"
@@ -236,7 +241,7 @@ class Store:
         deleted = 0
         while stop is None or not stop.is_set():
             status = await self.pool.execute(_INBOX_PRUNE, older_than_s, chunk)
-            n = int(status.rsplit(" ", 1)[1])
+            n = rows_affected(status)
             deleted += n
             if n < chunk:
                 break

@@ -13,7 +13,7 @@ from ibpool_proto.fabric import DiffSummary, TopologyPublished
 from ibpool_proto.node import HcaPortsReported
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.logs import get_logger
-from ibpool_runtime.service import Kit, sleep_unless_stopped
+from ibpool_runtime.service import Kit, repeat_until_stopped, sleep_unless_stopped
 
 from . import state
 from .config import FabricMonitorConfig
@@ -140,12 +140,7 @@ class FabricMonitor:
         return len(events)
 
     async def poll_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.poll_once()
-            except Exception as e:  # a bad read or a store hiccup must not end monitoring
-                log.warning("poll failed", error=str(e) or type(e).__name__)
-            await sleep_unless_stopped(stop, self.cfg.poll_interval_s)
+        await repeat_until_stopped(stop, self.cfg.poll_interval_s, self.poll_once, "poll")
 
     async def rediscover_loop(self, stop: asyncio.Event) -> None:
         interval = self.cfg.rediscover_interval_s

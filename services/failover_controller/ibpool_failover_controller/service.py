@@ -55,7 +55,7 @@ from ibpool_runtime.config import ConfigError
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.leader import Leadership
 from ibpool_runtime.logs import get_logger
-from ibpool_runtime.service import Kit, sleep_unless_stopped
+from ibpool_runtime.service import Kit, repeat_until_stopped, sleep_unless_stopped
 from ibpool_runtime.streams import stream_for_subject
 
 from . import state
@@ -306,12 +306,7 @@ class FailoverController:
             await self.leadership.run(stop)
 
     async def tick_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.tick_once()
-            except Exception as e:  # a store hiccup must not end the verdicts
-                log.warning("tick failed", error=str(e) or type(e).__name__)
-            await sleep_unless_stopped(stop, self.cfg.tick_interval_s)
+        await repeat_until_stopped(stop, self.cfg.tick_interval_s, self.tick_once, "tick")
 
 
 class NotDeciding(msgspec.Struct, frozen=True, kw_only=True):

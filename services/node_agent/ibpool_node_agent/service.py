@@ -21,7 +21,7 @@ from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationRe
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.hca_sysfs import read_hca_ports
 from ibpool_runtime.logs import get_logger
-from ibpool_runtime.service import Kit, sleep_unless_stopped
+from ibpool_runtime.service import Kit, repeat_until_stopped, sleep_unless_stopped
 from ibpool_runtime.telemetry_buffer import TelemetryBuffer
 
 from . import state
@@ -284,22 +284,17 @@ class NodeAgent:
             )
 
     async def workload_loop(self, stop: asyncio.Event) -> None:
-        """Finish simulated work whose time has come and keep the in-memory view current; every
-        `PRUNE_EVERY_S` (and at start) delete the workloads that exited before `workload_retention_s`."""
-        pruned_at = -PRUNE_EVERY_S
-        while not stop.is_set():
-            try:
-                await self.finish_due_work()
-                if time.monotonic() - pruned_at >= PRUNE_EVERY_S:
-                    pruned_at = time.monotonic()
-                    gone = await state.prune_exited(
-                        self.kit.store.pool, self.kit.config.workload_retention_s, self.node_ids
-                    )
-                    if gone:
-                        log.info("exited workloads pruned", deleted=gone)
-            except Exception as e:
-                log.warning("workload tick failed", error=str(e) or type(e).__name__)
-            await sleep_unless_stopped(stop, WORKLOAD_TICK_S)
+        """Finish simulated work whose time has come and keep the in-memory view current."""
+        await repeat_until_stopped(stop, WORKLOAD_TICK_S, self.finish_due_work, "workload tick")
+
+    async def prune_loop(self, stop: asyncio.Event) -> None:
+        """At start and every `PRUNE_EVERY_S`, delete the workloads that exited before `workload_retention_s`."""
+        await repeat_until_stopped(stop, PRUNE_EVERY_S, self.prune_exited, "workload pruning")
+
+    async def prune_exited(self) -> None:
+        gone = await state.prune_exited(self.kit.store.pool, self.kit.config.workload_retention_s, self.node_ids)
+        if gone:
+            log.info("exited workloads pruned", deleted=gone)
 
     async def finish_due_work(self) -> int:
         now = self.clock.now()

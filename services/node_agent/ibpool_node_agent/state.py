@@ -11,6 +11,7 @@ import msgspec
 from ibpool_core.workload import Workload
 from ibpool_proto.job import JobExited
 from ibpool_proto.node import GpuInfo
+from ibpool_runtime.store import rows_affected
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -98,7 +99,7 @@ async def mark_exited(conn: asyncpg.Connection, exited: JobExited) -> bool:
         exited.reason,
         exited.node_id,
     )
-    return bool(status.endswith(" 1"))
+    return rows_affected(status) == 1
 
 
 async def prune_exited(conn: asyncpg.Connection | asyncpg.Pool, older_than_s: float, node_ids: list[str]) -> int:
@@ -108,7 +109,7 @@ async def prune_exited(conn: asyncpg.Connection | asyncpg.Pool, older_than_s: fl
         node_ids,
         older_than_s,
     )
-    return int(status.rsplit(" ", 1)[1])
+    return rows_affected(status)
 
 
 async def exits_by_reason(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, int]:

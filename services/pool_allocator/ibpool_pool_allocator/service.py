@@ -38,7 +38,7 @@ from ibpool_proto.pool import (
 )
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.logs import get_logger
-from ibpool_runtime.service import Kit, sleep_unless_stopped
+from ibpool_runtime.service import Kit, repeat_until_stopped
 from ibpool_runtime.store import Transaction
 
 from . import state
@@ -193,12 +193,7 @@ class PoolAllocator:
             return await self.commit(tx, lambda ledger, at: expire(ledger, at, config=self.core))
 
     async def expiry_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.expire_once()
-            except Exception as e:  # a store hiccup must not end expiry
-                log.warning("lease expiry failed", error=str(e) or type(e).__name__)
-            await sleep_unless_stopped(stop, self.cfg.expiry_interval_s)
+        await repeat_until_stopped(stop, self.cfg.expiry_interval_s, self.expire_once, "lease expiry")
 
     async def load(self) -> None:
         """Fill the cache from the log on start."""

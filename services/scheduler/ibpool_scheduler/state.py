@@ -70,7 +70,8 @@ async def lock_cycle(conn: asyncpg.Connection, schema: str) -> bool:
 
 async def commit_durably(conn: asyncpg.Connection) -> None:
     """This cycle's commit waits as the server's setting says after all: it ends, preempts or
-    replaces, whose events (releases, kills) cannot be taken back by planning again."""
+    replaces (`CyclePlan.commits_durably`), whose events cannot be taken back by planning again, or
+    it is the first of a leader's term, whose fence must not be lost."""
     await conn.execute("SET LOCAL synchronous_commit TO DEFAULT")  # the server's setting
 
 
