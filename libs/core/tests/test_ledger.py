@@ -7,6 +7,7 @@ import pytest
 
 from ibpool_core import workload
 from ibpool_core.pool import allocate as al
+from ibpool_core.pool import ledger as ledger_mod
 from ibpool_core.pool.enforcement import DeviceShare, enforcement_for, parse_mig_instance
 from ibpool_core.pool.ledger import Ledger, LedgerGap, apply, rebuild
 from ibpool_core.pool.messages import (
@@ -519,6 +520,47 @@ def test_rebuild_from_the_encoded_stream_equals_the_ledger() -> None:
     ended = {type(e).__name__ for e in log if isinstance(e, AllocationReleased | AllocationRevoked | AllocationExpired)}
     assert ended == {"AllocationReleased", "AllocationRevoked", "AllocationExpired"}
     assert list(ledger.allocations) == ["cmd-w"] and isinstance(ledger.answer("cmd-over")[0], AllocationRejected)
+
+
+def test_a_snapshot_and_the_events_after_it_give_the_ledger_of_the_whole_log() -> None:
+    # A replica started after the pool stream dropped its first events loads the allocator's
+    # snapshot and replays from a stream position at or before the first event of a later version:
+    # the events of the snapshot's version or older it meets again change nothing.
+    log: list[LedgerEvent] = []
+    ledger = Ledger()
+    for cmd in (node("n1", gpus=4), node("n2", gpus=4), quota("t1", 8000), request("g", "gang", gpus=2, hosts=2)):
+        run(ledger, cmd, log=log)
+    taken = len(log)
+    kept = ledger_mod.without_past(ledger)  # a replica's: of the past, only what is held
+    assert set(kept.answers) == {"cmd-g"} < set(ledger.answers) and kept.past_kept == 0
+    snapshot = ledger_mod.LedgerSnapshot(
+        version=ledger.version, stream_seq=taken + 1, ledger=ledger_mod.encode_ledger(kept)
+    )
+    for cmd in (
+        propose("w", a("n1", 2), version=ledger.version),
+        request("over", "whole", gpus=8),
+        ReleaseAllocation(source="s", key="cmd-g", allocation_id="cmd-g"),
+        health(GpuFailed, "n2", gpu_index=3, reason="ecc"),
+    ):
+        run(ledger, cmd, log=log)
+    loaded = ledger_mod.decode_snapshot(ledger_mod.encode_snapshot(snapshot))
+    replica = ledger_mod.decode_ledger(loaded.ledger)
+    assert loaded.version == replica.version == log[taken - 1].ledger_version
+    apply(replica, log[taken - 2 :])  # two events of the snapshot's version met again
+    assert replica.nodes == ledger.nodes and replica.allocations == ledger.allocations
+    assert replica.quotas == ledger.quotas and replica.usage == ledger.usage and replica.version == ledger.version
+    assert replica.past_kept == 0
+    # The allocator's own restart keeps its past as well: the answers repeated commands get.
+    restarted = ledger_mod.decode_ledger(ledger_mod.encode_ledger(ledger))
+    assert restarted == ledger and restarted.answer("cmd-over") == ledger.answer("cmd-over")
+
+
+@pytest.mark.parametrize("data", [b"", b"\x93\x01", msgspec.msgpack.encode({"version": "x"})])
+def test_a_damaged_snapshot_is_a_clear_error(data: bytes) -> None:
+    with pytest.raises(ValueError, match="not an encoded ledger snapshot"):
+        ledger_mod.decode_snapshot(data)
+    with pytest.raises(ValueError, match="not an encoded ledger"):
+        ledger_mod.decode_ledger(data)
 
 
 def test_events_round_trip_through_the_bus_codec() -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Container, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import msgspec
@@ -266,6 +266,63 @@ class Ledger:
         """Allocations holding a GPU of the node, in id order."""
         node = self.nodes.get(node_id)
         return [self.allocations[a] for a in sorted(node.holders)] if node else []
+
+
+class LedgerSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """The ledger as it stood at one version, for a reader that cannot replay from the first event
+    (the pool stream keeps 30 days). `stream_seq`: the pool stream's sequence from which every
+    event of a later version is found. The allocator reads the stream's last sequence before it
+    takes the ledger: an event of a later version was committed, so published, after that read.
+    Events of the snapshot's version or older met again after `stream_seq` change nothing (`apply`
+    is idempotent). `ledger` is the encoded ledger (`encode_ledger`)."""
+
+    version: int
+    stream_seq: int
+    ledger: bytes
+
+
+_ledger_decoder = msgspec.msgpack.Decoder(Ledger)
+_snapshot_decoder = msgspec.msgpack.Decoder(LedgerSnapshot)
+
+
+def encode_ledger(ledger: Ledger) -> bytes:
+    return _encode(ledger)
+
+
+def decode_ledger(data: bytes, past_kept: int | None = None) -> Ledger:
+    """The ledger `encode_ledger` wrote; `past_kept` replaces the writer's. ValueError when `data` is not one."""
+    try:
+        ledger = _ledger_decoder.decode(data)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"not an encoded ledger: {e}") from None
+    if past_kept is not None:
+        ledger.past_kept = past_kept
+    return ledger
+
+
+def without_past(ledger: Ledger) -> Ledger:
+    """The ledger as a replica keeps it (`past_kept=0`): of the past only the answers and ends of
+    allocations held. A shallow copy sharing the nodes and allocations: encode it at once."""
+    held = ledger.allocations
+    commands = {a.command_id for a in held.values()}
+    return replace(
+        ledger,
+        past_kept=0,
+        answers={k: v for k, v in ledger.answers.items() if k in commands},
+        ended={k: v for k, v in ledger.ended.items() if k in held},
+    )
+
+
+def encode_snapshot(snapshot: LedgerSnapshot) -> bytes:
+    return _encode(snapshot)
+
+
+def decode_snapshot(data: bytes) -> LedgerSnapshot:
+    """ValueError when `data` is not an encoded LedgerSnapshot."""
+    try:
+        return _snapshot_decoder.decode(data)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"not an encoded ledger snapshot: {e}") from None
 
 
 def rebuild(events: Iterable[LedgerEvent]) -> Ledger:
