@@ -21,6 +21,7 @@ from pathlib import Path
 from ibpool_proto import fabric, health, job, node, pool, scale
 from ibpool_proto.message import Message
 
+from .ledger_replica import LEDGER_BUCKET
 from .streams import DLQ_SUBJECT_PREFIX, STREAMS
 
 LEADER_BUCKET = "ibpool_leaders"
@@ -110,6 +111,11 @@ CONSUMES: dict[str, tuple[str, ...]] = {
 # Services that elect a leader over the NATS KV bucket.
 ELECTS_LEADER = ("failover_controller", "scheduler", "autoscaler")
 
+# The object store of the pool ledger's snapshots (ibpool_runtime.ledger_replica): the allocator
+# writes it, the services keeping a ledger replica read it.
+LEDGER_SNAPSHOT_WRITER = "pool_allocator"
+LEDGER_SNAPSHOT_READERS = ("scheduler", "autoscaler")
+
 
 class Permissions(dict[str, dict[str, list[str]]]):
     """nats-server's `permissions` object: {"publish": {"allow": [...]}, "subscribe": {"allow": [...]}}."""
@@ -147,7 +153,27 @@ def permissions(user: str) -> Permissions:
             f"$JS.API.STREAM.INFO.{kv}",
             *_read_stream(kv),
         ]
+    if user == LEDGER_SNAPSHOT_WRITER or user in LEDGER_SNAPSHOT_READERS:
+        publish += _ledger_snapshots(write=user == LEDGER_SNAPSHOT_WRITER)
     return Permissions(publish={"allow": publish}, subscribe={"allow": ["_INBOX.>"]})
+
+
+def _ledger_snapshots(write: bool) -> list[str]:
+    """Reading the object store finds its stream, reads an object's meta (the last message of a
+    subject) and its chunks (an ordered consumer, which answers flow control); writing also creates
+    the store, puts chunks and meta and purges the chunks of the object it replaced."""
+    stream = f"OBJ_{LEDGER_BUCKET}"
+    allowed = [
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$JS.FC.{stream}.>",
+        f"$JS.API.CONSUMER.CREATE.{stream}",  # the ordered consumer is made without a name
+        *_read_stream(stream),
+    ]
+    if write:
+        allowed += [f"$O.{LEDGER_BUCKET}.>", f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.PURGE.{stream}"]
+    return allowed
 
 
 def render_authorization(passwords: dict[str, str]) -> str:

@@ -13,6 +13,12 @@ The grants of one allocation need not arrive together: a gang that replaced a fa
 `AllocationRevoked` for that node and a later `AllocationGranted` (with `replaces`) for the new node
 under the same allocation id; `apply` folds each per node, so the replica needs nothing of its own.
 A replica answers no command, so it keeps no answers of the past (`past_kept=0`).
+
+The stream keeps 30 days, so after a month its first event is not the ledger's first. The pool
+allocator therefore publishes a snapshot of its ledger (`publish_snapshot`, every
+`snapshot_interval_s`) to the JetStream object store `LEDGER_BUCKET`: a replica starts from the
+newest snapshot and replays the stream from the sequence it names. Without one (a young cluster,
+or an allocator that never ran with this code) it replays from the stream's first message.
 """
 
 from __future__ import annotations
@@ -21,9 +27,18 @@ import asyncio
 import contextlib
 
 import nats.errors
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+import nats.js.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ObjectStoreConfig, StorageType
 
-from ibpool_core.pool.ledger import Ledger, LedgerGap, apply
+from ibpool_core.pool.ledger import (
+    Ledger,
+    LedgerGap,
+    LedgerSnapshot,
+    apply,
+    decode_ledger,
+    decode_snapshot,
+    encode_snapshot,
+)
 from ibpool_core.pool.messages import LedgerEvent
 from ibpool_proto import DecodeError, decode
 from ibpool_proto.pool import (
@@ -57,6 +72,39 @@ LEDGER_EVENTS = (
 BATCH = 512
 INACTIVE_S = 10.0
 
+# The pool allocator's snapshots of its ledger: one object, replaced by every new snapshot.
+LEDGER_BUCKET = "ibpool_ledger"
+SNAPSHOT_OBJECT = "snapshot"
+# A read of a few MB; one that meets a snapshot being replaced would wait for chunks that are gone.
+SNAPSHOT_READ_TIMEOUT_S = 30.0
+
+
+async def publish_snapshot(bus: Bus, snapshot: LedgerSnapshot, replicas: int = 1) -> int:
+    """Replace the snapshot replicas start from (the bucket is made on first use); returns its size in bytes."""
+    try:
+        store = await bus.js.object_store(LEDGER_BUCKET)
+    except nats.js.errors.BucketNotFoundError:
+        config = ObjectStoreConfig(
+            description="The pool allocator's newest ledger snapshot: where ledger replicas start",
+            storage=StorageType.FILE,
+            replicas=replicas,
+        )
+        store = await bus.js.create_object_store(LEDGER_BUCKET, config)
+    data = encode_snapshot(snapshot)
+    await store.put(SNAPSHOT_OBJECT, data)
+    return len(data)
+
+
+async def read_snapshot(bus: Bus) -> LedgerSnapshot | None:
+    """The newest snapshot; None when none was published. ValueError when it is damaged; a read
+    that fails or times out raises."""
+    try:
+        store = await bus.js.object_store(LEDGER_BUCKET)
+        result = await asyncio.wait_for(store.get(SNAPSHOT_OBJECT), SNAPSHOT_READ_TIMEOUT_S)
+    except (nats.js.errors.BucketNotFoundError, nats.js.errors.ObjectNotFoundError):
+        return None
+    return decode_snapshot(result.data or b"")
+
 
 class LedgerReplica:
     def __init__(self, bus: Bus, from_seq: int | None = None) -> None:
@@ -76,25 +124,55 @@ class LedgerReplica:
         if events:
             self.changed.set()
 
+    async def start_point(self, stream: str) -> tuple[Ledger, int | None]:
+        """The ledger to replay onto and the stream sequence to replay from (None: the first):
+        the newest snapshot's, unless `from_seq` is given or the snapshot cannot be used."""
+        if self.from_seq is not None:
+            return Ledger(past_kept=0), self.from_seq
+        try:
+            snapshot = await read_snapshot(self.bus)
+        except ValueError as e:
+            log.error("the pool ledger snapshot is damaged; replaying the stream from its first event", error=str(e))
+            snapshot = None
+        if snapshot is None:
+            return Ledger(past_kept=0), None
+        after_last = (await self.bus.js.stream_info(stream)).state.last_seq + 1
+        if snapshot.stream_seq > after_last:
+            # The stream was made anew after the snapshot (its sequences began again): it cannot be placed.
+            log.error(
+                "the pool ledger snapshot is ahead of the pool stream; replaying the stream from its first event",
+                snapshot_stream_seq=snapshot.stream_seq,
+                stream_next_seq=after_last,
+            )
+            return Ledger(past_kept=0), None
+        try:
+            ledger = decode_ledger(snapshot.ledger, past_kept=0)
+        except ValueError as e:
+            log.error("the pool ledger snapshot is damaged; replaying the stream from its first event", error=str(e))
+            return Ledger(past_kept=0), None
+        log.info("pool ledger replica starts from a snapshot", version=ledger.version, stream_seq=snapshot.stream_seq)
+        return ledger, snapshot.stream_seq
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Replay the pool stream, then follow it, until `stop`."""
+        """Replay the pool stream (from the newest snapshot when there is one), then follow it, until `stop`."""
         patterns = [t.subject_pattern() for t in LEDGER_EVENTS]
         stream = stream_for_subject(patterns[0])
         while not stop.is_set():
             sub = None
             try:
+                ledger, start_seq = await self.start_point(stream)
                 sub = await self.bus.js.pull_subscribe(
                     patterns[0],
                     stream=stream,
                     config=ConsumerConfig(
-                        deliver_policy=DeliverPolicy.ALL if self.from_seq is None else DeliverPolicy.BY_START_SEQUENCE,
-                        opt_start_seq=self.from_seq,
+                        deliver_policy=DeliverPolicy.ALL if start_seq is None else DeliverPolicy.BY_START_SEQUENCE,
+                        opt_start_seq=start_seq,
                         ack_policy=AckPolicy.NONE,
                         filter_subjects=patterns,
                         inactive_threshold=INACTIVE_S,
                     ),
                 )
-                self.ledger, self.caught_up = Ledger(past_kept=0), False
+                self.ledger, self.caught_up = ledger, False
                 backlog = (await sub.consumer_info()).num_pending or 0
                 read = 0
                 if backlog == 0:
@@ -122,6 +200,12 @@ class LedgerReplica:
             except LedgerGap as e:
                 self.replays += 1
                 log.warning("pool ledger replica has a gap; replaying the stream", error=str(e))
+                if self.ledger.version == 0 and self.from_seq is None:
+                    log.error(
+                        "the pool stream no longer holds the ledger's first events and no snapshot of the"
+                        f" ledger is in the object store bucket {LEDGER_BUCKET}: the pool allocator publishes"
+                        " one at start and every snapshot_interval_s"
+                    )
                 await sleep_unless_stopped(stop, 1.0)
             except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
                 break

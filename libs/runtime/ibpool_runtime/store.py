@@ -140,6 +140,7 @@ _OUTBOX_INSERT = (
     "INSERT INTO outbox (event_id, subject, headers, body) VALUES ($1, $2, $3, $4) ON CONFLICT (event_id) DO NOTHING"
 )
 
+
 def rows_affected(status: str) -> int:
     """How many rows a statement changed, from its command status (`DELETE 3`, `INSERT 0 3`)."""
     return int(status.rsplit(" ", 1)[1])
@@ -235,12 +236,18 @@ class Store:
             call()
 
     async def prune_inbox(self, older_than_s: float, chunk: int = 10_000, stop: asyncio.Event | None = None) -> int:
-        """Delete the inbox rows handled more than `older_than_s` ago, `chunk` rows per statement
-        (short transactions, other work goes on between them), until none is left or `stop` is set;
-        returns how many were deleted."""
+        """Delete the inbox rows handled more than `older_than_s` ago (`delete_in_chunks`)."""
+        return await self.delete_in_chunks(_INBOX_PRUNE, older_than_s, chunk=chunk, stop=stop)
+
+    async def delete_in_chunks(
+        self, statement: str, *args: object, chunk: int = 10_000, stop: asyncio.Event | None = None
+    ) -> int:
+        """Run a DELETE of at most `chunk` rows (its last parameter, after `args`) again and again,
+        each in a short transaction of its own so other work goes on between them, until it deletes
+        fewer or `stop` is set; returns how many rows were deleted."""
         deleted = 0
         while stop is None or not stop.is_set():
-            status = await self.pool.execute(_INBOX_PRUNE, older_than_s, chunk)
+            status = await self.pool.execute(statement, *args, chunk)
             n = rows_affected(status)
             deleted += n
             if n < chunk:
