@@ -20,6 +20,7 @@ import pytest
 
 from ibpool_pool_allocator.bootstrap import bootstrap
 from ibpool_pool_allocator.config import PoolAllocatorConfig
+from ibpool_pool_allocator.service import PoolAllocator
 from ibpool_proto import ALL_MESSAGES
 from ibpool_proto.job import JobExited, JobStarted
 from ibpool_proto.node import NodeHeartbeat
@@ -34,6 +35,7 @@ from ibpool_proto.pool import (
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus, BusUnavailable, StreamSetupError, outgoing
 from ibpool_runtime.bus_permissions import PUBLISHES, permissions, render_authorization
+from ibpool_runtime.ledger_replica import LEDGER_BUCKET, LedgerReplica
 from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit, Service
 from ibpool_runtime.store import Store
@@ -41,7 +43,7 @@ from ibpool_runtime.streams import StreamSpec
 from tests.integration.agent_support import running_agent, unique_prefix
 from tests.integration.helpers import eventually, own_store, stream_messages
 
-USERS = ("admin", "node_agent", "pool_allocator", "operator", "subscriber")
+USERS = ("admin", "node_agent", "pool_allocator", "operator", "subscriber", "scheduler")
 
 
 @pytest.fixture
@@ -147,7 +149,10 @@ async def test_allocator_and_agent_work_with_only_their_own_permissions(
     prefix = unique_prefix()
     cfg = PoolAllocatorConfig(instance="secured", expiry_interval_s=0.5)
     kit = Kit(name="pool_allocator", config=cfg, bus=allocator_bus, store=store, metrics=ServiceMetrics("pa"))
-    allocator = Service(kit, await bootstrap(kit))
+    spec = await bootstrap(kit)
+    pool_allocator: PoolAllocator = spec.tasks[0].__self__  # type: ignore[attr-defined]
+    allocator = Service(kit, spec)
+    scheduler_bus = await connect(address, passwords, "scheduler")
     try:
         async with own_store(stack) as agent_store, running_agent(agent_bus, agent_store, nodes=1, node_prefix=prefix):
             await allocator.start()
@@ -175,9 +180,16 @@ async def test_allocator_and_agent_work_with_only_their_own_permissions(
             await eventually(ran, what="granted, started and exited under restricted users")
             assert await stream_messages(admin.js, "IBPOOL_JOB", JobStarted.subject(job))
             assert await stream_messages(admin.js, "IBPOOL_DLQ", "ibpool.dlq.>") == []
+            # The allocator publishes its ledger snapshot; the scheduler's ledger replica reads it.
+            assert await pool_allocator.snapshot_once() is not None
+            replica = LedgerReplica(scheduler_bus)
+            ledger, start = await replica.start_point("IBPOOL_POOL")
+            assert start is not None and ledger.nodes == pool_allocator.ledger.nodes
+            with pytest.raises(nats.errors.TimeoutError):  # not the scheduler's to write
+                await scheduler_bus.js.publish(f"$O.{LEDGER_BUCKET}.C.forged", b"x", timeout=1.0)
     finally:
         await allocator.stop()
-        for b in (admin, agent_bus, allocator_bus, operator):
+        for b in (admin, agent_bus, allocator_bus, operator, scheduler_bus):
             await b.close()
 
 

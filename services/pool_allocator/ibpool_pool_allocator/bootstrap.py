@@ -34,7 +34,7 @@ async def bootstrap(
         migrations=state.MIGRATIONS,
         add_routes=lambda app: app.router.add_routes(api.routes(allocator)),
         # The expiry loop first: tests reach the allocator through it.
-        tasks=[allocator.expiry_loop, allocator.fabric_feed.run],
+        tasks=[allocator.expiry_loop, allocator.fabric_feed.run, allocator.snapshot_loop],
         on_start=allocator.load,
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ibpool_runtime.config import BaseConfig
+from ibpool_runtime.config import BaseConfig, Positive
 
 FabricFormat = Literal["auto", "native", "ibnetdiscover", "slurm", "slurm-block", "k8s-labels", "volcano"]
 
@@ -16,6 +16,9 @@ class PoolAllocatorConfig(BaseConfig, frozen=True, kw_only=True):
     fine_grained: bool = True
     # How often leases are checked for expiry.
     expiry_interval_s: float = 1.0
+    # How often the ledger is snapshotted (when it changed): the store deletes the log before the
+    # snapshot, and ledger replicas start from it. Far below the pool stream's max age (30 days).
+    snapshot_interval_s: Positive = 600.0
     # Lease of a grant made through the HTTP API when the request names none.
     default_lease_s: float = 300.0
     # Durable consumer names start with this (commands, nodes, health; fabric-<instance> per replica).

@@ -1,11 +1,16 @@
 """The pool allocator: commands and node/health news -> ibpool_core.pool.allocate.decide -> ledger events out.
 
-The ledger lives in Postgres as its event log (`ledger_events`); this process keeps it in memory
-as a cache. Every change runs in a transaction that takes the ledger lock, brings the cache up
-to the log (another replica wrote, or a rolled-back transaction left the cache ahead: rebuilt),
-decides, appends the events to the log and the outbox, and applies them to the cache. A consumer
-batch is one transaction: its commands lock and catch up once and their rows are written together
-at commit (see `PoolAllocator.commit`).
+The ledger lives in Postgres as its event log (`ledger_events`) behind its newest snapshot
+(`ledger_snapshots`); this process keeps it in memory as a cache. Every change runs in a
+transaction that takes the ledger lock, brings the cache up to the log (another replica wrote, or
+a rolled-back transaction left the cache ahead: rebuilt), decides, appends the events to the log
+and the outbox, and applies them to the cache. A consumer batch is one transaction: its commands
+lock and catch up once and their rows are written together at commit (see `PoolAllocator.commit`).
+
+Every `snapshot_interval_s` the ledger, when it changed, is snapshotted: kept in the store, where
+the log before it is then deleted, and published to the bus for the ledger replicas of other
+services, which cannot replay the pool stream from the ledger's first event once the stream has
+dropped it (ibpool_runtime.ledger_replica).
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ from prometheus_client.registry import Collector
 from ibpool_core.clock import Clock
 from ibpool_core.pool.allocate import AllocatorConfig, Decision, Hops, Input, decide, expire
 from ibpool_core.pool.fabric_view import FabricView
-from ibpool_core.pool.ledger import Ledger, apply
+from ibpool_core.pool.ledger import Ledger, LedgerSnapshot, apply, decode_ledger, encode_ledger, without_past
 from ibpool_core.pool.placement import Placer
 from ibpool_core.pool.policy_placer import policy_placer
 from ibpool_proto.health import Cordoned, DrainRequested, GpuFailed, GpuRecovered, NodeFailed, NodeRecovered, Uncordoned
 from ibpool_proto.node import NodeDeregistered, NodeRegistered
 from ibpool_proto.pool import (
+    AllocationGranted,
     ProposePlacement,
     ProposePlacements,
     ReleaseAllocation,
@@ -37,9 +43,11 @@ from ibpool_proto.pool import (
     SetQuota,
 )
 from ibpool_runtime.consumer import HandlerContext, Subscription
+from ibpool_runtime.ledger_replica import publish_snapshot
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit, repeat_until_stopped
 from ibpool_runtime.store import Transaction
+from ibpool_runtime.streams import stream_for_subject
 
 from . import state
 from .config import PoolAllocatorConfig
@@ -61,6 +69,8 @@ NODE_NEWS = (NodeRegistered, NodeDeregistered)
 HEALTH_NEWS = (NodeFailed, NodeRecovered, GpuFailed, GpuRecovered, Cordoned, Uncordoned, DrainRequested)
 
 Choice = Callable[[Ledger, dt.datetime], Decision]
+# A catch-up that found the log deleted up to a newer snapshot starts again from it; this many times at most.
+CATCH_UP_TRIES = 5
 
 
 class PoolAllocator:
@@ -91,6 +101,8 @@ class PoolAllocator:
         self.position_id: str | None = None
         self._locked: Transaction | None = None  # the transaction holding the ledger lock, cache caught up
         self.rebuilds = 0
+        # The position of the newest snapshot this process loaded or published.
+        self.snapshot_at: state.Position = state.START
         registry = kit.metrics.registry
         self.grants = Counter("ibpool_pool_grants", "Allocations granted", ["kind"], registry=registry)
         self.rejections = Counter("ibpool_pool_rejections", "Allocations rejected", ["reason"], registry=registry)
@@ -174,18 +186,34 @@ class PoolAllocator:
         return decision
 
     async def catch_up(self, tx: Transaction) -> None:
-        """Make the cache the log as committed: apply what others appended, or rebuild when they differ."""
-        at_id, last = await state.look(tx.conn, self.position)
-        if self.position != state.START and at_id != self.position_id:
-            # The cache holds events the log does not (a rolled-back transaction): start over.
+        """Make the cache the log as committed: apply what others appended, or start over from the
+        newest snapshot when the log no longer holds the cache's last event: a rolled-back
+        transaction left the cache ahead, or a snapshot (another replica's) deleted the log up to it."""
+        for _ in range(CATCH_UP_TRIES):
+            if self.position == state.START and (snapshot := await state.latest_snapshot(tx.conn)) is not None:
+                self.ledger, self.position, self.position_id = (
+                    decode_ledger(snapshot.ledger),
+                    snapshot.at,
+                    snapshot.event_id,
+                )
+                self.snapshot_at = snapshot.at
+            rows = await state.log_from(tx.conn, self.position)
+            if self.position == state.START:
+                break
+            if rows and rows[0].event_id == self.position_id:
+                rows = rows[1:]
+                break
             self.ledger, self.position, self.position_id = Ledger(), state.START, None
             self.rebuilds += 1
             log.info("ledger cache rebuilt from the log")
-        if last == self.position:
-            return
-        rows = await state.events_after(tx.conn, self.position)
-        apply(self.ledger, [e for _, e in rows])
-        self.position, self.position_id = rows[-1][0], rows[-1][1].id
+        else:
+            # Each try met a newer snapshot: only a log whose rows were deleted by hand gets here.
+            raise RuntimeError(
+                f"ledger_events does not hold the row of the newest ledger snapshot after {CATCH_UP_TRIES} reads"
+            )
+        if rows:
+            apply(self.ledger, [r.event() for r in rows])
+            self.position, self.position_id = rows[-1].at, rows[-1].event_id
 
     async def expire_once(self) -> Decision:
         # Always under the lock on the caught-up ledger: another replica may hold the leases that ran out.
@@ -194,6 +222,38 @@ class PoolAllocator:
 
     async def expiry_loop(self, stop: asyncio.Event) -> None:
         await repeat_until_stopped(stop, self.cfg.expiry_interval_s, self.expire_once, "lease expiry")
+
+    async def snapshot_once(self) -> state.Snapshot | None:
+        """Snapshot the ledger if it changed since the last snapshot: keep it in the store, delete
+        the log before it, publish it for the ledger replicas. Returns the snapshot taken."""
+        # Read before the ledger is taken: every event of a later version is published after it.
+        pool_stream = stream_for_subject(AllocationGranted.subject_pattern())
+        stream_seq = (await self.kit.bus.js.stream_info(pool_stream)).state.last_seq + 1
+        async with self.kit.store.transaction() as tx:
+            await state.lock_ledger(tx.conn, self.kit.store.schema)
+            await self.catch_up(tx)
+            if self.position in (state.START, self.snapshot_at) or self.position_id is None:
+                return None
+            snapshot = state.Snapshot(self.position, self.position_id, encode_ledger(self.ledger))
+            for_replicas = LedgerSnapshot(
+                version=self.ledger.version, stream_seq=stream_seq, ledger=encode_ledger(without_past(self.ledger))
+            )
+            await state.save_snapshot(tx.conn, snapshot)
+        deleted = await self.kit.store.delete_in_chunks(state.PRUNE_LOG, *snapshot.at)
+        published = await publish_snapshot(self.kit.bus, for_replicas, self.cfg.stream_replicas)
+        self.snapshot_at = snapshot.at
+        log.info(
+            "ledger snapshot taken",
+            version=for_replicas.version,
+            stored_bytes=len(snapshot.ledger),
+            published_bytes=published,
+            stream_seq=stream_seq,
+            log_rows_deleted=deleted,
+        )
+        return snapshot
+
+    async def snapshot_loop(self, stop: asyncio.Event) -> None:
+        await repeat_until_stopped(stop, self.cfg.snapshot_interval_s, self.snapshot_once, "ledger snapshot")
 
     async def load(self) -> None:
         """Fill the cache from the log on start."""

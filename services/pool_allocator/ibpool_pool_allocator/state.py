@@ -1,9 +1,11 @@
-"""The allocator's store: the ledger's event log (`ledger_events`), read and appended under one lock."""
+"""The allocator's store: the ledger's event log (`ledger_events`), read and appended under one lock,
+and the newest snapshot of the ledger (`ledger_snapshots`), before which the log is deleted."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import asyncpg
 import msgspec
@@ -25,25 +27,25 @@ async def lock_ledger(conn: asyncpg.Connection, schema: str) -> None:
     await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"ibpool.pool_allocator.{schema}")
 
 
-async def look(conn: asyncpg.Connection | asyncpg.Pool, at: Position) -> tuple[str | None, Position]:
-    """The id of the event stored at `at` (None when there is none), and the position of the last row."""
-    row = await conn.fetchrow(
-        "SELECT (SELECT event_id FROM ledger_events WHERE version = $1 AND seq = $2) AS at_id,"
-        " (SELECT array[version, seq] FROM ledger_events ORDER BY version DESC, seq DESC LIMIT 1) AS last",
+class LogRow(NamedTuple):
+    at: Position
+    event_id: str
+    body: str
+
+    def event(self) -> LedgerEvent:
+        return _event.decode(self.body)
+
+
+async def log_from(conn: asyncpg.Connection | asyncpg.Pool, at: Position) -> list[LogRow]:
+    """The rows of the log at `at` and after it, in order, read in one statement. The log is
+    deleted oldest row first (`PRUNE_LOG`), so when the row at `at` is among them, none after it
+    is missing."""
+    rows = await conn.fetch(
+        "SELECT version, seq, event_id, body FROM ledger_events WHERE (version, seq) >= ($1, $2) ORDER BY version, seq",
         at[0],
         at[1],
     )
-    last = row["last"]
-    return row["at_id"], START if last is None else (last[0], last[1])
-
-
-async def events_after(conn: asyncpg.Connection | asyncpg.Pool, after: Position) -> list[tuple[Position, LedgerEvent]]:
-    rows = await conn.fetch(
-        "SELECT version, seq, body FROM ledger_events WHERE (version, seq) > ($1, $2) ORDER BY version, seq",
-        after[0],
-        after[1],
-    )
-    return [((r["version"], r["seq"]), _event.decode(r["body"])) for r in rows]
+    return [LogRow((r["version"], r["seq"]), r["event_id"], r["body"]) for r in rows]
 
 
 APPEND = "INSERT INTO ledger_events (version, seq, event_id, body) VALUES ($1, $2, $3, $4)"
@@ -66,3 +68,40 @@ async def append(conn: asyncpg.Connection, after: Position, events: Sequence[Led
     appended, position = log_rows(after, events)
     await conn.executemany(APPEND, appended)
     return position
+
+
+class Snapshot(NamedTuple):
+    """The encoded ledger as it stood at `at`, the row of ledger_events of `event_id`."""
+
+    at: Position
+    event_id: str
+    ledger: bytes
+
+
+async def latest_snapshot(conn: asyncpg.Connection | asyncpg.Pool) -> Snapshot | None:
+    row = await conn.fetchrow(
+        "SELECT version, seq, event_id, body FROM ledger_snapshots ORDER BY version DESC, seq DESC LIMIT 1"
+    )
+    return None if row is None else Snapshot((row["version"], row["seq"]), row["event_id"], bytes(row["body"]))
+
+
+async def save_snapshot(conn: asyncpg.Connection, snapshot: Snapshot) -> None:
+    """Keep `snapshot` as the only one. Its own row of the log stays (catching up checks the row
+    at the cache's position); `prune_log` deletes the rows before it."""
+    await conn.execute(
+        "INSERT INTO ledger_snapshots (version, seq, event_id, body) VALUES ($1, $2, $3, $4)"
+        " ON CONFLICT (version, seq) DO NOTHING",
+        snapshot.at[0],
+        snapshot.at[1],
+        snapshot.event_id,
+        snapshot.ledger,
+    )
+    await conn.execute("DELETE FROM ledger_snapshots WHERE (version, seq) < ($1, $2)", *snapshot.at)
+
+
+PRUNE_LOG = (
+    "DELETE FROM ledger_events WHERE ctid = ANY(ARRAY("
+    "SELECT ctid FROM ledger_events WHERE (version, seq) < ($1, $2) ORDER BY version, seq LIMIT $3))"
+)
+"""Deletes the oldest $3 rows of the log before ($1, $2), a snapshot's position
+(`Store.delete_in_chunks`): oldest first, so what is left is always the log's end (see `log_from`)."""

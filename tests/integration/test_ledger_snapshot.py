@@ -1,0 +1,127 @@
+"""Ledger snapshots on real NATS and Postgres: the allocator's log stays bounded, and a ledger replica
+starts after the pool stream has dropped the ledger's first events (its 30-day max age).
+
+Without a snapshot, such a replica met an event far past version 1, took it for a gap and replayed
+the stream again, forever: a scheduler restarted after a month never scheduled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from ibpool_proto.pool import ReleaseAllocation
+from ibpool_runtime.bus import Bus
+from ibpool_runtime.ledger_replica import LEDGER_BUCKET, SNAPSHOT_OBJECT, LedgerReplica, read_snapshot
+from ibpool_runtime.store import Store
+from tests.integration.helpers import eventually
+from tests.integration.pool_support import unique
+from tests.integration.test_pool_allocator import propose, register, running_allocator
+
+
+def release(allocation_id: str) -> ReleaseAllocation:
+    return ReleaseAllocation(source="test", key=allocation_id, allocation_id=allocation_id)
+
+
+async def log_rows(store: Store, where: str = "true", *args: object) -> int:
+    return int(await store.pool.fetchval(f"SELECT count(*) FROM ledger_events WHERE {where}", *args))
+
+
+async def test_a_snapshot_bounds_the_log_and_replicas_and_restarts_start_from_it(bus: Bus, store: Store) -> None:
+    node = unique("n")
+    async with running_allocator(bus, store) as (service, first), running_allocator(bus, store, instance="b") as (_, b):
+        version = await register(bus, service, node)
+        held = propose(unique("j"), node, 0, version)
+        assert (await first.submit(held)).granted
+        done = propose(unique("j"), node, 1, first.ledger.version)
+        assert (await first.submit(done)).granted
+        assert (await b.submit(release(done.id))).events  # b's cache is now at the log's end...
+        assert (await first.submit(propose(unique("j"), node, 2, first.ledger.version))).granted  # ...and behind it
+        before = await log_rows(store)
+
+        snapshot = await first.snapshot_once()
+        assert snapshot is not None and snapshot.at == first.position
+        assert await first.snapshot_once() is None  # nothing changed since
+        # The log before the snapshot is gone; the snapshot's own row stays; one snapshot is kept.
+        assert await log_rows(store, "(version, seq) < ($1, $2)", *snapshot.at) == 0
+        assert await log_rows(store) == 1 < before
+        assert await store.pool.fetchval("SELECT count(*) FROM ledger_snapshots") == 1
+
+        # b's last event was deleted with the log: on its next change it starts over from the snapshot.
+        assert (await b.submit(propose(unique("j"), node, 3, first.ledger.version))).granted
+        assert b.rebuilds == 1
+        assert (await first.submit(release(held.id))).events
+        await b.expire_once()  # a change that decides nothing: b catches up
+        final = first.ledger
+    assert b.ledger == final  # every answer of the past included, not only what is held
+
+    # A restart reads the snapshot and the rows after it, and answers a repeated command as before.
+    async with running_allocator(bus, store, instance="c") as (_, restarted):
+        assert restarted.ledger == final and restarted.position == first.position
+        again = await restarted.submit(held)
+        assert again.repeat and again.events and again.events[0].allocation_id == held.id
+
+
+async def test_a_replica_starts_from_the_snapshot_after_the_stream_dropped_the_ledgers_first_events(
+    bus: Bus, store: Store
+) -> None:
+    node = unique("n")
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def follow(replica: LedgerReplica) -> LedgerReplica:
+        tasks.append(asyncio.create_task(replica.run(stop)))
+        return replica
+
+    try:
+        async with running_allocator(bus, store) as (service, allocator):
+            version = await register(bus, service, node)
+            held = propose(unique("j"), node, 0, version)
+            assert (await allocator.submit(held)).granted
+            assert (await allocator.submit(propose(unique("j"), node, 1, allocator.ledger.version))).granted
+            assert await allocator.snapshot_once() is not None
+            published = await read_snapshot(bus)
+            assert published is not None and published.version == allocator.ledger.version
+
+            # What 30 days of max age do: the stream keeps none of the events the snapshot holds.
+            await bus.js.purge_stream("IBPOOL_POOL", seq=published.stream_seq)
+            assert (await bus.js.stream_info("IBPOOL_POOL")).state.first_seq >= published.stream_seq
+            assert (await allocator.submit(release(held.id))).events  # a change after the snapshot
+
+            replica = await follow(LedgerReplica(bus))
+
+            async def caught_up() -> bool:
+                return replica.caught_up and replica.ledger.version == allocator.ledger.version
+
+            await eventually(caught_up, what="the replica caught up from the snapshot")
+            assert replica.replays == 0
+            assert replica.ledger.nodes == allocator.ledger.nodes
+            assert (
+                replica.ledger.allocations == allocator.ledger.allocations and held.id not in replica.ledger.allocations
+            )
+            assert replica.ledger.past_kept == 0
+            # It follows the stream from there.
+            later = propose(unique("j"), node, 3, allocator.ledger.version)
+            assert (await allocator.submit(later)).granted
+
+            async def followed() -> bool:
+                return later.id in replica.ledger.allocations
+
+            await eventually(followed, what="the replica followed a grant after the snapshot")
+
+            # Without a snapshot the same stream cannot be replayed: the first event is a gap, again and again.
+            store_ = await bus.js.object_store(LEDGER_BUCKET)
+            await store_.delete(SNAPSHOT_OBJECT)
+            assert await read_snapshot(bus) is None
+            lost = await follow(LedgerReplica(bus))
+
+            async def gaps() -> bool:
+                return lost.replays >= 1
+
+            await eventually(gaps, what="a replica without a snapshot meets a gap")
+            assert not (lost.caught_up and lost.ledger.version == allocator.ledger.version)
+    finally:
+        stop.set()
+        for t in tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(t, 10)
