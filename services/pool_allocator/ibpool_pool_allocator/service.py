@@ -238,6 +238,8 @@ class PoolAllocator:
             for_replicas = LedgerSnapshot(
                 version=self.ledger.version, stream_seq=stream_seq, ledger=encode_ledger(without_past(self.ledger))
             )
+        # Written after the lock is given back (a large ledger is MBs): the row at its position is committed.
+        async with self.kit.store.transaction() as tx:
             await state.save_snapshot(tx.conn, snapshot)
         deleted = await self.kit.store.delete_in_chunks(state.PRUNE_LOG, *snapshot.at)
         published = await publish_snapshot(self.kit.bus, for_replicas, self.cfg.stream_replicas)
