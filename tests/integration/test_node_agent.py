@@ -379,11 +379,13 @@ async def test_gang_members_on_two_nodes_of_one_agent_each_run_and_exit(bus: Bus
         assert all(e.reason == "completed" for e in exits)
 
 
-async def test_workloads_that_exited_before_the_retention_are_deleted(bus: Bus, store: Store) -> None:
+async def test_workloads_that_exited_before_the_retention_are_deleted(bus: Bus, store: Store, tmp_path: Path) -> None:
     # The agent's table of workloads must not grow with every allocation it ever ran: a restarted
-    # agent (and a running one every 10 minutes) deletes those that exited before the retention.
+    # agent (and a running one every 10 minutes) deletes those that exited before the retention,
+    # with their work directories (output.log).
     prefix = unique_prefix()
-    async with running_agent(bus, store, node_prefix=prefix, workload_retention_s=3600) as svc:
+    settings = {"node_prefix": prefix, "workload_retention_s": 3600, "work_dir": str(tmp_path)}
+    async with running_agent(bus, store, **settings) as svc:
         node = f"{prefix}-001"
         done, kept = grant(node, [0], runtime_s=0.2), grant(node, [1], runtime_s=0.2)
         for g in (done, kept):
@@ -397,12 +399,23 @@ async def test_workloads_that_exited_before_the_retention_are_deleted(bus: Bus, 
             "UPDATE workloads SET exited_at = now() - interval '2 hours' WHERE allocation_id = $1", done.allocation_id
         )
         assert svc.kit.config.workload_retention_s == 3600
-    async with running_agent(bus, store, node_prefix=prefix, workload_retention_s=3600) as svc:
+    # As a launched process leaves it (these two were simulated): a directory with its output.
+    dirs = {g.allocation_id: tmp_path / f"{g.allocation_id}@{node}" for g in (done, kept)}
+    for d in dirs.values():
+        d.mkdir()
+        (d / "output.log").write_text("step 1\n")
+    async with running_agent(bus, store, **settings) as svc:
 
         async def pruned() -> bool:
             return await store.pool.fetchval("SELECT count(*) FROM workloads") == 1
 
         await eventually(pruned, what="the old workload deleted at the agent's start")
         assert await store.pool.fetchval("SELECT allocation_id FROM workloads") == kept.allocation_id
+
+        async def dir_removed() -> bool:
+            return not dirs[done.allocation_id].exists()
+
+        await eventually(dir_removed, what="the old workload's directory deleted with it")
+        assert (dirs[kept.allocation_id] / "output.log").read_text() == "step 1\n"
         async with aiohttp.ClientSession() as http, http.get(f"{svc.http_url}/v1/agent") as r:
             assert msgspec.json.decode(await r.read())["exits_by_reason"] == {"completed": 1}

@@ -2,10 +2,10 @@
 
 Each process gets its own session (so a stop reaches its children too), its own directory under
 `work_dir` (`<key>/`, the key naming one node's part of an allocation, with `output.log` holding
-stdout and stderr) and the agent's environment plus the grant's (device visibility, MPS and
-HAMi-core limits). A stop sends SIGTERM to the process group and SIGKILL after the grace period.
-Processes left by a previous run of the agent are adopted by pid: they are watched until they
-are gone, their exit code unknown.
+stdout and stderr; deleted with the workload's row after `workload_retention_s`) and the agent's
+environment plus the grant's (device visibility, MPS and HAMi-core limits). A stop sends SIGTERM
+to the process group and SIGKILL after the grace period. Processes left by a previous run of the
+agent are adopted by pid: they are watched until they are gone, their exit code unknown.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -38,7 +39,7 @@ class ProcessLauncher:
         """Start `command`; its pid. LaunchError when it cannot start (no such file, not executable)."""
         if key in self.running:
             return self.running[key].pid
-        where = self.work_dir / key
+        where = self.dir_of(key)
         where.mkdir(parents=True, exist_ok=True)
         try:
             with (where / "output.log").open("ab") as out:
@@ -57,6 +58,27 @@ class ProcessLauncher:
             raise LaunchError(f"cannot start {command[0]!r}: {e}") from None
         self.running[key] = proc
         return proc.pid
+
+    def dir_of(self, key: str) -> Path:
+        """The directory of one workload; LaunchError for a key that would name one outside `work_dir`
+        (keys come from grants on the bus)."""
+        if not key or key in (".", "..") or "/" in key or "\\" in key or "\0" in key:
+            raise LaunchError(f"work key {key!r} cannot name a directory under {self.work_dir}")
+        return self.work_dir / key
+
+    def remove_dirs(self, keys: list[str]) -> int:
+        """Delete the directories (and output.log) of workloads gone from the agent's table; how many
+        were there. Blocking: run it in a thread."""
+        removed = 0
+        for key in keys:
+            try:
+                where = self.dir_of(key)
+            except LaunchError:
+                continue
+            if where.is_dir():
+                shutil.rmtree(where, ignore_errors=True)
+                removed += 1
+        return removed
 
     def adopt(self, key: str, pid: int) -> bool:
         """Watch a process a previous agent started; False when it is already gone."""

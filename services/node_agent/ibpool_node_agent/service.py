@@ -294,7 +294,9 @@ class NodeAgent:
     async def prune_exited(self) -> None:
         gone = await state.prune_exited(self.kit.store.pool, self.kit.config.workload_retention_s, self.node_ids)
         if gone:
-            log.info("exited workloads pruned", deleted=gone)
+            keys = [work_key(allocation_id, node_id) for allocation_id, node_id in gone]
+            dirs = await asyncio.to_thread(self.launcher.remove_dirs, keys)
+            log.info("exited workloads pruned", deleted=len(gone), work_dirs_removed=dirs)
 
     async def finish_due_work(self) -> int:
         now = self.clock.now()
@@ -326,5 +328,9 @@ class NodeAgent:
 
 
 def _work_key(w: core.Workload) -> str:
+    return work_key(w.allocation_id, w.node_id)
+
+
+def work_key(allocation_id: str, node_id: str) -> str:
     """One gang member's work: the members of a gang on nodes of this agent share the allocation id."""
-    return f"{w.allocation_id}@{w.node_id}"
+    return f"{allocation_id}@{node_id}"

@@ -102,14 +102,18 @@ async def mark_exited(conn: asyncpg.Connection, exited: JobExited) -> bool:
     return rows_affected(status) == 1
 
 
-async def prune_exited(conn: asyncpg.Connection | asyncpg.Pool, older_than_s: float, node_ids: list[str]) -> int:
-    """Delete the workloads of `node_ids` that exited more than `older_than_s` ago; how many went."""
-    status = await conn.execute(
-        "DELETE FROM workloads WHERE node_id = ANY($1::text[]) AND exited_at < now() - make_interval(secs => $2)",
+async def prune_exited(
+    conn: asyncpg.Connection | asyncpg.Pool, older_than_s: float, node_ids: list[str]
+) -> list[tuple[str, str]]:
+    """Delete the workloads of `node_ids` that exited more than `older_than_s` ago; (allocation id,
+    node id) of each that went."""
+    rows = await conn.fetch(
+        "DELETE FROM workloads WHERE node_id = ANY($1::text[]) AND exited_at < now() - make_interval(secs => $2)"
+        " RETURNING allocation_id, node_id",
         node_ids,
         older_than_s,
     )
-    return rows_affected(status)
+    return [(r["allocation_id"], r["node_id"]) for r in rows]
 
 
 async def exits_by_reason(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, int]:
