@@ -174,6 +174,33 @@ async def test_topology_versions_only_on_change_with_diff(bus: Bus, store: Store
         await eventually(lambda: _count(published(), 2), what="no third version without a change")
 
 
+async def test_only_the_newest_topology_versions_are_kept(bus: Bus, store: Store) -> None:
+    # Each version holds the whole topology: a fabric that changes now and then must not fill the store.
+    name = f"fab{uuid.uuid4().hex[:6]}"
+    topologies = [small_fabric(name)]
+    async with (
+        running_monitor(bus, store, topologies, topology_versions_kept=2) as svc,
+        aiohttp.ClientSession() as http,
+    ):
+
+        async def versions() -> list[int]:
+            async with http.get(f"{svc.http_url}/v1/topology/versions") as r:
+                return [v["version"] for v in await r.json()]
+
+        async def made(n: int) -> bool:
+            return max(await versions(), default=0) == n
+
+        await eventually(lambda: made(1), what="first version")
+        for width, n in ((2, 2), (8, 3)):
+            topologies[0] = small_fabric(name, leaf2_uplink_width=width)
+            await eventually(lambda n=n: made(n), what=f"version {n}")  # type: ignore[misc]
+        assert await versions() == [2, 3]
+        async with http.get(f"{svc.http_url}/v1/topology?version=1") as r:
+            assert r.status == 404 and "no topology version 1" in (await r.json())["detail"]
+        async with http.get(f"{svc.http_url}/v1/topology/diff?from=2&to=3") as r:
+            assert r.status == 200 and len((await r.json())["links_changed"]) == 1
+
+
 async def _count(coro, n: int) -> bool:  # type: ignore[no-untyped-def]
     return len(await coro) == n
 

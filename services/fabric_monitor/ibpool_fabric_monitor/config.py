@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
+
+import msgspec
 
 from ibpool_runtime.config import BaseConfig
 
@@ -34,5 +36,7 @@ class FabricMonitorConfig(BaseConfig, frozen=True, kw_only=True):
     clear_after_s: float = 30.0
     # Counter samples kept per link (older ones are deleted).
     history_per_link: int = 120
+    # Topology versions kept (each holds the whole topology); older ones are deleted when a new one is made.
+    topology_versions_kept: Annotated[int, msgspec.Meta(ge=1)] = 100
     # Base URL others use to fetch topologies (goes into TopologyPublished); empty: this service's own.
     public_url: str = ""

@@ -97,7 +97,7 @@ class FabricMonitor:
                             from_version=latest.version,
                             **{name: len(getattr(d, name)) for name in DiffSummary.__struct_fields__[1:]},
                         )
-                await state.insert_version(tx.conn, version, digest, topology, now)
+                await state.insert_version(tx.conn, version, digest, topology, now, self.cfg.topology_versions_kept)
                 base = self.cfg.public_url or self.kit.http_url or ""
                 await tx.outbox(
                     TopologyPublished(

@@ -46,7 +46,11 @@ async def topology(conn: asyncpg.Connection | asyncpg.Pool, version: int) -> Top
     return None if body is None else _topology.decode(body)
 
 
-async def insert_version(conn: asyncpg.Connection, version: int, digest: str, t: Topology, now: dt.datetime) -> None:
+async def insert_version(
+    conn: asyncpg.Connection, version: int, digest: str, t: Topology, now: dt.datetime, kept: int
+) -> None:
+    """Store a new topology version; of the versions before it, `kept` - 1 stay."""
+    await conn.execute("DELETE FROM topology_versions WHERE version <= $1", version - kept)
     await conn.execute(
         "INSERT INTO topology_versions (version, content_hash, body, hosts, switches, links, created_at)"
         " VALUES ($1, $2, $3, $4, $5, $6, $7)",
