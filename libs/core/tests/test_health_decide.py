@@ -6,6 +6,7 @@ import datetime as dt
 
 from ibpool_core.fabric.model import Ca, Host, Link, PortRef, Switch, build_topology
 from ibpool_core.health.decide import (
+    FINISHED_KEPT,
     FailoverConfig,
     FailoverRequest,
     HealthState,
@@ -391,6 +392,31 @@ def test_hardware_exit_counts_once_per_allocation() -> None:
     # Once the job has ended for good its count is dropped: the state does not keep every job ever hit.
     c.apply([JobFinished(source="scheduler", key="j1", job_id="j1", state="failed", reason="lost twice")])
     assert "j1" not in c.state.jobs
+
+
+def test_hits_that_come_after_the_job_finished_are_not_counted_and_its_end_is_forgotten_in_time() -> None:
+    # The job and pool streams are not ordered against each other, and a gang's other members exit
+    # after the job ended: a hit that arrives after JobFinished must not bring the job's entry back
+    # (it would stay forever) nor ask for a requeue of a job that is over.
+    c = Cluster(["n0", "n1", "n2", "n3", "n4"])
+    c.apply([granted("a1", "j1", "n0", [0]), granted("a1", "j1", "n1", [0])])
+    c.apply([JobFinished(source="scheduler", key="j1", job_id="j1", state="failed", reason="gave up")])
+    assert not any(h.job_id == "j1" for h in c.state.holdings.values())  # the release may come later
+    c.apply([telemetry("n0", c.t, 0, xids=[79])])  # its GPU falls off the bus before the release arrives
+    late = JobExited(source="a", key="j1", job_id="j1", allocation_id="a1", node_id="n1", exit_code=1, reason="xid")
+    c.apply([late, granted("a2", "j1", "n2", [0])])
+    assert "j1" not in c.state.jobs and c.events(RequeueRequested) == []
+    assert "a2/n2" not in c.state.holdings
+    assert "j1" in c.state.finished
+    c.run(CONFIG.finished_memory_s + 5.0)
+    assert "j1" not in c.state.finished
+
+
+def test_the_memory_of_finished_jobs_is_bounded_in_count() -> None:
+    c = Cluster(["n0"])
+    c.apply([JobFinished(source="s", key=f"j{i}", job_id=f"j{i}", state="completed") for i in range(FINISHED_KEPT + 5)])
+    c.run(1.0)
+    assert len(c.state.finished) == FINISHED_KEPT and "j4" not in c.state.finished and "j5" in c.state.finished
 
 
 def test_released_work_is_not_requeued_and_a_deregistered_node_is_not_failed() -> None:

@@ -146,6 +146,11 @@ class Holding(msgspec.Struct, frozen=True, kw_only=True):
     gpu_indices: list[int]
 
 
+# The state is saved whole on every tick, so the memory of finished jobs is bounded in count too;
+# under a churn above this many ends per `finished_memory_s` the window shrinks.
+FINISHED_KEPT = 1_000
+
+
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     """A job hit by hardware: how often, where, and the allocations already counted."""
 
@@ -168,6 +173,9 @@ class HealthState(msgspec.Struct, frozen=True, kw_only=True):
     degraded: bool = False
     # node id -> when it deregistered: its beats from before then (still in flight) are its last words
     departed: dict[str, dt.datetime] = {}
+    # job id -> when it finished (JobFinished): a hit that comes later (the job and pool streams are
+    # not ordered against each other; a gang's other members exit after it) is not counted
+    finished: dict[str, dt.datetime] = {}
 
 
 class FailoverConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,6 +191,9 @@ class FailoverConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_hold_s: float = 3600.0
     # Failures closer together than this count as flapping (the window doubles each time).
     flap_memory_s: float = 3600.0
+    # How long a finished job is remembered (at most FINISHED_KEPT of them): hardware hits that reach
+    # the controller after the job's end are not counted against it.
+    finished_memory_s: float = 600.0
     max_failed_fraction: float = 0.2
     min_failed_allowed: int = 1
     cordon_degraded_links: bool = True
@@ -257,6 +268,7 @@ class _Decision:
         self.jobs = dict(s.jobs)
         self.degraded = s.degraded
         self.departed = dict(s.departed)
+        self.finished = dict(s.finished)
         self.events: list[Event] = []
         self.notes: list[str] = []
 
@@ -270,6 +282,7 @@ class _Decision:
             jobs=self.jobs,
             degraded=self.degraded,
             departed=self.departed,
+            finished=self.finished,
         )
 
     # -- envelope --------------------------------------------------------------------------------
@@ -325,8 +338,15 @@ class _Decision:
             case JobExited():
                 self.job_exited(obs)
             case JobFinished():
-                # It will not be requeued again: its count of hardware hits is no longer needed.
+                # It will not be requeued again: its count of hardware hits and what it held are no
+                # longer needed, and a hit that comes after this says nothing about it.
                 self.jobs.pop(obs.job_id, None)
+                self.finished.pop(obs.job_id, None)  # to the end of the (oldest first) order
+                self.finished[obs.job_id] = self.now
+                for key in [k for k, h in self.holdings.items() if h.job_id == obs.job_id]:
+                    del self.holdings[key]
+            case AllocationGranted() if obs.job_id in self.finished:
+                self.notes.append(f"{obs.job_id}: a grant after the job finished is not watched")
             case AllocationGranted():
                 gpus = sorted(a.gpu_index for a in obs.assignments if a.node_id == obs.node_id)
                 self.holdings[f"{obs.allocation_id}/{obs.node_id}"] = Holding(
@@ -493,8 +513,8 @@ class _Decision:
         rules = self.cfg.retry
         seen: set[str] = set()
         for h in held:
-            if h.allocation_id in seen:
-                continue  # a gang member on another node of the same allocation
+            if h.allocation_id in seen or h.job_id in self.finished:
+                continue  # a gang member on another node of the same allocation; a job already over
             seen.add(h.allocation_id)
             job = self.jobs.get(h.job_id) or JobRecord(job_id=h.job_id)
             if h.allocation_id in job.counted:
@@ -583,6 +603,12 @@ class _Decision:
         for node_id, left in list(self.departed.items()):
             if (now - left).total_seconds() > cfg.flap_memory_s:
                 del self.departed[node_id]
+        # Oldest first (insertion order): stop at the first one still remembered.
+        while self.finished:
+            job_id, ended = next(iter(self.finished.items()))
+            if len(self.finished) <= FINISHED_KEPT and (now - ended).total_seconds() <= cfg.finished_memory_s:
+                break
+            del self.finished[job_id]
         lost: list[NodeHealth] = []
         # The common case at scale, a healthy node that beat on time with no GPU cordon to lift, is
         # decided by one comparison against its interval's latest on-time beat (computed once per
