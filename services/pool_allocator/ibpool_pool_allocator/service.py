@@ -223,9 +223,10 @@ class PoolAllocator:
     async def expiry_loop(self, stop: asyncio.Event) -> None:
         await repeat_until_stopped(stop, self.cfg.expiry_interval_s, self.expire_once, "lease expiry")
 
-    async def snapshot_once(self) -> state.Snapshot | None:
+    async def snapshot_once(self, stop: asyncio.Event | None = None) -> state.Snapshot | None:
         """Snapshot the ledger if it changed since the last snapshot: keep it in the store, delete
-        the log before it, publish it for the ledger replicas. Returns the snapshot taken."""
+        the log before it (stopping between chunks once `stop` is set), publish it for the ledger
+        replicas. Returns the snapshot taken."""
         # Read before the ledger is taken: every event of a later version is published after it.
         pool_stream = stream_for_subject(AllocationGranted.subject_pattern())
         stream_seq = (await self.kit.bus.js.stream_info(pool_stream)).state.last_seq + 1
@@ -241,7 +242,7 @@ class PoolAllocator:
         # Written after the lock is given back (a large ledger is MBs): the row at its position is committed.
         async with self.kit.store.transaction() as tx:
             await state.save_snapshot(tx.conn, snapshot)
-        deleted = await self.kit.store.delete_in_chunks(state.PRUNE_LOG, *snapshot.at)
+        deleted = await self.kit.store.delete_in_chunks(state.PRUNE_LOG, *snapshot.at, stop=stop)
         published = await publish_snapshot(self.kit.bus, for_replicas, self.cfg.stream_replicas)
         self.snapshot_at = snapshot.at
         log.info(
@@ -255,7 +256,9 @@ class PoolAllocator:
         return snapshot
 
     async def snapshot_loop(self, stop: asyncio.Event) -> None:
-        await repeat_until_stopped(stop, self.cfg.snapshot_interval_s, self.snapshot_once, "ledger snapshot")
+        await repeat_until_stopped(
+            stop, self.cfg.snapshot_interval_s, lambda: self.snapshot_once(stop), "ledger snapshot"
+        )
 
     async def load(self) -> None:
         """Fill the cache from the log on start."""
