@@ -20,7 +20,7 @@ import datetime as dt
 import time
 from collections.abc import Callable
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -101,8 +101,9 @@ class PoolAllocator:
         self.position_id: str | None = None
         self._locked: Transaction | None = None  # the transaction holding the ledger lock, cache caught up
         self.rebuilds = 0
-        # The position of the newest snapshot this process loaded or published.
+        # The positions of the newest snapshot this process loaded or stored, and of the one it published.
         self.snapshot_at: state.Position = state.START
+        self.published_at: state.Position = state.START
         registry = kit.metrics.registry
         self.grants = Counter("ibpool_pool_grants", "Allocations granted", ["kind"], registry=registry)
         self.rejections = Counter("ibpool_pool_rejections", "Allocations rejected", ["reason"], registry=registry)
@@ -111,6 +112,16 @@ class PoolAllocator:
             "Lock, catch up, decide and append one ledger change",
             registry=registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+        )
+        self.snapshot_version = Gauge(
+            "ibpool_pool_snapshot_version",
+            "Ledger version of the newest snapshot this replica took (0: none yet)",
+            registry=registry,
+        )
+        self.snapshot_time = Gauge(
+            "ibpool_pool_snapshot_timestamp_seconds",
+            "When this replica last took a ledger snapshot (Unix time; 0: none yet)",
+            registry=registry,
         )
         registry.register(_PoolCollector(self))
 
@@ -199,7 +210,9 @@ class PoolAllocator:
                 self.snapshot_at = snapshot.at
             rows = await state.log_from(tx.conn, self.position)
             if self.position == state.START:
-                break
+                if not rows or state.is_first_row(rows[0].at):
+                    break
+                continue  # no snapshot was there, but one deleted the log's start since: read it
             if rows and rows[0].event_id == self.position_id:
                 rows = rows[1:]
                 break
@@ -223,37 +236,48 @@ class PoolAllocator:
     async def expiry_loop(self, stop: asyncio.Event) -> None:
         await repeat_until_stopped(stop, self.cfg.expiry_interval_s, self.expire_once, "lease expiry")
 
-    async def snapshot_once(self, stop: asyncio.Event | None = None) -> state.Snapshot | None:
+    async def snapshot_once(self, stop: asyncio.Event | None = None) -> state.Position | None:
         """Snapshot the ledger if it changed since the last snapshot: keep it in the store, delete
         the log before it (stopping between chunks once `stop` is set), publish it for the ledger
-        replicas. Returns the snapshot taken."""
-        # Read before the ledger is taken: every event of a later version is published after it.
-        pool_stream = stream_for_subject(AllocationGranted.subject_pattern())
-        stream_seq = (await self.kit.bus.js.stream_info(pool_stream)).state.last_seq + 1
-        async with self.kit.store.transaction() as tx:
-            await state.lock_ledger(tx.conn, self.kit.store.schema)
-            await self.catch_up(tx)
-            if self.position in (state.START, self.snapshot_at) or self.position_id is None:
-                return None
-            snapshot = state.Snapshot(self.position, self.position_id, encode_ledger(self.ledger))
-            for_replicas = LedgerSnapshot(
-                version=self.ledger.version, stream_seq=stream_seq, ledger=encode_ledger(without_past(self.ledger))
-            )
-        # Written after the lock is given back (a large ledger is MBs): the row at its position is committed.
-        async with self.kit.store.transaction() as tx:
-            await state.save_snapshot(tx.conn, snapshot)
-        deleted = await self.kit.store.delete_in_chunks(state.PRUNE_LOG, *snapshot.at, stop=stop)
-        published = await publish_snapshot(self.kit.bus, for_replicas, self.cfg.stream_replicas)
-        self.snapshot_at = snapshot.at
+        replicas; publish it at least once per process, so a snapshot stored but never published
+        (a crash between the two, a lost bucket) reaches the replicas. One replica at a time.
+        Returns the position snapshotted; None when there was nothing to do."""
+        async with self.kit.store.transaction() as turn:
+            if not await state.take_snapshot_turn(turn.conn, self.kit.store.schema):
+                return None  # another replica is taking one
+            # Read before the ledger is taken: every event of a later version is published after it.
+            pool_stream = stream_for_subject(AllocationGranted.subject_pattern())
+            stream_seq = (await self.kit.bus.js.stream_info(pool_stream)).state.last_seq + 1
+            async with self.kit.store.transaction() as tx:
+                await state.lock_ledger(tx.conn, self.kit.store.schema)
+                await self.catch_up(tx)
+                at, event_id = self.position, self.position_id
+                if at == state.START or event_id is None or at == self.published_at:
+                    return None
+                stored = None if at == self.snapshot_at else state.Snapshot(at, event_id, encode_ledger(self.ledger))
+                for_replicas = LedgerSnapshot(
+                    version=self.ledger.version, stream_seq=stream_seq, ledger=encode_ledger(without_past(self.ledger))
+                )
+            deleted = 0
+            if stored is not None:
+                # Written after the ledger lock is given back (a large ledger is MBs): its row is committed.
+                async with self.kit.store.transaction() as tx:
+                    await state.save_snapshot(tx.conn, stored)
+                self.snapshot_at = at
+                deleted = await self.kit.store.delete_in_chunks(state.PRUNE_LOG, *at, stop=stop)
+            published = await publish_snapshot(self.kit.bus, for_replicas, self.cfg.stream_replicas)
+            self.published_at = at
+        self.snapshot_version.set(for_replicas.version)
+        self.snapshot_time.set_to_current_time()
         log.info(
-            "ledger snapshot taken",
+            "ledger snapshot taken" if stored is not None else "ledger snapshot published again",
             version=for_replicas.version,
-            stored_bytes=len(snapshot.ledger),
+            stored_bytes=len(stored.ledger) if stored is not None else 0,
             published_bytes=published,
             stream_seq=stream_seq,
             log_rows_deleted=deleted,
         )
-        return snapshot
+        return at
 
     async def snapshot_loop(self, stop: asyncio.Event) -> None:
         await repeat_until_stopped(

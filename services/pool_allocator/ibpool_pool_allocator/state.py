@@ -85,9 +85,24 @@ async def latest_snapshot(conn: asyncpg.Connection | asyncpg.Pool) -> Snapshot |
     return None if row is None else Snapshot((row["version"], row["seq"]), row["event_id"], bytes(row["body"]))
 
 
+def is_first_row(at: Position) -> bool:
+    """Whether `at` is where the log begins before any snapshot: the first decision's version (1, or
+    0 for a rejection decided on the empty ledger), first row."""
+    return at[0] <= 1 and at[1] == 0
+
+
+async def take_snapshot_turn(conn: asyncpg.Connection, schema: str) -> bool:
+    """Whether this transaction may take the snapshot (until it ends); False while another replica's does."""
+    return bool(
+        await conn.fetchval(
+            "SELECT pg_try_advisory_xact_lock(hashtext($1))", f"ibpool.pool_allocator.{schema}.snapshot"
+        )
+    )
+
+
 async def save_snapshot(conn: asyncpg.Connection, snapshot: Snapshot) -> None:
     """Keep `snapshot` as the only one. Its own row of the log stays (catching up checks the row
-    at the cache's position); `prune_log` deletes the rows before it."""
+    at the cache's position); `PRUNE_LOG` deletes the rows before it."""
     await conn.execute(
         "INSERT INTO ledger_snapshots (version, seq, event_id, body) VALUES ($1, $2, $3, $4)"
         " ON CONFLICT (version, seq) DO NOTHING",
