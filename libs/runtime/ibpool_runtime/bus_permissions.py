@@ -4,7 +4,9 @@ Each service may publish the messages it owns (e.g. only the pool allocator publ
 `ibpool.pool.allocation.granted.*`), dead letters, acks, and the JetStream API calls that read
 the streams it consumes; it subscribes only to reply inboxes (pull consumers deliver there).
 Creating and changing streams is the admin's job (`ibpool_runtime.bus.Bus.ensure_streams` run
-with the admin user); services find their streams in place.
+with the admin user); services find their streams in place. The exceptions are the buckets a
+service owns: the leader-election KV bucket, made by whichever elector comes first, and the pool
+ledger's snapshot object store, made by the pool allocator.
 
     python -m ibpool_runtime.bus_permissions PASSWORD_DIR > auth.conf
 

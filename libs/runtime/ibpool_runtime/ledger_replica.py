@@ -115,6 +115,7 @@ class LedgerReplica:
         self.ledger = Ledger(past_kept=0)
         self.caught_up = False
         self.replays = 0
+        self.from_snapshot = False  # whether the current replay began at a snapshot
         # Set whenever the ledger changed: capacity may have freed up.
         self.changed = asyncio.Event()
 
@@ -127,16 +128,22 @@ class LedgerReplica:
     async def start_point(self, stream: str) -> tuple[Ledger, int | None]:
         """The ledger to replay onto and the stream sequence to replay from (None: the first):
         the newest snapshot's, unless `from_seq` is given or the snapshot cannot be used."""
+        self.from_snapshot = False
         if self.from_seq is not None:
             return Ledger(past_kept=0), self.from_seq
         try:
             snapshot = await read_snapshot(self.bus)
-        except ValueError as e:
-            log.error("the pool ledger snapshot is damaged; replaying the stream from its first event", error=str(e))
+        except Exception as e:  # damaged, refused (a NATS user without the bucket's permissions), timed out
+            # The stream may still hold the ledger's first event; if not, the gap brings us back here.
+            log.error(
+                "the pool ledger snapshot cannot be read; replaying the stream from its first event",
+                error=str(e) or type(e).__name__,
+            )
             snapshot = None
         if snapshot is None:
             return Ledger(past_kept=0), None
-        after_last = (await self.bus.js.stream_info(stream)).state.last_seq + 1
+        state = (await self.bus.js.stream_info(stream)).state
+        after_last = state.last_seq + 1
         if snapshot.stream_seq > after_last:
             # The stream was made anew after the snapshot (its sequences began again): it cannot be placed.
             log.error(
@@ -150,7 +157,14 @@ class LedgerReplica:
         except ValueError as e:
             log.error("the pool ledger snapshot is damaged; replaying the stream from its first event", error=str(e))
             return Ledger(past_kept=0), None
+        if snapshot.stream_seq < state.first_seq:
+            log.warning(
+                "the pool ledger snapshot is older than the pool stream's first message; events after it may be gone",
+                snapshot_stream_seq=snapshot.stream_seq,
+                stream_first_seq=state.first_seq,
+            )
         log.info("pool ledger replica starts from a snapshot", version=ledger.version, stream_seq=snapshot.stream_seq)
+        self.from_snapshot = True
         return ledger, snapshot.stream_seq
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -200,9 +214,14 @@ class LedgerReplica:
             except LedgerGap as e:
                 self.replays += 1
                 log.warning("pool ledger replica has a gap; replaying the stream", error=str(e))
-                if self.ledger.version == 0 and self.from_seq is None:
+                if self.from_snapshot:
                     log.error(
-                        "the pool stream no longer holds the ledger's first events and no snapshot of the"
+                        "the pool stream no longer holds the events after the newest ledger snapshot: the pool"
+                        " allocator has not published one for longer than the stream keeps messages"
+                    )
+                elif self.ledger.version == 0 and self.from_seq is None:
+                    log.error(
+                        "the pool stream no longer holds the ledger's first events and no usable snapshot of the"
                         f" ledger is in the object store bucket {LEDGER_BUCKET}: the pool allocator publishes"
                         " one at start and every snapshot_interval_s"
                     )
