@@ -51,6 +51,9 @@ async def running_autoscaler(
         leader_ttl_s=1.0,
     )
     kit = Kit(name="autoscaler", config=cfg, bus=bus, store=store, metrics=ServiceMetrics("autoscaler"))
+    if pool_from_seq is None:
+        # Not the ledger snapshot another test's allocator left in the shared bus: only what comes next.
+        pool_from_seq = (await bus.js.stream_info("IBPOOL_POOL")).state.last_seq + 1
     service = Service(kit, await autoscaler_bootstrap(kit, pool_from_seq=pool_from_seq))
     await service.start()
     try:

@@ -39,11 +39,13 @@ async def test_a_snapshot_bounds_the_log_and_replicas_and_restarts_start_from_it
         assert (await first.submit(propose(unique("j"), node, 2, first.ledger.version))).granted  # ...and behind it
         before = await log_rows(store)
 
-        snapshot = await first.snapshot_once()
-        assert snapshot is not None and snapshot.at == first.position
+        at = await first.snapshot_once()
+        assert at is not None and at == first.position
+        gauge = first.kit.metrics.registry.get_sample_value("ibpool_pool_snapshot_version")
+        assert gauge == first.ledger.version  # what operators watch
         assert await first.snapshot_once() is None  # nothing changed since
         # The log before the snapshot is gone; the snapshot's own row stays; one snapshot is kept.
-        assert await log_rows(store, "(version, seq) < ($1, $2)", *snapshot.at) == 0
+        assert await log_rows(store, "(version, seq) < ($1, $2)", *at) == 0
         assert await log_rows(store) == 1 < before
         assert await store.pool.fetchval("SELECT count(*) FROM ledger_snapshots") == 1
 
@@ -75,13 +77,21 @@ async def test_a_replica_starts_from_the_snapshot_after_the_stream_dropped_the_l
 
     try:
         async with running_allocator(bus, store) as (service, allocator):
-            version = await register(bus, service, node)
+            other = unique("n")
+            version = await register(bus, service, node, other)
             held = propose(unique("j"), node, 0, version)
             assert (await allocator.submit(held)).granted
             assert (await allocator.submit(propose(unique("j"), node, 1, allocator.ledger.version))).granted
-            assert await allocator.snapshot_once() is not None
+
+            async def meanwhile() -> None:  # commits racing the snapshot, on another node
+                for gpu in range(4):
+                    await allocator.submit(propose(unique("j"), other, gpu, allocator.ledger.version))
+                    await asyncio.sleep(0)
+
+            taken, _ = await asyncio.gather(allocator.snapshot_once(), meanwhile())
+            assert taken is not None
             published = await read_snapshot(bus)
-            assert published is not None and published.version == allocator.ledger.version
+            assert published is not None and published.version <= allocator.ledger.version
 
             # What 30 days of max age do: the stream keeps none of the events the snapshot holds.
             await bus.js.purge_stream("IBPOOL_POOL", seq=published.stream_seq)
@@ -125,3 +135,25 @@ async def test_a_replica_starts_from_the_snapshot_after_the_stream_dropped_the_l
         for t in tasks:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(t, 10)
+
+
+async def test_a_snapshot_stored_but_never_published_is_published_at_the_next_start(bus: Bus, store: Store) -> None:
+    # A crash between storing a snapshot and putting it to the bucket, or a bucket lost with the NATS
+    # servers' storage: nothing changes in the ledger, yet the replicas must get the snapshot again.
+    node = unique("n")
+    async with running_allocator(bus, store) as (service, allocator):
+        version = await register(bus, service, node)
+        assert (await allocator.submit(propose(unique("j"), node, 0, version))).granted
+        at = await allocator.snapshot_once()
+        assert at is not None
+    await (await bus.js.object_store(LEDGER_BUCKET)).delete(SNAPSHOT_OBJECT)
+    assert await read_snapshot(bus) is None
+    async with running_allocator(bus, store, instance="again") as (_, restarted):
+
+        async def published() -> bool:
+            snapshot = await read_snapshot(bus)
+            return snapshot is not None and snapshot.version == restarted.ledger.version
+
+        await eventually(published, what="the stored snapshot published again at start")
+        assert restarted.snapshot_at == restarted.published_at == at  # not stored a second time
+        assert await store.pool.fetchval("SELECT count(*) FROM ledger_snapshots") == 1
