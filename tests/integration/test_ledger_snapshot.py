@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
+
+from ibpool_pool_allocator import service as allocator_service
 from ibpool_proto.pool import ReleaseAllocation
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.ledger_replica import LEDGER_BUCKET, SNAPSHOT_OBJECT, LedgerReplica, read_snapshot
@@ -27,7 +30,10 @@ async def log_rows(store: Store, where: str = "true", *args: object) -> int:
     return int(await store.pool.fetchval(f"SELECT count(*) FROM ledger_events WHERE {where}", *args))
 
 
-async def test_a_snapshot_bounds_the_log_and_replicas_and_restarts_start_from_it(bus: Bus, store: Store) -> None:
+async def test_a_snapshot_bounds_the_log_and_replicas_and_restarts_start_from_it(
+    bus: Bus, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(allocator_service, "LOG_PAGE", 2)  # every catch-up here reads the log page by page
     node = unique("n")
     async with running_allocator(bus, store) as (service, first), running_allocator(bus, store, instance="b") as (_, b):
         version = await register(bus, service, node)

@@ -71,6 +71,8 @@ HEALTH_NEWS = (NodeFailed, NodeRecovered, GpuFailed, GpuRecovered, Cordoned, Unc
 Choice = Callable[[Ledger, dt.datetime], Decision]
 # A catch-up that found the log deleted up to a newer snapshot starts again from it; this many times at most.
 CATCH_UP_TRIES = 5
+# Rows of the log read per statement when catching up.
+LOG_PAGE = 10_000
 
 
 class PoolAllocator:
@@ -197,36 +199,38 @@ class PoolAllocator:
         return decision
 
     async def catch_up(self, tx: Transaction) -> None:
-        """Make the cache the log as committed: apply what others appended, or start over from the
-        newest snapshot when the log no longer holds the cache's last event: a rolled-back
-        transaction left the cache ahead, or a snapshot (another replica's) deleted the log up to it."""
-        for _ in range(CATCH_UP_TRIES):
+        """Make the cache the log as committed: apply what others appended, `LOG_PAGE` rows per read,
+        or start over from the newest snapshot when the log no longer holds the cache's last event:
+        a rolled-back transaction left the cache ahead, or a snapshot (another replica's) deleted the
+        log up to it."""
+        misses = 0
+        while True:
             if self.position == state.START and (snapshot := await state.latest_snapshot(tx.conn)) is not None:
-                self.ledger, self.position, self.position_id = (
-                    decode_ledger(snapshot.ledger),
-                    snapshot.at,
-                    snapshot.event_id,
-                )
-                self.snapshot_at = snapshot.at
-            rows = await state.log_from(tx.conn, self.position)
+                self.ledger, self.position = decode_ledger(snapshot.ledger), snapshot.at
+                self.position_id, self.snapshot_at = snapshot.event_id, snapshot.at
+            rows = await state.log_from(tx.conn, self.position, LOG_PAGE)
             if self.position == state.START:
-                if not rows or state.is_first_row(rows[0].at):
-                    break
-                continue  # no snapshot was there, but one deleted the log's start since: read it
-            if rows and rows[0].event_id == self.position_id:
-                rows = rows[1:]
-                break
-            self.ledger, self.position, self.position_id = Ledger(), state.START, None
-            self.rebuilds += 1
-            log.info("ledger cache rebuilt from the log")
-        else:
-            # Each try met a newer snapshot: only a log whose rows were deleted by hand gets here.
-            raise RuntimeError(
-                f"ledger_events does not hold the row of the newest ledger snapshot after {CATCH_UP_TRIES} reads"
-            )
-        if rows:
-            apply(self.ledger, [r.event() for r in rows])
-            self.position, self.position_id = rows[-1].at, rows[-1].event_id
+                # No snapshot: the log must begin at its first row, unless a first snapshot cut it meanwhile.
+                consistent, fresh = not rows or state.is_first_row(rows[0].at), rows
+            else:
+                consistent, fresh = bool(rows) and rows[0].event_id == self.position_id, rows[1:]
+            if not consistent:
+                misses += 1
+                if misses > CATCH_UP_TRIES:
+                    # Each read met a newer snapshot: only a log whose rows were deleted by hand gets here.
+                    raise RuntimeError(
+                        f"ledger_events does not hold the row of the newest ledger snapshot after {misses} reads"
+                    )
+                if self.position != state.START:
+                    self.ledger, self.position, self.position_id = Ledger(), state.START, None
+                    self.rebuilds += 1
+                    log.info("ledger cache rebuilt from the log")
+                continue
+            if fresh:
+                apply(self.ledger, [r.event() for r in fresh])
+                self.position, self.position_id = fresh[-1].at, fresh[-1].event_id
+            if len(rows) < LOG_PAGE:
+                return
 
     async def expire_once(self) -> Decision:
         # Always under the lock on the caught-up ledger: another replica may hold the leases that ran out.

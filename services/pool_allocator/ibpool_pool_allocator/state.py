@@ -36,14 +36,18 @@ class LogRow(NamedTuple):
         return _event.decode(self.body)
 
 
-async def log_from(conn: asyncpg.Connection | asyncpg.Pool, at: Position) -> list[LogRow]:
-    """The rows of the log at `at` and after it, in order, read in one statement. The log is
-    deleted oldest row first (`PRUNE_LOG`), so when the row at `at` is among them, none after it
-    is missing."""
+async def log_from(conn: asyncpg.Connection | asyncpg.Pool, at: Position, limit: int) -> list[LogRow]:
+    """The first `limit` rows of the log at `at` and after it, in order, read in one statement. The
+    log is deleted oldest row first (`PRUNE_LOG`), so when the row at `at` is among them, none after
+    it is missing. The limit also keeps the plan an index scan when Postgres plans the prepared
+    statement generically (without it, a range it cannot size is read with a sequential scan and a
+    sort: 91 ms on 400,000 rows)."""
     rows = await conn.fetch(
-        "SELECT version, seq, event_id, body FROM ledger_events WHERE (version, seq) >= ($1, $2) ORDER BY version, seq",
+        "SELECT version, seq, event_id, body FROM ledger_events WHERE (version, seq) >= ($1, $2)"
+        " ORDER BY version, seq LIMIT $3",
         at[0],
         at[1],
+        limit,
     )
     return [LogRow((r["version"], r["seq"]), r["event_id"], r["body"]) for r in rows]
 
