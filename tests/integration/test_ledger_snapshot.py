@@ -13,13 +13,16 @@ import contextlib
 import pytest
 
 from ibpool_pool_allocator import service as allocator_service
+from ibpool_pool_allocator.service import PoolAllocator
 from ibpool_proto.pool import ReleaseAllocation
 from ibpool_runtime.bus import Bus
+from ibpool_runtime.devstack import StackInfo
 from ibpool_runtime.ledger_replica import LEDGER_BUCKET, SNAPSHOT_OBJECT, LedgerReplica, read_snapshot
 from ibpool_runtime.store import Store
 from tests.integration.helpers import eventually
 from tests.integration.pool_support import unique
 from tests.integration.test_pool_allocator import propose, register, running_allocator
+from tests.integration.test_scheduler import call, job_id, job_state, pool_of, running_scheduler, until_leading
 
 
 def release(allocation_id: str) -> ReleaseAllocation:
@@ -163,3 +166,35 @@ async def test_a_snapshot_stored_but_never_published_is_published_at_the_next_st
         await eventually(published, what="the stored snapshot published again at start")
         assert restarted.snapshot_at == restarted.published_at == at  # not stored a second time
         assert await store.pool.fetchval("SELECT count(*) FROM ledger_snapshots") == 1
+
+
+async def test_a_scheduler_started_after_the_stream_dropped_the_ledgers_first_events_schedules(
+    bus: Bus, store: Store, stack: StackInfo
+) -> None:
+    # The end-to-end case of the bug: a scheduler (re)started a month into the cluster's life. It
+    # replays no stream from a sequence given by the test, but from the snapshot it finds.
+    async with pool_of(bus, stack, 2) as pool:
+        allocator: PoolAllocator = pool.allocator.spec.tasks[0].__self__  # type: ignore[attr-defined]
+
+        async def registered() -> bool:
+            return set(pool.node_ids) <= set(allocator.ledger.nodes)
+
+        await eventually(registered, what="the nodes in the allocator's ledger")
+        await allocator.snapshot_once()  # None when its start already published this ledger
+        published = await read_snapshot(bus)
+        assert published is not None and published.version == allocator.ledger.version
+        await bus.js.purge_stream("IBPOOL_POOL", seq=published.stream_seq)
+        async with running_scheduler(bus, store, None, leader_key=f"sched-{pool.prefix}") as (service, sched):  # type: ignore[arg-type]
+            await until_leading(sched, pool.node_ids)
+            assert sched.feed.from_snapshot and sched.feed.replays == 0
+            j = job_id()
+            body = {"id": j, "tenant": "t", "gpus": 2, "workload": {"simulated_runtime_s": 0.3}}
+            status, _ = await call(service, "POST", "/v1/jobs", body)
+            assert status == 201
+
+            async def completed() -> bool:
+                return (await job_state(service, j))["state"] == "completed"
+
+            await eventually(
+                completed, what="a job scheduled, granted and run by a scheduler started from the snapshot"
+            )
