@@ -133,14 +133,15 @@ class LedgerReplica:
             return Ledger(past_kept=0), self.from_seq
         try:
             snapshot = await read_snapshot(self.bus)
+            ledger = None if snapshot is None else decode_ledger(snapshot.ledger, past_kept=0)
         except Exception as e:  # damaged, refused (a NATS user without the bucket's permissions), timed out
             # The stream may still hold the ledger's first event; if not, the gap brings us back here.
             log.error(
                 "the pool ledger snapshot cannot be read; replaying the stream from its first event",
                 error=str(e) or type(e).__name__,
             )
-            snapshot = None
-        if snapshot is None:
+            snapshot = ledger = None
+        if snapshot is None or ledger is None:
             return Ledger(past_kept=0), None
         state = (await self.bus.js.stream_info(stream)).state
         after_last = state.last_seq + 1
@@ -151,11 +152,6 @@ class LedgerReplica:
                 snapshot_stream_seq=snapshot.stream_seq,
                 stream_next_seq=after_last,
             )
-            return Ledger(past_kept=0), None
-        try:
-            ledger = decode_ledger(snapshot.ledger, past_kept=0)
-        except ValueError as e:
-            log.error("the pool ledger snapshot is damaged; replaying the stream from its first event", error=str(e))
             return Ledger(past_kept=0), None
         if snapshot.stream_seq < state.first_seq:
             log.warning(

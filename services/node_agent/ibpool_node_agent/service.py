@@ -118,7 +118,7 @@ class NodeAgent:
                         if w.launcher == "process":
                             try:
                                 env = w.env | {"IBPOOL_ALLOCATION_ID": w.allocation_id, "IBPOOL_NODE_ID": w.node_id}
-                                pid = await self.launcher.start(_work_key(w), w.command, env)
+                                pid = await self.launcher.start(work_key(w.allocation_id, w.node_id), w.command, env)
                             except LaunchError as e:
                                 self.backends[event.node_id].enforcer.release(w.allocation_id)
                                 await ctx.emit(core.refuse_grant(event, now=now, source=self.kit.source, detail=str(e)))
@@ -139,7 +139,7 @@ class NodeAgent:
                 exited = core.stop_revoked(w, event, now=now, source=self.kit.source)
                 await state.mark_exited(ctx.tx.conn, exited)
                 await ctx.emit(exited)
-                self.launcher.stop(_work_key(w))
+                self.launcher.stop(work_key(w.allocation_id, w.node_id))
                 self.backends[w.node_id].enforcer.release(w.allocation_id)
             case _:
                 log.warning("unexpected event for the node agent", type=type(event).__name__)
@@ -177,7 +177,9 @@ class NodeAgent:
         """Put the limits of work that ran before a restart back in force (the enforcers start empty)."""
         for w in work:
             if w.launcher == "process" and w.pid is not None:
-                self.launcher.adopt(_work_key(w), w.pid)  # gone already: reported by the workload loop
+                self.launcher.adopt(
+                    work_key(w.allocation_id, w.node_id), w.pid
+                )  # gone already: reported by the workload loop
             again = Enforcement(env=w.env, mig_instances=w.mig_instances, memory_limit_mib=w.memory_limit_mib)
             try:
                 self.backends[w.node_id].enforcer.apply(w.allocation_id, again)
@@ -305,7 +307,7 @@ class NodeAgent:
             due = core.finish_due(work, now=now, source=self.kit.source)
             ended = dict(self.launcher.exited())
             for w in work:
-                key = _work_key(w)
+                key = work_key(w.allocation_id, w.node_id)
                 if w.launcher == "process" and (key in ended or not self.launcher.watches(key)):
                     code = ended.get(key)
                     xids = [c for i in w.gpu_indices for t, c in self.xids[w.node_id].get(i, []) if t >= w.started_at]
@@ -313,10 +315,10 @@ class NodeAgent:
             for _, exited in due:
                 if await state.mark_exited(tx.conn, exited):
                     await tx.outbox(exited)
-        finished = {_work_key(w) for w, _ in due}
+        finished = {work_key(w.allocation_id, w.node_id) for w, _ in due}
         for w, _ in due:
             self.backends[w.node_id].enforcer.release(w.allocation_id)
-        still = [w for w in work if _work_key(w) not in finished]
+        still = [w for w in work if work_key(w.allocation_id, w.node_id) not in finished]
         self.running = {n: [w.allocation_id for w in still if w.node_id == n] for n in self.node_ids}
         load: dict[str, dict[int, int]] = {n: {} for n in self.node_ids}
         for w in still:
@@ -325,10 +327,6 @@ class NodeAgent:
                 load[w.node_id][i] = load[w.node_id].get(i, 0) + per_gpu
         self._load = load
         return len(due)
-
-
-def _work_key(w: core.Workload) -> str:
-    return work_key(w.allocation_id, w.node_id)
 
 
 def work_key(allocation_id: str, node_id: str) -> str:

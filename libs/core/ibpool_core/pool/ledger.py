@@ -36,7 +36,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 import msgspec
 
@@ -281,6 +281,7 @@ class LedgerSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     ledger: bytes
 
 
+_T = TypeVar("_T")
 _ledger_decoder = msgspec.msgpack.Decoder(Ledger)
 _snapshot_decoder = msgspec.msgpack.Decoder(LedgerSnapshot)
 
@@ -289,12 +290,16 @@ def encode_ledger(ledger: Ledger) -> bytes:
     return _encode(ledger)
 
 
+def _decoded(decoder: msgspec.msgpack.Decoder[_T], data: bytes, what: str) -> _T:
+    try:
+        return decoder.decode(data)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"not an encoded {what}: {e}") from None
+
+
 def decode_ledger(data: bytes, past_kept: int | None = None) -> Ledger:
     """The ledger `encode_ledger` wrote; `past_kept` replaces the writer's. ValueError when `data` is not one."""
-    try:
-        ledger = _ledger_decoder.decode(data)
-    except msgspec.DecodeError as e:
-        raise ValueError(f"not an encoded ledger: {e}") from None
+    ledger = _decoded(_ledger_decoder, data, "ledger")
     if past_kept is not None:
         ledger.past_kept = past_kept
     return ledger
@@ -319,10 +324,7 @@ def encode_snapshot(snapshot: LedgerSnapshot) -> bytes:
 
 def decode_snapshot(data: bytes) -> LedgerSnapshot:
     """ValueError when `data` is not an encoded LedgerSnapshot."""
-    try:
-        return _snapshot_decoder.decode(data)
-    except msgspec.DecodeError as e:
-        raise ValueError(f"not an encoded ledger snapshot: {e}") from None
+    return _decoded(_snapshot_decoder, data, "ledger snapshot")
 
 
 def rebuild(events: Iterable[LedgerEvent]) -> Ledger:
