@@ -47,6 +47,10 @@ async def test_a_snapshot_bounds_the_log_and_replicas_and_restarts_start_from_it
         assert (await b.submit(release(done.id))).events  # b's cache is now at the log's end...
         assert (await first.submit(propose(unique("j"), node, 2, first.ledger.version))).granted  # ...and behind it
         before = await log_rows(store)
+        # Counted from here: each allocator's snapshot step at start may already have taken one (a
+        # shared durable can hand it nodes registered after an earlier test), and b's expiry tick
+        # may be the change that meets the deleted row first.
+        rebuilt = b.rebuilds
 
         at = await first.snapshot_once()
         assert at is not None and at == first.position
@@ -60,7 +64,7 @@ async def test_a_snapshot_bounds_the_log_and_replicas_and_restarts_start_from_it
 
         # b's last event was deleted with the log: on its next change it starts over from the snapshot.
         assert (await b.submit(propose(unique("j"), node, 3, first.ledger.version))).granted
-        assert b.rebuilds == 1
+        assert b.rebuilds > rebuilt
         assert (await first.submit(release(held.id))).events
         await b.expire_once()  # a change that decides nothing: b catches up
         final = first.ledger
