@@ -13,7 +13,7 @@ from ibpool_proto import new_id
 from ibpool_proto.job import CancelJob
 from ibpool_runtime.bus import Bus, envelope_headers
 from ibpool_runtime.config import BaseConfig
-from ibpool_runtime.consumer import Consumer, ConsumerSettings, HandlerContext, Subscription
+from ibpool_runtime.consumer import Consumer, ConsumerSettings, HandlerContext, HandlerFailed, Handoff, Subscription
 from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit, Service, ServiceSpec
 from ibpool_runtime.store import Store
@@ -52,11 +52,11 @@ class Recorder:
 
 
 async def start_consumer(
-    bus: Bus, store: Store, handler, job_ids: list[str], prepare=None, **settings
+    bus: Bus, store: Store, handler, job_ids: list[str], prepare=None, handoff=None, **settings
 ) -> tuple[Consumer, asyncio.Event, asyncio.Task]:
     durable = f"test-{uuid.uuid4().hex[:8]}"
     subjects = tuple(CancelJob.subject(j) for j in job_ids)
-    sub = Subscription(durable=durable, filter_subjects=subjects, handler=handler, prepare=prepare)
+    sub = Subscription(durable=durable, filter_subjects=subjects, handler=handler, prepare=prepare, handoff=handoff)
     consumer = Consumer(bus, store, sub, ConsumerSettings(**settings), ServiceMetrics("test"), "test")
     await consumer.start()
     stop = asyncio.Event()
@@ -196,6 +196,65 @@ async def test_prepare_sees_the_batch_first_and_a_failing_one_falls_back_to_even
     assert seen_ahead[:3] == [False, False, False]
     # Later batches had a prepare that held, and their handlers saw its scratch.
     assert len(batches) >= 2 and all(seen_ahead[3:]) and len(seen_ahead) == 5
+
+
+async def _acked_all(bus: Bus, consumer: Consumer) -> bool:
+    info = await bus.js.consumer_info(consumer.sub.stream_name(), consumer.sub.durable)
+    return info.num_pending == 0 and info.num_ack_pending == 0
+
+
+async def test_a_handoff_keeps_batches_unacked_until_the_taking_transaction_commits(bus: Bus, store: Store) -> None:
+    await effects_table(store)
+    jobs = [f"hand-{uuid.uuid4().hex[:8]}" for _ in range(4)]
+    arrivals: list[int] = []
+    accepting = True
+    handoff = Handoff(lambda: accepting, lambda: arrivals.append(len(handoff.kept)))
+    recorder = Recorder(always_fail_for=jobs[3])
+    consumer, stop, task = await start_consumer(bus, store, recorder, jobs, handoff=handoff, batch=16, max_deliver=2)
+    first = [cancel(jobs[0]), cancel(jobs[1])]
+    for e in first:
+        await bus.publish(e)
+    await eventually(lambda: _true(len(handoff.kept) == 2), what="both events kept by the hand-off")
+    assert arrivals and recorder.calls == 0  # kept, not handled
+    info = await bus.js.consumer_info(consumer.sub.stream_name(), consumer.sub.durable)
+    assert info.num_ack_pending == 2  # and not acked
+
+    # Taken into a transaction of the service's own, with a write of its own: one commit for both.
+    taken = handoff.take()
+    async with store.transaction() as tx:
+        await handoff.handle_in(tx, taken)
+        await tx.conn.execute("INSERT INTO effects VALUES ('own', $1)", jobs[0])
+    await handoff.settle(taken)
+    await eventually(lambda: _acked_all(bus, consumer), what="the taken events acked after the commit")
+    assert [await count_effects(store, j) for j in jobs[:2]] == [2, 1]
+
+    # A taking transaction that rolls back (a handler failed): the events are handled apart, the
+    # good one once, the failing one nak'd and in the end dead-lettered, nothing of the rollback kept.
+    await bus.publish(cancel(jobs[2]))
+    await bus.publish(cancel(jobs[3]))
+    await eventually(lambda: _true(len(handoff.kept) == 2), what="the next two kept")
+    taken = handoff.take()
+    with pytest.raises(HandlerFailed):
+        async with store.transaction() as tx:
+            await tx.conn.execute("INSERT INTO effects VALUES ('own', $1)", jobs[2])
+            await handoff.handle_in(tx, taken)
+    accepting = False  # the redelivery of the failing one is handled by the consumer itself
+    await handoff.handle_apart(taken)
+    await eventually(lambda: _acked_all(bus, consumer), timeout_s=30, what="the failing event dead-lettered")
+    assert [await count_effects(store, j) for j in jobs[2:]] == [1, 0]
+
+    # Kept when the consumer stops: handled apart, not left for a redelivery.
+    accepting = True
+    await bus.publish(cancel(jobs[1]))
+    await eventually(lambda: _true(len(handoff.kept) == 1), what="one more kept")
+    stop.set()
+    await task
+    assert await count_effects(store, jobs[1]) == 2 and not handoff.kept
+    assert await _acked_all(bus, consumer)
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 def test_occurred_at_is_utc() -> None:

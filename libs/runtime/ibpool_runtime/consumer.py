@@ -9,6 +9,10 @@ transaction. If a handler raises, that transaction is rolled back and the batch 
 one savepoint per event, so a handler may run twice in one delivery and must keep every effect
 inside its transaction (as it must for redeliveries anyway). A message that does not decode goes to the DLQ at
 once; a handler that keeps failing goes there after `max_deliver` attempts.
+
+Hand-off: a subscription with a `Handoff` may pass its batches to a transaction of its service's
+own instead (the scheduler's cycle takes its job news, so a submission is stored and planned in one
+transaction); what that transaction does not commit is handled the usual way.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ _handler_duration = telemetry.meter("ibpool.consumer").create_histogram(
 )
 
 
-class _HandlerFailed(Exception):
+class HandlerFailed(Exception):
     """A handler raised on the fast path; the batch is rolled back and re-run isolated."""
 
 
@@ -87,6 +91,48 @@ Handler = Callable[[Any, HandlerContext], Awaitable[None]]
 Prepare = Callable[[list[Any], Transaction], Awaitable[None]]
 
 
+class Handoff:
+    """Batches a consumer passes to a transaction of its service's own instead of opening one.
+
+    While `accepting()` is true, each fetched batch is decoded and kept here (unacked) and
+    `arrived()` is called; the service then `take`s what is kept, runs `handle_in` inside its
+    transaction and, once that committed, `settle`s (acks) what it took. If the transaction does not
+    commit, or when the service will not take what is kept, `handle_apart` handles it in a
+    transaction of its own, as if it had never been handed over. What is kept when the consumer
+    stops is handled apart too. The consumer's `max_ack_pending` bounds what can be kept.
+    """
+
+    def __init__(self, accepting: Callable[[], bool], arrived: Callable[[], None]) -> None:
+        self.accepting = accepting
+        self.arrived = arrived
+        self.kept: list[_Outcome] = []
+        self.consumer: Consumer | None = None
+
+    def take(self) -> list[_Outcome]:
+        """Everything kept so far (the caller now owns it: it must settle it or hand it apart)."""
+        taken, self.kept = self.kept, []
+        return taken
+
+    async def handle_in(self, tx: Transaction, taken: list[_Outcome]) -> None:
+        """The handlers of `taken` in `tx`, its inbox rows included, with the batch's `prepare`.
+        Raises `HandlerFailed` when one raises: `tx` must then be rolled back and `taken` handled apart."""
+        assert self.consumer is not None
+        await self.consumer._handle_in(tx, taken)
+
+    async def settle(self, taken: list[_Outcome]) -> None:
+        """Ack what `handle_in` handled, once its transaction committed."""
+        assert self.consumer is not None
+        for o in taken:
+            await self.consumer._settle(o)
+
+    async def handle_apart(self, taken: list[_Outcome]) -> None:
+        """Handle `taken` as the consumer does without a hand-off: its own transaction, then settled."""
+        assert self.consumer is not None
+        for o in taken:
+            o.error, o.duplicate = None, False
+        await self.consumer._handle_and_settle(taken)
+
+
 @dataclass(frozen=True)
 class Subscription:
     """A durable consumer: which subjects, which handler, whether it runs in a store transaction."""
@@ -97,6 +143,7 @@ class Subscription:
     transactional: bool = True
     stream: str | None = None
     prepare: Prepare | None = None
+    handoff: Handoff | None = None
 
     def stream_name(self) -> str:
         return self.stream or stream_for_subject(self.filter_subjects[0])
@@ -130,6 +177,10 @@ class Consumer:
     busy: bool = False
     running: bool = False
     _psub: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.sub.handoff is not None:
+            self.sub.handoff.consumer = self
 
     async def start(self) -> None:
         stream = self.sub.stream_name()
@@ -179,6 +230,8 @@ class Consumer:
                     self.busy = False
         finally:
             self.running = False
+            if self.sub.handoff is not None and self.sub.handoff.kept:
+                await self.sub.handoff.handle_apart(self.sub.handoff.take())
             with contextlib.suppress(Exception):
                 await self._psub.unsubscribe()
 
@@ -191,10 +244,18 @@ class Consumer:
                 await self._dead_letter(msg, f"decode: {e}", why="decode")
         if not outcomes:
             return
+        handoff = self.sub.handoff
+        if handoff is not None and handoff.accepting():
+            handoff.kept.extend(outcomes)
+            handoff.arrived()
+            return
+        await self._handle_and_settle(outcomes)
+
+    async def _handle_and_settle(self, outcomes: list[_Outcome]) -> None:
         if self.sub.transactional and self.store is not None:
             try:
                 await self._handle_batch(outcomes, self.store)
-            except _HandlerFailed:
+            except HandlerFailed:
                 # Nothing of the batch was committed. Run it again one event at a time, each in its
                 # own savepoint, so only the failing events are nak'd.
                 for o in outcomes:
@@ -211,29 +272,33 @@ class Consumer:
     async def _handle_batch(self, outcomes: list[_Outcome], store: Store) -> None:
         """The fast path: one inbox insert for the batch, handlers in the batch transaction, one commit."""
         async with store.transaction() as tx:
-            fresh = set(await tx.mark_handled_many(self.sub.durable, [o.event.id for o in outcomes if o.event]))
-            for o in outcomes:
-                assert o.event is not None
-                if o.event.id not in fresh:
-                    o.duplicate = True
-                    continue
-                fresh.discard(o.event.id)  # a second copy in the same batch is a duplicate too
-            if self.sub.prepare is not None:
-                try:
-                    await self.sub.prepare([o.event for o in outcomes if not o.duplicate], tx)
-                except Exception as e:
-                    log.warning(
-                        "batch prepare failed; the batch runs again one event at a time",
-                        consumer=self.sub.durable,
-                        error=f"{type(e).__name__}: {e}",
-                    )
-                    raise _HandlerFailed(f"prepare: {type(e).__name__}: {e}") from e
-            for o in outcomes:
-                if o.duplicate:
-                    continue
-                await self._handle_one(o, tx, isolated=False)
-                if o.error is not None:
-                    raise _HandlerFailed(o.error)
+            await self._handle_in(tx, outcomes)
+
+    async def _handle_in(self, tx: Transaction, outcomes: list[_Outcome]) -> None:
+        """The fast path's work inside `tx`: inbox rows, `prepare`, every handler; HandlerFailed on a failure."""
+        fresh = set(await tx.mark_handled_many(self.sub.durable, [o.event.id for o in outcomes if o.event]))
+        for o in outcomes:
+            assert o.event is not None
+            if o.event.id not in fresh:
+                o.duplicate = True
+                continue
+            fresh.discard(o.event.id)  # a second copy in the same batch is a duplicate too
+        if self.sub.prepare is not None:
+            try:
+                await self.sub.prepare([o.event for o in outcomes if not o.duplicate], tx)
+            except Exception as e:
+                log.warning(
+                    "batch prepare failed; the batch runs again one event at a time",
+                    consumer=self.sub.durable,
+                    error=f"{type(e).__name__}: {e}",
+                )
+                raise HandlerFailed(f"prepare: {type(e).__name__}: {e}") from e
+        for o in outcomes:
+            if o.duplicate:
+                continue
+            await self._handle_one(o, tx, isolated=False)
+            if o.error is not None:
+                raise HandlerFailed(o.error)
 
     async def _handle_batch_isolated(self, outcomes: list[_Outcome], store: Store) -> None:
         try:
