@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import pytest
 
 from ibpool_failover_controller.bootstrap import bootstrap as controller_bootstrap
 from ibpool_failover_controller.config import FailoverControllerConfig
@@ -295,6 +296,49 @@ async def test_submit_and_cancel_commands_from_the_bus(bus: Bus, store: Store, s
         await eventually(cancelled, what="the job cancelled from the bus")
         (finished,) = await job_events(bus, j, JobFinished)
         assert finished.state == "cancelled"
+
+
+@pytest.mark.parametrize("in_cycle", [True, False], ids=["cycle-takes-job-news", "job-news-apart"])
+async def test_submissions_on_the_bus_are_stored_and_planned_in_the_cycles_transaction(
+    bus: Bus, store: Store, stack: StackInfo, in_cycle: bool
+) -> None:
+    async with cluster(bus, store, stack, nodes=1, cycle_takes_job_news=in_cycle) as (service, sched, _alloc, _nodes):
+        spec = JobSpec(name="small", tenant="t", request=ResourceRequest(kind="whole", gpus=1))
+        jobs = [job_id() for _ in range(4)]
+        flaky = jobs[1]
+        accept = sched.accept
+        failed: list[str] = []
+
+        async def accept_failing_once(tx: Any, job: str, job_spec: JobSpec) -> Any:
+            if job == flaky and not failed:
+                failed.append(job)
+                raise RuntimeError("the store hiccuped")
+            return await accept(tx, job, job_spec)
+
+        sched.accept = accept_failing_once  # type: ignore[method-assign]
+        for j in jobs:
+            await bus.publish(SubmitJob(source="test", key=j, job_id=j, spec=spec))
+
+        async def all_placed() -> bool:
+            views = [await call(service, "GET", f"/v1/jobs/{j}") for j in jobs]
+            return all(status == 200 and view["state"] in ("scheduled", "running") for status, view in views)
+
+        await eventually(all_placed, what="every submission placed")
+        assert failed == [flaky]
+
+        def in_cycles(kind: str) -> float:
+            return float(sched.news_in_cycles.labels(kind)._value.get())
+
+        # The batch whose handler failed was handled apart (the cycle rolled back with it).
+        assert in_cycles("SubmitJob") <= len(jobs) - 1
+        before = in_cycles("SubmitJob")
+        last = job_id()
+        jobs.append(last)
+        await bus.publish(SubmitJob(source="test", key=last, job_id=last, spec=spec))
+        await eventually(all_placed, what="one more submission placed")
+        for j in jobs:  # queued once each: nothing of a rolled-back attempt was published
+            assert len(await job_events(bus, j, JobQueued)) == 1
+        assert in_cycles("SubmitJob") == (before + 1 if in_cycle else 0)
 
 
 async def test_bad_bodies_get_400_with_the_path(bus: Bus, store: Store, stack: StackInfo) -> None:

@@ -184,7 +184,7 @@ async def member_lost(
     await state.save_job(tx, marked, now)
     sched.requeues.labels("member replacement").inc()
     log.info("gang member lost; replacing it", job_id=job.job_id, node_id=node_id, why=why)
-    tx.after_commit(sched.wake.set)
+    sched.wake_after(tx)
 
 
 async def on_member_exit(sched: Scheduler, tx: Transaction, job: JobRecord, ev: JobExited, now: dt.datetime) -> bool:
@@ -329,7 +329,7 @@ async def on_rejected(
             reason=f"replacing the member on {job.replacing}: refused ({ev.reason}: {ev.detail}), trying again",
         )
         await state.save_job(tx, again, now)
-        tx.after_commit(sched.wake.set)
+        sched.wake_after(tx)
         return
     why = f"replacement of the member on {job.replacing} refused ({ev.reason}: {ev.detail}): gang restarted"
     await sched.on_lost(tx, job.job_id, job.allocation_id, why)

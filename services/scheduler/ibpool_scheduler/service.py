@@ -58,7 +58,7 @@ from ibpool_proto.pool import (
     RenewLease,
 )
 from ibpool_runtime.config import ConfigError
-from ibpool_runtime.consumer import HandlerContext, Subscription
+from ibpool_runtime.consumer import HandlerContext, HandlerFailed, Handoff, Subscription
 from ibpool_runtime.leader import Leadership
 from ibpool_runtime.ledger_replica import LedgerReplica
 from ibpool_runtime.logs import get_logger
@@ -78,6 +78,8 @@ JOB_NEWS = (SubmitJob, CancelJob, JobStarted, JobExited)
 POOL_NEWS = (AllocationGranted, AllocationRejected, AllocationRevoked, AllocationExpired)
 HEALTH_NEWS = (RequeueRequested,)
 RETRY_AT_ONCE = ("conflict", "stale")
+# `Transaction.scratch` key: this transaction is a cycle's, handling job news before it plans.
+IN_CYCLE = "scheduler.in_cycle"
 
 # The placement profile the scheduler runs unless `placement_profile` says otherwise (shared with the sim).
 DEFAULT_PROFILE: dict[str, Any] = SCHEDULER_PROFILE
@@ -215,6 +217,8 @@ class Scheduler:
         if cfg.leader_election:
             self.leadership = Leadership(kit.bus, cfg.leader_key, kit.source, cfg.leader_ttl_s, cfg.stream_replicas)
         self.wake = asyncio.Event()
+        # The job news the leader's next cycle handles in its own transaction (`cycle_takes_job_news`).
+        self.job_news = Handoff(self.takes_job_news, self.wake.set)
         self.last_plan: CyclePlan | None = None
         self.cycles = 0
         # Jobs the last cycle left queued: while none wait, a ledger change alone does not start a cycle.
@@ -241,6 +245,12 @@ class Scheduler:
             "ibpool_scheduler_answers", "Allocator answers to proposals", ["outcome"], registry=registry
         )
         self.requeues = Counter("ibpool_scheduler_requeues", "Jobs requeued", ["cause"], registry=registry)
+        self.news_in_cycles = Counter(
+            "ibpool_scheduler_job_news_in_cycles",
+            "Job news handled in a cycle's transaction, by type",
+            ["type"],
+            registry=registry,
+        )
         self.cycle_seconds = Histogram(
             "ibpool_scheduler_cycle_seconds",
             "Read live jobs, decide, write one cycle",
@@ -263,10 +273,23 @@ class Scheduler:
 
         def sub(name: str, types: tuple[type[Message], ...]) -> Subscription:
             return Subscription(
-                f"{p}-{name}", tuple(t.subject_pattern() for t in types), self.on_news, prepare=self.prepare
+                f"{p}-{name}",
+                tuple(t.subject_pattern() for t in types),
+                self.on_news,
+                prepare=self.prepare,
+                handoff=self.job_news if types is JOB_NEWS else None,
             )
 
         return [sub("jobs", JOB_NEWS), sub("pool", POOL_NEWS), sub("health", HEALTH_NEWS)]
+
+    def takes_job_news(self) -> bool:
+        """Whether the next cycle will handle job news fetched now: while this replica leads, caught up."""
+        return self.cfg.cycle_takes_job_news and self.is_leader and self.feed.caught_up
+
+    def wake_after(self, tx: Transaction) -> None:
+        """Wake the cycle once `tx` commits; not when `tx` is a cycle's own, which plans with what it changed."""
+        if not tx.scratch.get(IN_CYCLE):
+            tx.after_commit(self.wake.set)
 
     def queue_policy_names(self, live: list[JobRecord]) -> dict[str, tuple[str, str]]:
         """queue -> (policy name, backfill) for every configured, served or live queue."""
@@ -371,7 +394,7 @@ class Scheduler:
                 hosts=record.hosts,
             )
         )
-        tx.after_commit(self.wake.set)
+        self.wake_after(tx)
         return record
 
     async def cancel(self, tx: Transaction, job_id: str, reason: str) -> JobRecord | None:
@@ -385,7 +408,7 @@ class Scheduler:
         done = jobs.finished(job, "cancelled", reason, now)
         await state.save_job(tx, done, now)
         await tx.outbox(self.finished_event(done))
-        tx.after_commit(self.wake.set)
+        self.wake_after(tx)
         return done
 
     async def current(self, tx: Transaction, job_id: str, allocation_id: str, now: dt.datetime) -> JobRecord | None:
@@ -421,7 +444,7 @@ class Scheduler:
         done = msgspec.structs.replace(done, exited_nodes=exited)
         await state.save_job(tx, done, now)
         await tx.outbox(self.finished_event(done), self.release(ev.allocation_id, f"job {job.job_id} exited"))
-        tx.after_commit(self.wake.set)
+        self.wake_after(tx)
 
     async def on_granted(self, tx: Transaction, ev: AllocationGranted, now: dt.datetime) -> None:
         job = await state.lock_job(tx, ev.job_id)
@@ -472,7 +495,7 @@ class Scheduler:
         later = None if ev.reason in RETRY_AT_ONCE else now + dt.timedelta(seconds=self.cfg.retry_after_s)
         why = f"proposal rejected ({ev.reason}): {ev.detail}"
         await state.save_job(tx, jobs.rejected(job, why, later), now)
-        tx.after_commit(self.wake.set)
+        self.wake_after(tx)
 
     async def on_lost(
         self,
@@ -513,7 +536,7 @@ class Scheduler:
                 not_before=not_before,
             )
         )
-        tx.after_commit(self.wake.set)
+        self.wake_after(tx)
 
     def release(self, allocation_id: str, why: str) -> ReleaseAllocation:
         return ReleaseAllocation(
@@ -547,6 +570,8 @@ class Scheduler:
     async def cycle_once(self) -> CyclePlan | None:
         """One scheduling decision, committed; None when not leading, not caught up, or fenced."""
         if not self.is_leader or not self.feed.caught_up:
+            if self.job_news.kept:  # fetched while this replica led: handled as any replica would
+                await self.job_news.handle_apart(self.job_news.take())
             if not self.is_leader and self.fairshare.updated_at:
                 self.fairshare = FairShareState()  # leading again later starts from the history anew
                 self.live.reset()  # and from a whole read of the live jobs
@@ -565,6 +590,28 @@ class Scheduler:
             return plan
 
     async def _decide_and_commit(self) -> CyclePlan | None:
+        news: list[Any] = []  # the job news this cycle took (`job_news`): acked once it committed
+        try:
+            plan = await self._decide_and_commit_with(news)
+        except HandlerFailed:
+            # A handler of the news failed, and the cycle was rolled back with it: the news is
+            # handled apart (one event at a time, the failing one nak'd), the cycle runs again.
+            await self.job_news.handle_apart(news)
+            self.wake.set()
+            return None
+        except Exception:
+            if news:
+                await self.job_news.handle_apart(news)
+            raise
+        if news:
+            await self.job_news.settle(news)
+            for o in news:
+                self.news_in_cycles.labels(type(o.event).__name__).inc()
+        elif plan is None and self.job_news.kept:  # not this replica's turn (locked out, fenced)
+            await self.job_news.handle_apart(self.job_news.take())
+        return plan
+
+    async def _decide_and_commit_with(self, news: list[Any]) -> CyclePlan | None:
         async with self.kit.store.transaction() as tx:
             if not await state.lock_cycle(tx.conn, self.kit.store.schema):
                 return None
@@ -572,6 +619,12 @@ class Scheduler:
             if self.leadership is not None and (term is None or not await state.fence(tx.conn, term)):
                 self.leadership.step_down("a newer leader has scheduled (fenced)")
                 return None
+            news.extend(self.job_news.take())
+            if news:
+                # Stored, and their events queued, before the live jobs are read: the plan sees them.
+                tx.scratch[IN_CYCLE] = True
+                await self.job_news.handle_in(tx, news)
+                await tx.write_queued()
             live = await self.live.read(tx.conn)
             now = self.clock.now()
             ledger = self.feed.ledger
@@ -598,7 +651,8 @@ class Scheduler:
             await self._write(tx, plan, {j.job_id: j for j in live}, term, now)
             proposed = (a for p in plan.proposals for a in p.assignments)
             replacing = await members.propose_replacements(self, tx, live, ledger, proposed, term, now)
-            if plan.commits_durably(replacing) or term != self._fenced_term:
+            # News is acked after this commit: it must be on disk by then.
+            if news or plan.commits_durably(replacing) or term != self._fenced_term:
                 await state.commit_durably(tx.conn)
             if self.renewals_due():
                 await tx.outbox(*self.renewals(live, now))
