@@ -399,6 +399,8 @@ async def phase_latency(
 def _scheduler_config(args: argparse.Namespace) -> dict[str, Any]:
     """The scheduler's settings in this bench (either way it runs)."""
     tuning: dict[str, Any] = {} if args.debounce is None else {"cycle_debounce_s": args.debounce}
+    if args.job_news is not None:
+        tuning["cycle_takes_job_news"] = args.job_news == "cycle"
     return {
         "policy": "fifo",
         "log_level": "warning",
@@ -673,6 +675,13 @@ def main() -> int:
         help="offered rates of the latency phases, per s, comma-separated (300: the floor's)",
     )
     ap.add_argument("--debounce", type=float, default=None, help="the scheduler's cycle_debounce_s (default: its own)")
+    ap.add_argument(
+        "--job-news",
+        choices=("cycle", "apart"),
+        default=None,
+        help="the scheduler's cycle_takes_job_news: the leader's cycle handles submissions in its own"
+        " transaction, or a transaction of their own does (default: its own setting)",
+    )
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--sync", choices=("both", "always", "default"), default="both", help="nats-server fsync")
@@ -745,6 +754,7 @@ def main() -> int:
             "gpus_per_node": args.gpus,
             "job": "1 whole GPU, policy fifo, backfill easy",
             "cycle_debounce_s": args.debounce,
+            "cycle_takes_job_news": args.job_news,
             "placement": args.placement,
             "batch_proposals": args.batch == "on",
             "postgres_fsync": True,
