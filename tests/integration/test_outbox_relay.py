@@ -88,6 +88,41 @@ async def test_a_frozen_holder_loses_the_lock_and_another_relay_publishes(bus: B
             await store_b.close()
 
 
+async def test_a_round_deletes_what_the_previous_one_published_and_an_idle_relay_soon_after(
+    bus: Bus, stack: StackInfo
+) -> None:
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    async with own_store(stack, schema) as store:
+        relay = OutboxRelay(store, bus, poll_s=30.0, linger_s=0.3)
+        first, second = (f"round-{uuid.uuid4().hex[:8]}" for _ in range(2))
+        await commit_event(store, first)
+        assert await relay.publish_pending() == 1
+        assert await store.outbox_lag() == 1  # published, deleted by the next round's statement
+        await commit_event(store, second)
+        assert await relay.publish_pending() == 1  # the second only: the first is not read again
+        assert await store.outbox_lag() == 1
+        assert await relay.publish_pending() == 0
+        assert await store.outbox_lag() == 0
+        assert await _published_once(bus, first) and await _published_once(bus, second)
+
+        # Running, with no commit after it: the round after `linger_s` deletes (the poll is 30 s away).
+        stop = asyncio.Event()
+        task = asyncio.create_task(relay.run(stop))
+        third = f"round-{uuid.uuid4().hex[:8]}"
+        await commit_event(store, third)
+        began = time.monotonic()
+        await eventually(lambda: _counted(relay, 3), what="the third published")
+        await eventually(lambda: _lag_is(store, 0), what="the third deleted")
+        assert time.monotonic() - began < 10
+        stop.set()
+        await task
+        assert await _published_once(bus, third)
+
+
+async def _lag_is(store: Store, n: int) -> bool:
+    return await store.outbox_lag() == n
+
+
 async def _holds(relay: OutboxRelay) -> bool:
     return relay._conn is not None
 

@@ -6,10 +6,12 @@ they were committed; another replica's relay tries again every `poll_s` and take
 holder's connection ends. A holder that freezes (a paused container, a stalled VM) loses the lock
 after `hold_idle_s`: its connection is closed by Postgres (`idle_session_timeout`), since a live
 holder reads the outbox at least every `poll_s`. The holder is woken by its own service's commits and, through LISTEN
-(migration 002), by every replica's. A round is two statements: read the oldest rows, and after
-JetStream acked them, delete them. A crash after publish and before delete republishes; JetStream
-drops the copy by `Nats-Msg-Id`. So the relay's connection runs with `synchronous_commit = off`:
-a delete lost in a crash is the same case. The services' other commits still wait for their WAL
+(migration 002), by every replica's. A round is one statement: delete the rows the previous round
+published (JetStream acked them) and read the oldest of the rest; then publish them. Rows a round
+published are deleted by the next one, which comes with the next commit or `linger_s` later. A
+crash after publish and before that delete republishes; JetStream drops the copy by `Nats-Msg-Id`.
+So the relay's connection runs with `synchronous_commit = off`: a delete lost in a crash is the same
+case. The services' other commits still wait for their WAL
 fsync, except the scheduler's cycles that only propose (`ibpool_scheduler.state.lock_cycle` says
 why a lost one is harmless).
 """
@@ -32,6 +34,14 @@ from .store import Store
 log = get_logger(__name__)
 
 
+# One round: delete what the previous round published, read the oldest rows of the rest (the
+# statement's snapshot still holds the deleted rows, hence the filter).
+_ROUND = (
+    "WITH published AS (DELETE FROM outbox WHERE seq = ANY($1::bigint[]))"
+    " SELECT seq, subject, headers, body FROM outbox WHERE seq <> ALL($1::bigint[]) ORDER BY seq LIMIT $2"
+)
+
+
 def notify_channel(schema: str) -> str:
     """The LISTEN channel of a schema's outbox commits (as migration 002 names it)."""
     return "ibpool_outbox_" + hashlib.md5(schema.encode()).hexdigest()[:16]
@@ -39,9 +49,19 @@ def notify_channel(schema: str) -> str:
 
 class OutboxRelay:
     def __init__(
-        self, store: Store, bus: Bus, *, window: int = 256, poll_s: float = 0.5, hold_idle_s: float = 5.0
+        self,
+        store: Store,
+        bus: Bus,
+        *,
+        window: int = 256,
+        poll_s: float = 0.5,
+        hold_idle_s: float = 5.0,
+        linger_s: float = 0.05,
     ) -> None:
         self.store = store
+        self.linger_s = min(linger_s, poll_s)
+        # Seqs of rows published and not yet deleted: the next round's statement deletes them.
+        self._published: list[int] = []
         self.hold_idle_s = max(hold_idle_s, 4 * poll_s)
         self.bus = bus
         self.window = window
@@ -66,13 +86,24 @@ class OutboxRelay:
                     log.warning("outbox relay failed, will retry", error=str(e) or type(e).__name__)
                     await self._let_go(broken=True)
                 waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
+                # Published rows wait for the next round's delete: soon, if no commit wakes it first.
+                timeout = self.linger_s if self._published else self.poll_s
                 try:
-                    await asyncio.wait(waits, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     for w in waits:
                         w.cancel()
         finally:
+            with contextlib.suppress(Exception):
+                await self._delete_published()
             await self._let_go()
+
+    async def _delete_published(self) -> None:
+        """Delete the rows the last round published, now (not with a next round)."""
+        async with self._using:
+            if self._published and self._conn is not None and not self._conn.is_closed():
+                await self._conn.execute("DELETE FROM outbox WHERE seq = ANY($1::bigint[])", self._published)
+                self._published = []
 
     async def publish_pending(self) -> int:
         """Publish up to `window` rows; returns how many were published (0 if another relay holds the lock)."""
@@ -83,13 +114,14 @@ class OutboxRelay:
         conn = await self._holder()
         if conn is None:
             return 0
-        rows = await conn.fetch("SELECT seq, subject, headers, body FROM outbox ORDER BY seq LIMIT $1", self.window)
+        rows = await conn.fetch(_ROUND, self._published, self.window)
+        self._published = []
         if not rows:
             return 0
         faults.crash_if_armed("outbox.before_publish")
         batch = [OutgoingMessage(r["subject"], msgspec.json.decode(r["headers"]), bytes(r["body"])) for r in rows]
         await self.bus.publish_batch(batch)
-        await conn.execute("DELETE FROM outbox WHERE seq = ANY($1::bigint[])", [r["seq"] for r in rows])
+        self._published = [r["seq"] for r in rows]
         self.published += len(rows)
         return len(rows)
 
