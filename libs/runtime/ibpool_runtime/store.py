@@ -112,9 +112,13 @@ class Transaction:
         if rows:
             self._queued.setdefault(statement, []).extend(rows)
 
-    async def write_queued(self) -> None:
-        """Write the rows queued in the current scope now (done before every commit and savepoint release)."""
+    async def write_queued(self, *, outbox: bool = True) -> None:
+        """Write the rows queued in the current scope now (done before every commit and savepoint release).
+        `outbox=False` leaves the outbox rows queued (for the commit): a transaction that must read
+        its own writes back before it ends need not write its events twice."""
         queued, self._queued = self._queued, {}
+        if not outbox and _OUTBOX_INSERT in queued:
+            self._queued[_OUTBOX_INSERT] = queued.pop(_OUTBOX_INSERT)
         for statement, rows in queued.items():
             await self.conn.executemany(statement, rows)
             if statement == _OUTBOX_INSERT:

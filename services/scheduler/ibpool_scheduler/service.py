@@ -624,7 +624,7 @@ class Scheduler:
                 # Stored, and their events queued, before the live jobs are read: the plan sees them.
                 tx.scratch[IN_CYCLE] = True
                 await self.job_news.handle_in(tx, news)
-                await tx.write_queued()
+                await tx.write_queued(outbox=False)
             live = await self.live.read(tx.conn)
             now = self.clock.now()
             ledger = self.feed.ledger
