@@ -1,7 +1,8 @@
 """Service configuration: one msgspec Struct per service, read from env and an optional TOML file.
 
 Precedence, lowest first: field defaults, the TOML file, the shared `IBPOOL_<FIELD>` env vars
-(written by `ibpool dev up` for the bus and store URLs), `IBPOOL_<SERVICE>_<FIELD>`. An invalid
+(written by `ibpool dev up` for the bus and store URLs), `IBPOOL_<SERVICE>_<FIELD>`. An env var of
+a list or table field holds JSON (`IBPOOL_SCHEDULER_QUEUES='["batch", "interactive"]'`). An invalid
 value fails at start with a message naming the field, where it came from and what was wrong.
 """
 
@@ -11,7 +12,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_origin
 
 import msgspec
 
@@ -97,11 +98,13 @@ def load_config(
         for k, v in section.items():
             raw[k] = v
             origin[k] = f"{path} [{service}] {k}"
-    fields = {f.name for f in msgspec.structs.fields(config_type)}
+    infos = msgspec.structs.fields(config_type)
+    fields = {f.name for f in infos}
+    structured = {f.name for f in infos if get_origin(f.type) in (list, dict, set, tuple)}
     for f in fields:
         for name in ((f"IBPOOL_{f.upper()}",) if f in SHARED_FIELDS else ()) + (env_name(service, f),):
             if name in env:
-                raw[f] = env[name]
+                raw[f] = _json_value(env[name], name) if f in structured else env[name]
                 origin[f] = f"env {name}"
     prefix = f"IBPOOL_{service.upper()}_"
     unknown = [k for k in env if k.startswith(prefix) and k[len(prefix) :].lower() not in fields | {"config_file"}]
@@ -115,6 +118,14 @@ def load_config(
         where = origin.get(field, "") if field else ""
         where_text = f" (from {where})" if where else ""
         raise ConfigError(f"invalid {service} config: field `{field or '?'}`{where_text}: {msg}") from None
+
+
+def _json_value(text: str, var: str) -> Any:
+    """The JSON in env var `var` (a list or table field's value)."""
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError as e:
+        raise ConfigError(f"env {var} must hold JSON (a list or table field): {e}") from None
 
 
 def _field_of(validation_message: str) -> str | None:

@@ -8,6 +8,8 @@ from ibpool_runtime.config import BaseConfig, ConfigError, load_config
 class DemoConfig(BaseConfig, frozen=True, kw_only=True):
     nodes: int = 1
     interval_s: float = 1.0
+    queues: list[str] = []
+    labels: dict[str, str] = {}
 
 
 def test_defaults_then_toml_then_shared_env_then_service_env(tmp_path: Path) -> None:
@@ -53,3 +55,15 @@ def test_broken_toml_and_missing_file_are_clear(tmp_path: Path) -> None:
         load_config(DemoConfig, "demo", env={}, toml_path=broken)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(DemoConfig, "demo", env={}, toml_path=tmp_path / "missing.toml")
+
+
+def test_list_and_table_fields_take_json_from_env() -> None:
+    env = {"IBPOOL_DEMO_QUEUES": '["batch", "interactive"]', "IBPOOL_DEMO_LABELS": '{"site": "a"}'}
+    cfg = load_config(DemoConfig, "demo", env=env)
+    assert cfg.queues == ["batch", "interactive"] and cfg.labels == {"site": "a"}
+    with pytest.raises(ConfigError) as e:
+        load_config(DemoConfig, "demo", env={"IBPOOL_DEMO_QUEUES": "batch,interactive"})
+    assert "IBPOOL_DEMO_QUEUES" in str(e.value) and "JSON" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(DemoConfig, "demo", env={"IBPOOL_DEMO_QUEUES": '{"not": "a list"}'})
+    assert "`queues`" in str(e.value) and "IBPOOL_DEMO_QUEUES" in str(e.value)
