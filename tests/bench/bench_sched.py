@@ -399,8 +399,8 @@ async def phase_latency(
 def _scheduler_config(args: argparse.Namespace) -> dict[str, Any]:
     """The scheduler's settings in this bench (either way it runs)."""
     tuning: dict[str, Any] = {} if args.debounce is None else {"cycle_debounce_s": args.debounce}
-    if args.job_news is not None:
-        tuning["cycle_takes_job_news"] = args.job_news == "cycle"
+    if args.cycle_takes is not None:
+        tuning["cycle_takes_news"] = [n for n in args.cycle_takes.split(",") if n]
     return {
         "policy": "fifo",
         "log_level": "warning",
@@ -445,7 +445,8 @@ async def own_processes(
     logs = Path(tempfile.mkdtemp(prefix="ibpool-bench-sched-logs-"))
     base = dict(os.environ, IBPOOL_NATS_URL=nats_url, IBPOOL_POSTGRES_DSN=dsn)
     settings = {
-        k.upper(): str(v).lower() if isinstance(v, bool) else str(v) for k, v in _scheduler_config(args).items()
+        k.upper(): str(v).lower() if isinstance(v, bool) else json.dumps(v) if isinstance(v, list) else str(v)
+        for k, v in _scheduler_config(args).items()
     }
     procs = [
         ServiceProcess.of("pool_allocator", base, logs, instance="bench", LOG_LEVEL="warning"),
@@ -676,11 +677,10 @@ def main() -> int:
     )
     ap.add_argument("--debounce", type=float, default=None, help="the scheduler's cycle_debounce_s (default: its own)")
     ap.add_argument(
-        "--job-news",
-        choices=("cycle", "apart"),
+        "--cycle-takes",
         default=None,
-        help="the scheduler's cycle_takes_job_news: the leader's cycle handles submissions in its own"
-        " transaction, or a transaction of their own does (default: its own setting)",
+        help="the scheduler's cycle_takes_news, comma-separated (jobs, pool, health; empty: none): the"
+        " consumers whose news the leader's cycle handles in its own transaction (default: its own setting)",
     )
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--gpus", type=int, default=8)
@@ -754,7 +754,7 @@ def main() -> int:
             "gpus_per_node": args.gpus,
             "job": "1 whole GPU, policy fifo, backfill easy",
             "cycle_debounce_s": args.debounce,
-            "cycle_takes_job_news": args.job_news,
+            "cycle_takes_news": args.cycle_takes,
             "placement": args.placement,
             "batch_proposals": args.batch == "on",
             "postgres_fsync": True,

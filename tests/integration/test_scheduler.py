@@ -298,11 +298,11 @@ async def test_submit_and_cancel_commands_from_the_bus(bus: Bus, store: Store, s
         assert finished.state == "cancelled"
 
 
-@pytest.mark.parametrize("in_cycle", [True, False], ids=["cycle-takes-job-news", "job-news-apart"])
+@pytest.mark.parametrize("takes", [["jobs"], [], ["jobs", "pool", "health"]], ids=["jobs", "none", "all"])
 async def test_submissions_on_the_bus_are_stored_and_planned_in_the_cycles_transaction(
-    bus: Bus, store: Store, stack: StackInfo, in_cycle: bool
+    bus: Bus, store: Store, stack: StackInfo, takes: list[str]
 ) -> None:
-    async with cluster(bus, store, stack, nodes=1, cycle_takes_job_news=in_cycle) as (service, sched, _alloc, _nodes):
+    async with cluster(bus, store, stack, nodes=1, cycle_takes_news=takes) as (service, sched, _alloc, _nodes):
         spec = JobSpec(name="small", tenant="t", request=ResourceRequest(kind="whole", gpus=1))
         jobs = [job_id() for _ in range(4)]
         flaky = jobs[1]
@@ -338,7 +338,9 @@ async def test_submissions_on_the_bus_are_stored_and_planned_in_the_cycles_trans
         await eventually(all_placed, what="one more submission placed")
         for j in jobs:  # queued once each: nothing of a rolled-back attempt was published
             assert len(await job_events(bus, j, JobQueued)) == 1
-        assert in_cycles("SubmitJob") == (before + 1 if in_cycle else 0)
+        assert in_cycles("SubmitJob") == (before + 1 if "jobs" in takes else 0)
+        # The allocator's answers: handled by cycles too when they take the pool's news.
+        assert (in_cycles("AllocationGranted") >= 1) == ("pool" in takes)
 
 
 async def test_bad_bodies_get_400_with_the_path(bus: Bus, store: Store, stack: StackInfo) -> None:

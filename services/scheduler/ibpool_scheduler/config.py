@@ -55,10 +55,11 @@ class SchedulerConfig(BaseConfig, frozen=True, kw_only=True):
     cycle_interval_s: float = 1.0
     # Wait this long after a wake-up before deciding, so that a burst of submissions is one cycle.
     cycle_debounce_s: float = 0.02
-    # The leader's cycle takes the job news (submissions, cancellations, starts, exits) into its own
-    # transaction: a submission is stored and planned in one commit (off: a transaction of their own
-    # stores them first, and a cycle after it plans them).
-    cycle_takes_job_news: bool = True
+    # The consumers whose news the leader's cycle handles in its own transaction ("jobs": submissions,
+    # cancellations, starts, exits; "pool": the allocator's answers; "health": requeue requests): a
+    # submission is stored and planned in one commit. The others' news is stored by a transaction
+    # of its own first, and a cycle after it plans with it.
+    cycle_takes_news: list[str] = msgspec.field(default_factory=lambda: ["jobs"])
     # Lease of every proposed allocation; the leader renews leases when half of it is left.
     lease_s: float = 300.0
     # Send a cycle's proposals as one ProposePlacements command (off: one ProposePlacement each).

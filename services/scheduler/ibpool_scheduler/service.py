@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import math
 import time
 from typing import Any
@@ -77,6 +78,8 @@ log = get_logger(__name__)
 JOB_NEWS = (SubmitJob, CancelJob, JobStarted, JobExited)
 POOL_NEWS = (AllocationGranted, AllocationRejected, AllocationRevoked, AllocationExpired)
 HEALTH_NEWS = (RequeueRequested,)
+# The scheduler's consumers (durable `<durable_prefix>-<name>`) and what each takes.
+NEWS: dict[str, tuple[type[Message], ...]] = {"jobs": JOB_NEWS, "pool": POOL_NEWS, "health": HEALTH_NEWS}
 RETRY_AT_ONCE = ("conflict", "stale")
 # `Transaction.scratch` key: this transaction is a cycle's, handling job news before it plans.
 IN_CYCLE = "scheduler.in_cycle"
@@ -217,8 +220,15 @@ class Scheduler:
         if cfg.leader_election:
             self.leadership = Leadership(kit.bus, cfg.leader_key, kit.source, cfg.leader_ttl_s, cfg.stream_replicas)
         self.wake = asyncio.Event()
-        # The job news the leader's next cycle handles in its own transaction (`cycle_takes_job_news`).
-        self.job_news = Handoff(self.takes_job_news, self.wake.set)
+        # Per consumer (jobs, pool, health): the news the leader's next cycle handles in its own
+        # transaction, for those `cycle_takes_news` names.
+        unknown = sorted(set(cfg.cycle_takes_news) - set(NEWS))
+        if unknown:
+            raise ConfigError(
+                f"invalid scheduler config: field `cycle_takes_news`: unknown {', '.join(map(repr, unknown))}"
+                f" (known: {', '.join(NEWS)})"
+            )
+        self.news = {name: Handoff(functools.partial(self.takes_news, name), self.wake.set) for name in NEWS}
         self.last_plan: CyclePlan | None = None
         self.cycles = 0
         # Jobs the last cycle left queued: while none wait, a ledger change alone does not start a cycle.
@@ -277,14 +287,15 @@ class Scheduler:
                 tuple(t.subject_pattern() for t in types),
                 self.on_news,
                 prepare=self.prepare,
-                handoff=self.job_news if types is JOB_NEWS else None,
+                handoff=self.news[name],
             )
 
-        return [sub("jobs", JOB_NEWS), sub("pool", POOL_NEWS), sub("health", HEALTH_NEWS)]
+        return [sub(name, types) for name, types in NEWS.items()]
 
-    def takes_job_news(self) -> bool:
-        """Whether the next cycle will handle job news fetched now: while this replica leads, caught up."""
-        return self.cfg.cycle_takes_job_news and self.is_leader and self.feed.caught_up
+    def takes_news(self, name: str) -> bool:
+        """Whether the next cycle will handle news of consumer `name` fetched now: when the config
+        says so, while this replica leads, caught up."""
+        return name in self.cfg.cycle_takes_news and self.is_leader and self.feed.caught_up
 
     def wake_after(self, tx: Transaction) -> None:
         """Wake the cycle once `tx` commits; not when `tx` is a cycle's own, which plans with what it changed."""
@@ -570,8 +581,7 @@ class Scheduler:
     async def cycle_once(self) -> CyclePlan | None:
         """One scheduling decision, committed; None when not leading, not caught up, or fenced."""
         if not self.is_leader or not self.feed.caught_up:
-            if self.job_news.kept:  # fetched while this replica led: handled as any replica would
-                await self.job_news.handle_apart(self.job_news.take())
+            await self.news_apart()  # fetched while this replica led: handled as any replica would
             if not self.is_leader and self.fairshare.updated_at:
                 self.fairshare = FairShareState()  # leading again later starts from the history anew
                 self.live.reset()  # and from a whole read of the live jobs
@@ -589,29 +599,36 @@ class Scheduler:
                 self.last_plan = plan
             return plan
 
+    async def news_apart(self) -> None:
+        """Handle the news kept for cycles apart, as without the hand-off."""
+        for handoff in self.news.values():
+            if handoff.kept:
+                await handoff.handle_apart(handoff.take())
+
     async def _decide_and_commit(self) -> CyclePlan | None:
-        news: list[Any] = []  # the job news this cycle took (`job_news`): acked once it committed
+        taken: list[tuple[Handoff, list[Any]]] = []  # the news this cycle took: acked once it committed
         try:
-            plan = await self._decide_and_commit_with(news)
+            plan = await self._decide_and_commit_with(taken)
         except HandlerFailed:
             # A handler of the news failed, and the cycle was rolled back with it: the news is
             # handled apart (one event at a time, the failing one nak'd), the cycle runs again.
-            await self.job_news.handle_apart(news)
+            for handoff, news in taken:
+                await handoff.handle_apart(news)
             self.wake.set()
             return None
         except Exception:
-            if news:
-                await self.job_news.handle_apart(news)
+            for handoff, news in taken:
+                await handoff.handle_apart(news)
             raise
-        if news:
-            await self.job_news.settle(news)
+        for handoff, news in taken:
+            await handoff.settle(news)
             for o in news:
                 self.news_in_cycles.labels(type(o.event).__name__).inc()
-        elif plan is None and self.job_news.kept:  # not this replica's turn (locked out, fenced)
-            await self.job_news.handle_apart(self.job_news.take())
+        if plan is None:  # not this replica's turn (locked out, fenced)
+            await self.news_apart()
         return plan
 
-    async def _decide_and_commit_with(self, news: list[Any]) -> CyclePlan | None:
+    async def _decide_and_commit_with(self, taken: list[tuple[Handoff, list[Any]]]) -> CyclePlan | None:
         async with self.kit.store.transaction() as tx:
             if not await state.lock_cycle(tx.conn, self.kit.store.schema):
                 return None
@@ -619,11 +636,11 @@ class Scheduler:
             if self.leadership is not None and (term is None or not await state.fence(tx.conn, term)):
                 self.leadership.step_down("a newer leader has scheduled (fenced)")
                 return None
-            news.extend(self.job_news.take())
-            if news:
-                # Stored, and their events queued, before the live jobs are read: the plan sees them.
+            taken.extend((h, news) for h in self.news.values() if (news := h.take()))
+            for handoff, news in taken:
+                # Stored before the live jobs are read (the plan sees them), their events at commit.
                 tx.scratch[IN_CYCLE] = True
-                await self.job_news.handle_in(tx, news)
+                await handoff.handle_in(tx, news)
                 await tx.write_queued(outbox=False)
             live = await self.live.read(tx.conn)
             now = self.clock.now()
@@ -652,7 +669,7 @@ class Scheduler:
             proposed = (a for p in plan.proposals for a in p.assignments)
             replacing = await members.propose_replacements(self, tx, live, ledger, proposed, term, now)
             # News is acked after this commit: it must be on disk by then.
-            if news or plan.commits_durably(replacing) or term != self._fenced_term:
+            if taken or plan.commits_durably(replacing) or term != self._fenced_term:
                 await state.commit_durably(tx.conn)
             if self.renewals_due():
                 await tx.outbox(*self.renewals(live, now))

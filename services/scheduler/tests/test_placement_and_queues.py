@@ -73,6 +73,12 @@ def test_queue_policies_from_toml_and_their_names(tmp_path: Path) -> None:
     assert (views["q"].policy, views["q"].queued) == ("priority", 1)
 
 
+def test_an_unknown_consumer_in_cycle_takes_news_is_a_config_error_naming_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"cycle_takes_news.*unknown 'nodes'.*known: jobs, pool, health"):
+        scheduler(cycle_takes_news=["jobs", "nodes"])
+    assert set(scheduler(cycle_takes_news=["pool"]).news) == {"jobs", "pool", "health"}
+
+
 def test_bad_placement_profile_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"placement_profile.*unknown plugin 'warp'"):
         scheduler(placement_profile={"score": [{"name": "warp"}]})
