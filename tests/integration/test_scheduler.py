@@ -339,12 +339,6 @@ async def test_submissions_on_the_bus_are_stored_and_planned_in_the_cycles_trans
         for j in jobs:  # queued once each: nothing of a rolled-back attempt was published
             assert len(await job_events(bus, j, JobQueued)) == 1
         assert in_cycles("SubmitJob") == (before + 1 if "jobs" in takes else 0)
-
-        async def news_acked() -> bool:  # by cycles too, once their commit is on disk
-            info = await bus.js.consumer_info("IBPOOL_JOB", f"{SCHEDULER_DURABLES}-jobs")
-            return info.num_ack_pending == 0 and info.num_pending == 0
-
-        await eventually(news_acked, what="every job news acked")
         # The allocator's answers: handled by cycles too when they take the pool's news.
         assert (in_cycles("AllocationGranted") >= 1) == ("pool" in takes)
 

@@ -229,9 +229,6 @@ class Scheduler:
                 f" (known: {', '.join(NEWS)})"
             )
         self.news = {name: Handoff(functools.partial(self.takes_news, name), self.wake.set) for name in NEWS}
-        # News of cycles that committed without waiting for the disk, acked after a flush (`ack_when_durable`).
-        self._unflushed: list[tuple[Handoff, list[Any]]] = []
-        self._flusher: asyncio.Task[None] | None = None
         self.last_plan: CyclePlan | None = None
         self.cycles = 0
         # Jobs the last cycle left queued: while none wait, a ledger change alone does not start a cycle.
@@ -609,9 +606,9 @@ class Scheduler:
                 await handoff.handle_apart(handoff.take())
 
     async def _decide_and_commit(self) -> CyclePlan | None:
-        taken: list[tuple[Handoff, list[Any]]] = []  # the news this cycle took: acked once it is on disk
+        taken: list[tuple[Handoff, list[Any]]] = []  # the news this cycle took: acked once it committed
         try:
-            plan, durable = await self._decide_and_commit_with(taken)
+            plan = await self._decide_and_commit_with(taken)
         except HandlerFailed:
             # A handler of the news failed, and the cycle was rolled back with it: the news is
             # handled apart (one event at a time, the failing one nak'd), the cycle runs again.
@@ -623,54 +620,22 @@ class Scheduler:
             for handoff, news in taken:
                 await handoff.handle_apart(news)
             raise
-        if taken:
-            if durable:
-                await self.settle_news(taken)
-            else:
-                self.ack_when_durable(taken)
-        if plan is None:  # not this replica's turn (locked out, fenced)
-            await self.news_apart()
-        return plan
-
-    async def settle_news(self, taken: list[tuple[Handoff, list[Any]]]) -> None:
         for handoff, news in taken:
             await handoff.settle(news)
             for o in news:
                 self.news_in_cycles.labels(type(o.event).__name__).inc()
+        if plan is None:  # not this replica's turn (locked out, fenced)
+            await self.news_apart()
+        return plan
 
-    def ack_when_durable(self, taken: list[tuple[Handoff, list[Any]]]) -> None:
-        """Ack news a cycle committed without waiting for the disk once a later durable commit has
-        flushed the WAL past it: one flush for the news of every cycle that committed meanwhile."""
-        self._unflushed.extend(taken)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_and_ack(), name="scheduler-news-acks")
-
-    async def _flush_and_ack(self) -> None:
-        while self._unflushed:
-            taken, self._unflushed = self._unflushed, []
-            try:
-                await self.kit.store.wait_durable()
-            except Exception as e:  # left unacked: redelivered after ack_wait, the inbox knows what was kept
-                log.warning("news of a cycle not acked: its commit is not known to be on disk", error=str(e))
-                continue
-            await self.settle_news(taken)
-
-    async def news_acked(self) -> None:
-        """Wait until the news of committed cycles is acked (or given up on): at stop."""
-        while self._flusher is not None and not self._flusher.done():
-            await asyncio.wait([self._flusher])
-
-    async def _decide_and_commit_with(
-        self, taken: list[tuple[Handoff, list[Any]]]
-    ) -> tuple[CyclePlan | None, bool]:
-        """The cycle, committed; and whether its commit waited for the disk."""
+    async def _decide_and_commit_with(self, taken: list[tuple[Handoff, list[Any]]]) -> CyclePlan | None:
         async with self.kit.store.transaction() as tx:
             if not await state.lock_cycle(tx.conn, self.kit.store.schema):
-                return None, False
+                return None
             term = self.leadership.term if self.leadership is not None else None
             if self.leadership is not None and (term is None or not await state.fence(tx.conn, term)):
                 self.leadership.step_down("a newer leader has scheduled (fenced)")
-                return None, False
+                return None
             taken.extend((h, news) for h in self.news.values() if (news := h.take()))
             for handoff, news in taken:
                 # Stored before the live jobs are read (the plan sees them), their events at commit.
@@ -703,20 +668,13 @@ class Scheduler:
             await self._write(tx, plan, {j.job_id: j for j in live}, term, now)
             proposed = (a for p in plan.proposals for a in p.assignments)
             replacing = await members.propose_replacements(self, tx, live, ledger, proposed, term, now)
-            # News is acked once this commit is on disk. Submissions alone may commit without
-            # waiting, as proposals do (`state.lock_cycle`): lost, they are delivered again and
-            # queued anew. Other news ends or changes running jobs: it waits.
-            durable = (
-                plan.commits_durably(replacing)
-                or term != self._fenced_term
-                or any(not isinstance(o.event, SubmitJob) for _, news in taken for o in news)
-            )
-            if durable:
+            # News is acked after this commit: it must be on disk by then.
+            if taken or plan.commits_durably(replacing) or term != self._fenced_term:
                 await state.commit_durably(tx.conn)
             if self.renewals_due():
                 await tx.outbox(*self.renewals(live, now))
         self._fenced_term = term
-        return plan, durable
+        return plan
 
     def placement_inputs(self, live: list[JobRecord], now: dt.datetime) -> PlacementInputs:
         """Fair share brought to `now` (usage of the jobs holding GPUs), and what the plugins read."""
@@ -939,14 +897,7 @@ class Scheduler:
             await self.leadership.run(stop)
 
     async def cycle_loop(self, stop: asyncio.Event) -> None:
-        """A cycle every `cycle_interval_s`, and one soon after news (a submission, freed capacity).
-        At stop, the news of committed cycles is acked before it returns."""
-        try:
-            await self._cycles(stop)
-        finally:
-            await self.news_acked()
-
-    async def _cycles(self, stop: asyncio.Event) -> None:
+        """A cycle every `cycle_interval_s`, and one soon after news (a submission, freed capacity)."""
         while not stop.is_set():
             waits = [asyncio.ensure_future(e.wait()) for e in (self.wake, self.feed.changed, stop)]
             try:
