@@ -213,15 +213,3 @@ async def test_a_failing_command_does_not_take_its_batch_down(bus: Bus, store: S
         assert summary(await loaded_from_log(bus, store)) == summary(allocator.ledger)
     grants = [decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_POOL", AllocationGranted.subject(node))]
     assert sorted(g.job_id for g in grants) == sorted(c.job_id for c in good)  # each exactly once
-
-
-async def test_wait_durable_returns_once_a_commit_that_did_not_wait_is_on_disk(store: Store) -> None:
-    async with store.pool.acquire() as conn:
-        await conn.execute("CREATE TABLE IF NOT EXISTS durable_probe (n int)")
-        async with conn.transaction():
-            await conn.execute("SET LOCAL synchronous_commit TO off")
-            await conn.execute("INSERT INTO durable_probe VALUES (1)")
-        committed_at = await conn.fetchval("SELECT pg_current_wal_insert_lsn()")
-    await store.wait_durable()
-    flushed = await store.pool.fetchval("SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn", committed_at)
-    assert flushed

@@ -266,15 +266,6 @@ class Store:
     async def outbox_lag(self) -> int:
         return int(await self.pool.fetchval("SELECT count(*) FROM outbox"))
 
-    async def wait_durable(self) -> None:
-        """Return once every commit made so far is on disk, those made with `synchronous_commit` off
-        included: a transaction that writes to the WAL (a logical message, nothing in any table)
-        commits with it on, which waits for the WAL to be flushed up to its commit record, so past
-        everything committed before it. (A transaction that writes nothing does not wait.)"""
-        await self.pool.execute(
-            "BEGIN; SET LOCAL synchronous_commit TO on; SELECT pg_logical_emit_message(true, 'ibpool', ''); COMMIT"
-        )
-
     async def ping(self) -> bool:
         try:
             return bool(await self.pool.fetchval("SELECT 1", timeout=2))
