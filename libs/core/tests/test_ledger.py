@@ -563,6 +563,18 @@ def test_a_damaged_snapshot_is_a_clear_error(data: bytes) -> None:
         ledger_mod.decode_ledger(data)
 
 
+def test_a_snapshot_names_its_ledger_format_and_one_of_another_format_is_refused() -> None:
+    ledger = pool(node("n1"))
+    snapshot = ledger_mod.LedgerSnapshot(version=ledger.version, stream_seq=1, ledger=ledger_mod.encode_ledger(ledger))
+    assert ledger_mod.decode_snapshot(ledger_mod.encode_snapshot(snapshot)).format == ledger_mod.LEDGER_FORMAT
+    # Written before snapshots carried the field: format 1.
+    older = msgspec.msgpack.encode({"version": ledger.version, "stream_seq": 1, "ledger": snapshot.ledger})
+    assert ledger_mod.decode_snapshot(older).format == 1
+    newer = ledger_mod.encode_snapshot(msgspec.structs.replace(snapshot, format=ledger_mod.LEDGER_FORMAT + 1))
+    with pytest.raises(ValueError, match=rf"ledger format {ledger_mod.LEDGER_FORMAT + 1}; this version reads format"):
+        ledger_mod.decode_snapshot(newer)
+
+
 def test_events_round_trip_through_the_bus_codec() -> None:
     from ibpool_proto import codec
 

@@ -268,6 +268,19 @@ class Ledger:
         return [self.allocations[a] for a in sorted(node.holders)] if node else []
 
 
+# The format of `encode_ledger`'s bytes, stored with every snapshot. A change to the ledger's
+# structs that older bytes would not decode to the same ledger (a field renamed, retyped or given a
+# new meaning) raises it and brings a conversion from the older format; adding a field with a
+# default does not (older bytes decode with the default).
+LEDGER_FORMAT = 1
+
+
+def check_format(found: int, what: str) -> None:
+    """ValueError when `found` is not the `LEDGER_FORMAT` this code reads."""
+    if found != LEDGER_FORMAT:
+        raise ValueError(f"{what} is of ledger format {found}; this version reads format {LEDGER_FORMAT}")
+
+
 class LedgerSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """The ledger as it stood at one version, for a reader that cannot replay from the first event
     (the pool stream keeps 30 days). `stream_seq`: the pool stream's sequence from which every
@@ -279,6 +292,7 @@ class LedgerSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     version: int
     stream_seq: int
     ledger: bytes
+    format: int = LEDGER_FORMAT  # of `ledger`; snapshots from before the field are format 1
 
 
 _T = TypeVar("_T")
@@ -323,8 +337,10 @@ def encode_snapshot(snapshot: LedgerSnapshot) -> bytes:
 
 
 def decode_snapshot(data: bytes) -> LedgerSnapshot:
-    """ValueError when `data` is not an encoded LedgerSnapshot."""
-    return _decoded(_snapshot_decoder, data, "ledger snapshot")
+    """ValueError when `data` is not an encoded LedgerSnapshot, or one of another ledger format."""
+    snapshot = _decoded(_snapshot_decoder, data, "ledger snapshot")
+    check_format(snapshot.format, f"the ledger snapshot of version {snapshot.version}")
+    return snapshot
 
 
 def rebuild(events: Iterable[LedgerEvent]) -> Ledger:
