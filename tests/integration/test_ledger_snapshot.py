@@ -18,10 +18,11 @@ from ibpool_proto.pool import ReleaseAllocation
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.devstack import StackInfo
 from ibpool_runtime.ledger_replica import LEDGER_BUCKET, SNAPSHOT_OBJECT, LedgerReplica, read_snapshot
+from ibpool_runtime.service import StartRefused
 from ibpool_runtime.store import Store
 from tests.integration.helpers import eventually
 from tests.integration.pool_support import unique
-from tests.integration.test_pool_allocator import propose, register, running_allocator
+from tests.integration.test_pool_allocator import DURABLES, propose, register, running_allocator
 from tests.integration.test_scheduler import call, job_id, job_state, pool_of, running_scheduler, until_leading
 
 
@@ -170,6 +171,32 @@ async def test_a_snapshot_stored_but_never_published_is_published_at_the_next_st
         await eventually(published, what="the stored snapshot published again at start")
         assert restarted.snapshot_at == restarted.published_at == at  # not stored a second time
         assert await store.pool.fetchval("SELECT count(*) FROM ledger_snapshots") == 1
+
+
+async def test_an_allocator_refuses_to_start_from_a_snapshot_of_a_ledger_format_it_cannot_read(
+    bus: Bus, store: Store
+) -> None:
+    node = unique("n")
+    async with running_allocator(bus, store) as (service, allocator):
+        version = await register(bus, service, node)
+        assert (await allocator.submit(propose(unique("j"), node, 0, version))).granted
+        at = await allocator.snapshot_once()
+        assert at is not None
+    await store.pool.execute("UPDATE ledger_snapshots SET format = 99")
+    try:
+        commands = f"{DURABLES}-commands"
+        before = await bus.js.consumer_info("IBPOOL_POOL", commands)
+        with pytest.raises(StartRefused, match=r"ledger format 99; this version reads format 1"):
+            async with running_allocator(bus, store, instance="newer"):
+                pass
+        # Refused before it consumed anything: no command was fetched and failed meanwhile.
+        after = await bus.js.consumer_info("IBPOOL_POOL", commands)
+        assert after.delivered.consumer_seq == before.delivered.consumer_seq
+        assert await store.pool.fetchval("SELECT count(*) FROM ledger_snapshots") == 1
+    finally:
+        await store.pool.execute("UPDATE ledger_snapshots SET format = 1")
+    async with running_allocator(bus, store, instance="again") as (_, again):
+        assert again.snapshot_at == at  # the same snapshot, readable again
 
 
 async def test_a_scheduler_started_after_the_stream_dropped_the_ledgers_first_events_schedules(

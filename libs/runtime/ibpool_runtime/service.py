@@ -67,6 +67,13 @@ class ServiceSpec:
     tasks: list[Task] = field(default_factory=list)
     on_start: Callable[[], Awaitable[None]] | None = None
     on_stop: Callable[[], Awaitable[None]] | None = None
+    # Run after the migrations, before anything is consumed: raises StartRefused when the stored
+    # state is one this version cannot serve from (nothing is consumed and failed meanwhile).
+    check: Callable[[], Awaitable[None]] | None = None
+
+
+class StartRefused(Exception):
+    """The service will not start: what it stored cannot be served by this version (the message says why)."""
 
 
 class Service(Generic[C]):
@@ -98,6 +105,8 @@ class Service(Generic[C]):
         applied = await kit.store.migrate(*([self.spec.migrations] if self.spec.migrations else []))
         if applied:
             log.info("migrations applied", applied=applied)
+        if self.spec.check is not None:
+            await self.spec.check()
         await kit.bus.ensure_streams(kit.config.stream_replicas)
         for c in self.consumers:
             await c.start()
@@ -257,7 +266,7 @@ def run_service(name: str, config_type: type[C], build: Build[C], argv: list[str
     except ConfigError as e:  # a setting only the service's own wiring can check
         print(f"{name}: {e}", file=sys.stderr)
         return 2
-    except (BusUnavailable, StoreUnavailable, MigrationError) as e:
+    except (BusUnavailable, StoreUnavailable, MigrationError, StartRefused) as e:
         print(f"{name}: cannot start: {e}", file=sys.stderr)
         return 1
     finally:

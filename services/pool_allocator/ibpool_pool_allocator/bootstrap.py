@@ -36,6 +36,7 @@ async def bootstrap(
         # The expiry loop first: tests reach the allocator through it.
         tasks=[allocator.expiry_loop, allocator.fabric_feed.run, allocator.snapshot_loop],
         on_start=allocator.load,
+        check=allocator.check_snapshot,
     )
 
 

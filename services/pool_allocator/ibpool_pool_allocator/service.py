@@ -27,7 +27,15 @@ from prometheus_client.registry import Collector
 from ibpool_core.clock import Clock
 from ibpool_core.pool.allocate import AllocatorConfig, Decision, Hops, Input, decide, expire
 from ibpool_core.pool.fabric_view import FabricView
-from ibpool_core.pool.ledger import Ledger, LedgerSnapshot, apply, decode_ledger, encode_ledger, without_past
+from ibpool_core.pool.ledger import (
+    Ledger,
+    LedgerSnapshot,
+    apply,
+    check_format,
+    decode_ledger,
+    encode_ledger,
+    without_past,
+)
 from ibpool_core.pool.placement import Placer
 from ibpool_core.pool.policy_placer import policy_placer
 from ibpool_proto.health import Cordoned, DrainRequested, GpuFailed, GpuRecovered, NodeFailed, NodeRecovered, Uncordoned
@@ -45,7 +53,7 @@ from ibpool_proto.pool import (
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.ledger_replica import publish_snapshot
 from ibpool_runtime.logs import get_logger
-from ibpool_runtime.service import Kit, repeat_until_stopped
+from ibpool_runtime.service import Kit, StartRefused, repeat_until_stopped
 from ibpool_runtime.store import Transaction
 from ibpool_runtime.streams import stream_for_subject
 
@@ -206,6 +214,8 @@ class PoolAllocator:
         misses = 0
         while True:
             if self.position == state.START and (snapshot := await state.latest_snapshot(tx.conn)) is not None:
+                # The log before it is gone: a snapshot this version cannot read stops the allocator.
+                check_format(snapshot.format, f"the stored ledger snapshot at {snapshot.at}")
                 self.ledger, self.position = decode_ledger(snapshot.ledger), snapshot.at
                 self.position_id, self.snapshot_at = snapshot.event_id, snapshot.at
             rows = await state.log_from(tx.conn, self.position, LOG_PAGE)
@@ -287,6 +297,16 @@ class PoolAllocator:
         await repeat_until_stopped(
             stop, self.cfg.snapshot_interval_s, lambda: self.snapshot_once(stop), "ledger snapshot"
         )
+
+    async def check_snapshot(self) -> None:
+        """StartRefused when the stored snapshot is of a ledger format this version cannot read: the
+        log before it is gone, so the ledger cannot be had without it."""
+        snapshot = await state.latest_snapshot(self.kit.store.pool)
+        if snapshot is not None:
+            try:
+                check_format(snapshot.format, f"the stored ledger snapshot at {snapshot.at}")
+            except ValueError as e:
+                raise StartRefused(f"{e}: run a version that reads it") from None
 
     async def load(self) -> None:
         """Fill the cache from the log on start."""

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import asyncpg
 import msgspec
 
+from ibpool_core.pool.ledger import LEDGER_FORMAT
 from ibpool_core.pool.messages import LedgerEvent
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -75,18 +76,22 @@ async def append(conn: asyncpg.Connection, after: Position, events: Sequence[Led
 
 
 class Snapshot(NamedTuple):
-    """The encoded ledger as it stood at `at`, the row of ledger_events of `event_id`."""
+    """The encoded ledger as it stood at `at`, the row of ledger_events of `event_id`; `format`: the
+    ledger format of its bytes (`LEDGER_FORMAT` when this code wrote it)."""
 
     at: Position
     event_id: str
     ledger: bytes
+    format: int = LEDGER_FORMAT
 
 
 async def latest_snapshot(conn: asyncpg.Connection | asyncpg.Pool) -> Snapshot | None:
     row = await conn.fetchrow(
-        "SELECT version, seq, event_id, body FROM ledger_snapshots ORDER BY version DESC, seq DESC LIMIT 1"
+        "SELECT version, seq, event_id, body, format FROM ledger_snapshots ORDER BY version DESC, seq DESC LIMIT 1"
     )
-    return None if row is None else Snapshot((row["version"], row["seq"]), row["event_id"], bytes(row["body"]))
+    if row is None:
+        return None
+    return Snapshot((row["version"], row["seq"]), row["event_id"], bytes(row["body"]), row["format"])
 
 
 def is_first_row(at: Position) -> bool:
@@ -108,12 +113,13 @@ async def save_snapshot(conn: asyncpg.Connection, snapshot: Snapshot) -> None:
     """Keep `snapshot` as the only one. Its own row of the log stays (catching up checks the row
     at the cache's position); `PRUNE_LOG` deletes the rows before it."""
     await conn.execute(
-        "INSERT INTO ledger_snapshots (version, seq, event_id, body) VALUES ($1, $2, $3, $4)"
+        "INSERT INTO ledger_snapshots (version, seq, event_id, body, format) VALUES ($1, $2, $3, $4, $5)"
         " ON CONFLICT (version, seq) DO NOTHING",
         snapshot.at[0],
         snapshot.at[1],
         snapshot.event_id,
         snapshot.ledger,
+        snapshot.format,
     )
     await conn.execute("DELETE FROM ledger_snapshots WHERE (version, seq) < ($1, $2)", *snapshot.at)
 
