@@ -151,15 +151,21 @@ async def test_a_replica_starts_from_the_snapshot_after_the_stream_dropped_the_l
                 await asyncio.wait_for(t, 10)
 
 
-async def test_a_snapshot_stored_but_never_published_is_published_at_the_next_start(bus: Bus, store: Store) -> None:
-    # A crash between storing a snapshot and putting it to the bucket, or a bucket lost with the NATS
-    # servers' storage: nothing changes in the ledger, yet the replicas must get the snapshot again.
+async def one_grant_snapshotted(bus: Bus, store: Store) -> tuple[int, int]:
+    """Run an allocator that registers a node, grants one job and snapshots; the snapshot's position."""
     node = unique("n")
     async with running_allocator(bus, store) as (service, allocator):
         version = await register(bus, service, node)
         assert (await allocator.submit(propose(unique("j"), node, 0, version))).granted
         at = await allocator.snapshot_once()
         assert at is not None
+        return at
+
+
+async def test_a_snapshot_stored_but_never_published_is_published_at_the_next_start(bus: Bus, store: Store) -> None:
+    # A crash between storing a snapshot and putting it to the bucket, or a bucket lost with the NATS
+    # servers' storage: nothing changes in the ledger, yet the replicas must get the snapshot again.
+    at = await one_grant_snapshotted(bus, store)
     await (await bus.js.object_store(LEDGER_BUCKET)).delete(SNAPSHOT_OBJECT)
     assert await read_snapshot(bus) is None
     async with running_allocator(bus, store, instance="again") as (_, restarted):
@@ -176,12 +182,7 @@ async def test_a_snapshot_stored_but_never_published_is_published_at_the_next_st
 async def test_an_allocator_refuses_to_start_from_a_snapshot_of_a_ledger_format_it_cannot_read(
     bus: Bus, store: Store
 ) -> None:
-    node = unique("n")
-    async with running_allocator(bus, store) as (service, allocator):
-        version = await register(bus, service, node)
-        assert (await allocator.submit(propose(unique("j"), node, 0, version))).granted
-        at = await allocator.snapshot_once()
-        assert at is not None
+    at = await one_grant_snapshotted(bus, store)
     await store.pool.execute("UPDATE ledger_snapshots SET format = 99")
     try:
         commands = f"{DURABLES}-commands"
