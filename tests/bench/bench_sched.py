@@ -437,6 +437,19 @@ async def _stop_service(service: Service[Any]) -> None:
         await asyncio.wait_for(service.stop(), timeout=30)
 
 
+def _warnings(log: Path) -> list[str]:
+    """The lines of a service's log at level warning or above, but the expected ones of a stop."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [
+        line
+        for line in lines
+        if ('"level": "warning"' in line or '"level": "error"' in line) and '"why": "resigned"' not in line
+    ]
+
+
 async def own_processes(
     stack: AsyncExitStack, args: argparse.Namespace, nats_url: str, dsn: str
 ) -> tuple[OwnProcesses, dict[str, int]]:
@@ -457,10 +470,14 @@ async def own_processes(
         for p in procs:
             p.terminate()
         codes = [p.wait(30) for p in procs]
-        if all(c == 0 for c in codes):
+        # What the services warned of (a replica's replay, a failed cycle) explains a slow phase.
+        warned = [f"{p.name}: {line.strip()}" for p in procs for line in _warnings(p.log_path)]
+        for line in warned[:20]:
+            print(line, flush=True)
+        if all(c == 0 for c in codes) and not warned:
             shutil.rmtree(logs, ignore_errors=True)
         else:
-            print(f"a service ended with {codes}; its log is in {logs}", flush=True)
+            print(f"services ended with {codes}, {len(warned)} warnings; their logs are in {logs}", flush=True)
 
     stack.callback(stop_all)
     for p in procs:
