@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 
 import pytest
 
@@ -17,7 +18,7 @@ from ibpool_pool_allocator.service import PoolAllocator
 from ibpool_proto.pool import ReleaseAllocation
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.devstack import StackInfo
-from ibpool_runtime.ledger_replica import LEDGER_BUCKET, SNAPSHOT_OBJECT, LedgerReplica, read_snapshot
+from ibpool_runtime.ledger_replica import LEDGER_BUCKET, SNAPSHOT_OBJECT, LedgerReplica, read_object, read_snapshot
 from ibpool_runtime.service import StartRefused
 from ibpool_runtime.store import Store
 from tests.integration.helpers import eventually
@@ -230,3 +231,26 @@ async def test_a_scheduler_started_after_the_stream_dropped_the_ledgers_first_ev
             await eventually(
                 completed, what="a job scheduled, granted and run by a scheduler started from the snapshot"
             )
+
+
+async def test_an_object_is_read_whole_and_a_cancelled_read_leaves_no_subscription(bus: Bus) -> None:
+    bucket = unique("objtest").replace("-", "_")
+    store = await bus.js.create_object_store(bucket)
+    data = os.urandom(12 * 1024 * 1024)  # about 96 chunks
+    await store.put("big", data)
+    assert await read_object(bus, bucket, "big") == data
+    assert await read_object(bus, bucket, "missing") is None
+    assert await read_object(bus, unique("nobucket").replace("-", "_"), "big") is None
+
+    subs_before = len(bus.nc._subs)
+    reading = asyncio.create_task(read_object(bus, bucket, "big"))
+    for _ in range(100_000):  # until its ordered consumer is subscribed
+        if len(bus.nc._subs) > subs_before or reading.done():
+            break
+        await asyncio.sleep(0)
+    assert not reading.done(), "the read ended before it could be cancelled"
+    reading.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reading
+    assert len(bus.nc._subs) == subs_before
+    await bus.js.delete_object_store(bucket)

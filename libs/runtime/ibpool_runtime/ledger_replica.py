@@ -24,7 +24,9 @@ or an allocator that never ran with this code) it replays from the stream's firs
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 
 import nats.errors
 import nats.js.errors
@@ -98,12 +100,39 @@ async def publish_snapshot(bus: Bus, snapshot: LedgerSnapshot, replicas: int = 1
 async def read_snapshot(bus: Bus) -> LedgerSnapshot | None:
     """The newest snapshot; None when none was published. ValueError when it is damaged; a read
     that fails or times out raises."""
+    data = await asyncio.wait_for(read_object(bus, LEDGER_BUCKET, SNAPSHOT_OBJECT), SNAPSHOT_READ_TIMEOUT_S)
+    return None if data is None else decode_snapshot(data)
+
+
+async def read_object(bus: Bus, bucket: str, name: str) -> bytes | None:
+    """An object of a JetStream object store (None when the bucket or the object is not there),
+    read chunk by chunk and checked against its digest. Its ordered consumer is unsubscribed however
+    the read ends, a timeout's cancellation included (nats.py's `ObjectStore.get` leaves it
+    subscribed then, and joins the chunks with `+=`). ValueError when the chunks do not match the
+    digest."""
     try:
-        store = await bus.js.object_store(LEDGER_BUCKET)
-        result = await asyncio.wait_for(store.get(SNAPSHOT_OBJECT), SNAPSHOT_READ_TIMEOUT_S)
+        info = await (await bus.js.object_store(bucket)).get_info(name)
     except (nats.js.errors.BucketNotFoundError, nats.js.errors.ObjectNotFoundError):
         return None
-    return decode_snapshot(result.data or b"")
+    if not info.size:
+        return b""
+    if info.is_link() or not info.nuid or not info.digest:
+        raise ValueError(f"object {name!r} of bucket {bucket!r} is a link or has no chunks to read")
+    chunks: list[bytes] = []
+    digest = hashlib.sha256()
+    sub = await bus.js.subscribe(f"$O.{bucket}.C.{info.nuid}", ordered_consumer=True)
+    try:
+        async for msg in sub.messages:
+            chunks.append(msg.data)
+            digest.update(msg.data)
+            if msg.metadata.num_pending == 0:
+                break
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    if digest.digest() != base64.urlsafe_b64decode(info.digest.split("=", 1)[1]):
+        raise ValueError(f"object {name!r} of bucket {bucket!r} does not match its digest")
+    return b"".join(chunks)
 
 
 class LedgerReplica:
