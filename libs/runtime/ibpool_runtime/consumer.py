@@ -122,8 +122,7 @@ class Handoff:
     async def settle(self, taken: list[_Outcome]) -> None:
         """Ack what `handle_in` handled, once its transaction committed."""
         assert self.consumer is not None
-        for o in taken:
-            await self.consumer._settle(o)
+        await self.consumer._settle_all(taken)
 
     async def handle_apart(self, taken: list[_Outcome]) -> None:
         """Handle `taken` as the consumer does without a hand-off: its own transaction, then settled."""
@@ -266,6 +265,9 @@ class Consumer:
         else:
             for o in outcomes:
                 await self._handle_one(o, None, isolated=False)
+        await self._settle_all(outcomes)
+
+    async def _settle_all(self, outcomes: list[_Outcome]) -> None:
         for o in outcomes:
             await self._settle(o)
 

@@ -256,8 +256,8 @@ class Scheduler:
         )
         self.requeues = Counter("ibpool_scheduler_requeues", "Jobs requeued", ["cause"], registry=registry)
         self.news_in_cycles = Counter(
-            "ibpool_scheduler_job_news_in_cycles",
-            "Job news handled in a cycle's transaction, by type",
+            "ibpool_scheduler_news_in_cycles",
+            "News handled in a cycle's transaction (`cycle_takes_news`), by type",
             ["type"],
             registry=registry,
         )
@@ -609,16 +609,14 @@ class Scheduler:
         taken: list[tuple[Handoff, list[Any]]] = []  # the news this cycle took: acked once it committed
         try:
             plan = await self._decide_and_commit_with(taken)
-        except HandlerFailed:
-            # A handler of the news failed, and the cycle was rolled back with it: the news is
-            # handled apart (one event at a time, the failing one nak'd), the cycle runs again.
+        except Exception as e:
+            # Nothing of the news was committed: it is handled apart (one event at a time, a failing
+            # one nak'd). When one of its handlers failed, the cycle runs again without it.
             for handoff, news in taken:
                 await handoff.handle_apart(news)
-            self.wake.set()
-            return None
-        except Exception:
-            for handoff, news in taken:
-                await handoff.handle_apart(news)
+            if isinstance(e, HandlerFailed):
+                self.wake.set()
+                return None
             raise
         for handoff, news in taken:
             await handoff.settle(news)
@@ -637,9 +635,9 @@ class Scheduler:
                 self.leadership.step_down("a newer leader has scheduled (fenced)")
                 return None
             taken.extend((h, news) for h in self.news.values() if (news := h.take()))
+            tx.scratch[IN_CYCLE] = True
             for handoff, news in taken:
                 # Stored before the live jobs are read (the plan sees them), their events at commit.
-                tx.scratch[IN_CYCLE] = True
                 await handoff.handle_in(tx, news)
                 await tx.write_queued(outbox=False)
             live = await self.live.read(tx.conn)
