@@ -562,6 +562,7 @@ def cycle_only(args: argparse.Namespace) -> dict[str, Any]:
     from ibpool_scheduler import jobs as job_states
     from ibpool_scheduler.jobs import JobRecord
     from ibpool_scheduler.plan import plan_cycle
+    from ibpool_scheduler.state import tally_of
 
     cfg = SchedulerConfig(instance="bench", policy="fifo", log_level="warning", placement=args.placement)
     kit = Kit(name="scheduler", config=cfg, bus=None, store=None, metrics=ServiceMetrics("cycle"))  # type: ignore[arg-type]
@@ -589,7 +590,7 @@ def cycle_only(args: argparse.Namespace) -> dict[str, Any]:
             sched.cycle_config,
             cfg.leaf_label,
             sched.plan_cache,
-            placement=sched.placement_inputs(records, now),
+            placement=sched.placement_inputs(tally_of(records), now),
             queue_rules=sched.queue_rules,
         )
         cpu += time.process_time() - c0

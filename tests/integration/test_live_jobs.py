@@ -34,7 +34,17 @@ async def whole(store: Store) -> list[tuple[str, str]]:
 
 async def incremental(live: state.LiveJobs, store: Store) -> list[tuple[str, str]]:
     async with store.pool.acquire() as conn:
-        return [(j.job_id, j.state) for j in await live.read(conn)]
+        records = await live.read(conn)
+    kept_as_walked(live, records)
+    return [(j.job_id, j.state) for j in records]
+
+
+def kept_as_walked(live: state.LiveJobs, records: list[JobRecord]) -> None:
+    """What the cache keeps as rows change is what a walk over the jobs it read finds."""
+    assert list(live.by_id.items()) == [(j.job_id, j) for j in records]
+    assert live.tally() == state.tally_of(records)
+    assert live.queued == sum(1 for j in records if j.state == "queued")
+    assert live.replacing() == [j for j in records if j.holding and j.replacing is not None and j.replace_id is None]
 
 
 async def read_once(store: Store, *job_ids: str) -> state.LiveJobs:
@@ -81,6 +91,24 @@ async def test_reads_only_what_changed_and_ends_with_what_a_whole_read_returns(s
         assert await incremental(live, store) == await whole(store)
         assert ("j03", "queued") not in await whole(store)
         assert ("j07", "scheduled") in await whole(store)
+        assert live.tally() == state.Tally({"t": 1}, ["t"]) and live.queued == 19
+
+        # A member of j07 to replace; a 2x4-GPU job of another tenant granted; j07 ends.
+        async with store.transaction() as tx:
+            held = await state.lock_job(tx, "j07")
+            assert held is not None
+            await state.save_job(tx, msgspec.structs.replace(held, replacing="n1"), NOW)
+            gang = msgspec.structs.replace(record("g"), tenant="u", gpus_per_host=4, hosts=2, state="scheduled")
+            await state.insert_many(tx, [gang], NOW)
+        assert await incremental(live, store) == await whole(store)
+        assert [j.job_id for j in live.replacing()] == ["j07"]
+        assert live.tally() == state.Tally({"t": 1, "u": 8}, ["t"])
+        async with store.transaction() as tx:
+            held = await state.lock_job(tx, "j07")
+            assert held is not None
+            await state.save_job(tx, jobs.finished(held, "completed", "done", NOW), NOW)
+        assert await incremental(live, store) == await whole(store)
+        assert live.replacing() == [] and live.tally() == state.Tally({"u": 8}, ["t"])
 
 
 async def test_a_transaction_open_during_a_read_is_seen_by_the_next_one(stack: StackInfo) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import asyncpg
 import msgspec
 import pytest
 
@@ -520,9 +521,48 @@ async def test_leader_failover_loses_no_job_and_schedules_none_twice(bus: Bus, s
             (answer,) = [r for r in await rejected() if r.command_id == stale.id]
             assert answer.reason == "stale" and "fenced" in answer.detail
             async with second_store.transaction() as tx:
-                assert not await sched_state.fence(tx.conn, old_term)  # type: ignore[arg-type]
+                assert await sched_state.lock_cycle(tx.conn, second_store.schema, old_term, durable=False) == "fenced"
             for j in ids:
                 await call(second, "DELETE", f"/v1/jobs/{j}")
+
+
+async def test_one_statement_locks_the_cycle_fences_its_term_and_sets_its_commits_durability(stack: StackInfo) -> None:
+    async with own_store(stack) as store:
+        await store.migrate(sched_state.MIGRATIONS)
+
+        @asynccontextmanager
+        async def cycle_tx() -> AsyncIterator[asyncpg.Connection]:
+            # A session whose own setting waits for the disk (the tests' Postgres does not), so that
+            # "off" and the setting are told apart.
+            conn = await asyncpg.connect(
+                stack.postgres_dsn, server_settings={"search_path": store.schema, "synchronous_commit": "on"}
+            )
+            try:
+                async with conn.transaction():
+                    yield conn
+            finally:
+                await conn.close()
+
+        async def fenced_term() -> int | None:
+            return await store.pool.fetchval("SELECT term FROM leader_fence")
+
+        async with cycle_tx() as conn:
+            assert await sched_state.lock_cycle(conn, store.schema, 5, durable=False) == "locked"
+            assert await conn.fetchval("SHOW synchronous_commit") == "off"
+            async with cycle_tx() as other:  # a second cycle while the first runs: no lock, no fence
+                assert await sched_state.lock_cycle(other, store.schema, 6, durable=True) == "busy"
+        assert await fenced_term() == 5
+        async with cycle_tx() as conn:  # a deposed leader's term
+            assert await sched_state.lock_cycle(conn, store.schema, 4, durable=False) == "fenced"
+        assert await fenced_term() == 5
+        async with cycle_tx() as conn:  # the same term again, a cycle that must wait for the disk
+            assert await sched_state.lock_cycle(conn, store.schema, 5, durable=True) == "locked"
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        async with cycle_tx() as conn:  # no leader election: no fence; durable after all
+            assert await sched_state.lock_cycle(conn, store.schema, None, durable=False) == "locked"
+            await sched_state.commit_durably(conn)
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        assert await fenced_term() == 5
 
 
 async def test_deposed_leader_that_has_not_noticed_cannot_commit_a_cycle(

@@ -225,15 +225,17 @@ async def propose_replacements(
     sched: Scheduler,
     tx: Transaction,
     live: list[JobRecord],
+    candidates: Iterable[JobRecord],
     ledger: Ledger,
     proposed: Iterable[GpuAssignment],
     term: int | None,
     now: dt.datetime,
 ) -> bool:
     """In the cycle (the leader, fenced): a ReplaceGangMember for every job with a member to replace
-    and none in flight, or the gang restarted when no host fits. `proposed`: the GPUs this cycle's
-    proposals take. Whether any job had a member to replace."""
-    waiting = replacements_due(live, now)
+    and none in flight, or the gang restarted when no host fits. `candidates`: the live jobs that
+    may have one, in submission order (`LiveJobs.replacing`, or all of `live`); `proposed`: the GPUs
+    this cycle's proposals take. Whether any job had a member to replace."""
+    waiting = replacements_due(candidates, now)
     if not waiting:
         return False
     taken: dict[str, set[int]] = {n: set(g) for n, g in taken_in_flight(ledger, live).items()}

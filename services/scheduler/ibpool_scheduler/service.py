@@ -22,6 +22,7 @@ import datetime as dt
 import functools
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -627,13 +628,20 @@ class Scheduler:
         return plan
 
     async def _decide_and_commit_with(self, taken: list[tuple[Handoff, list[Any]]]) -> CyclePlan | None:
+        term = self.leadership.term if self.leadership is not None else None
+        if self.leadership is not None and term is None:
+            self.leadership.step_down("no term to schedule with")
+            return None
+        # Known before the lock: news kept now will be taken (acked after the commit), a new term's fence.
+        durable = term != self._fenced_term or any(h.kept for h in self.news.values())
         async with self.kit.store.transaction() as tx:
-            if not await state.lock_cycle(tx.conn, self.kit.store.schema):
-                return None
-            term = self.leadership.term if self.leadership is not None else None
-            if self.leadership is not None and (term is None or not await state.fence(tx.conn, term)):
-                self.leadership.step_down("a newer leader has scheduled (fenced)")
-                return None
+            match await state.lock_cycle(tx.conn, self.kit.store.schema, term, durable=durable):
+                case "busy":
+                    return None
+                case "fenced":
+                    assert self.leadership is not None
+                    self.leadership.step_down("a newer leader has scheduled (fenced)")
+                    return None
             taken.extend((h, news) for h in self.news.values() if (news := h.take()))
             tx.scratch[IN_CYCLE] = True
             for handoff, news in taken:
@@ -658,36 +666,29 @@ class Scheduler:
                 self.cycle_config,
                 self.cfg.leaf_label,
                 self.plan_cache,
-                placement=self.placement_inputs(live, now),
+                placement=self.placement_inputs(self.live.tally(), now),
                 queue_rules=self.queue_rules,
                 predictions=estimates_of(self.predictor, live),
             )
-            self.backlog = sum(1 for j in live if j.state == "queued") - len(plan.proposals)
-            await self._write(tx, plan, {j.job_id: j for j in live}, term, now)
+            self.backlog = self.live.queued - len(plan.proposals)
+            await self._write(tx, plan, self.live.by_id, term, now)
             proposed = (a for p in plan.proposals for a in p.assignments)
-            replacing = await members.propose_replacements(self, tx, live, ledger, proposed, term, now)
+            due = self.live.replacing()
+            replacing = await members.propose_replacements(self, tx, live, due, ledger, proposed, term, now)
             # News is acked after this commit: it must be on disk by then.
-            if taken or plan.commits_durably(replacing) or term != self._fenced_term:
+            if not durable and (taken or plan.commits_durably(replacing)):
                 await state.commit_durably(tx.conn)
             if self.renewals_due():
                 await tx.outbox(*self.renewals(live, now))
         self._fenced_term = term
         return plan
 
-    def placement_inputs(self, live: list[JobRecord], now: dt.datetime) -> PlacementInputs:
-        """Fair share brought to `now` (usage of the jobs holding GPUs), and what the plugins read."""
-        held: dict[str, int] = {}
-        waiting: set[str] = set()
-        for job in live:  # every live job but a queued one holds its GPUs or has them promised
-            if job.state == "queued":
-                waiting.add(job.tenant)
-            else:
-                held[job.tenant] = held.get(job.tenant, 0) + job.gpus_per_host * job.hosts
+    def placement_inputs(self, tally: state.Tally, now: dt.datetime) -> PlacementInputs:
+        """Fair share brought to `now` (usage of the jobs holding GPUs, `tally`), and what the plugins read."""
         if self.fairshare.updated_at == 0.0:
             self.fairshare = FairShareState(updated_at=now.timestamp())
-        self.fairshare = accrue(self.fairshare, now.timestamp(), held, self.cfg.fairshare_half_life_s)
-        tenants = sorted(waiting)
-        self.fairshare_factors = fairshare_factors(self.fairshare, tenants, self.cfg.fairshare_shares or None)
+        self.fairshare = accrue(self.fairshare, now.timestamp(), tally.held, self.cfg.fairshare_half_life_s)
+        self.fairshare_factors = fairshare_factors(self.fairshare, tally.waiting, self.cfg.fairshare_shares or None)
         if self.framework is None:
             return PlacementInputs(fairshare=self.fairshare_factors)
         return PlacementInputs(
@@ -738,7 +739,7 @@ class Scheduler:
         self.datasets_due.now()
 
     async def _write(
-        self, tx: Transaction, plan: CyclePlan, live: dict[str, JobRecord], term: int | None, now: dt.datetime
+        self, tx: Transaction, plan: CyclePlan, live: Mapping[str, JobRecord], term: int | None, now: dt.datetime
     ) -> None:
         """The cycle's job changes, each only if the row is still what the cycle read, and their events."""
         changes: dict[str, tuple[JobRecord, JobRecord, list[Message]]] = {}

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 import asyncpg
 import msgspec
@@ -51,21 +52,37 @@ def row(job: JobRecord, now: dt.datetime) -> tuple[str, str, str, str, dt.dateti
     return (job.job_id, job.queue, job.tenant, job.state, job.submitted_at, now, body_of(job))
 
 
-async def lock_cycle(conn: asyncpg.Connection, schema: str) -> bool:
-    """Make this transaction the only scheduling cycle until it ends; False when another one runs.
+CycleLock = Literal["locked", "busy", "fenced"]
 
-    Its commit will not wait for the WAL to reach the disk (`synchronous_commit` off for this
-    transaction only; `commit_durably` turns it back on). A crash of Postgres may then lose the last
-    fraction of a second of cycles that only proposed: their jobs are queued again and planned
-    anew, and a proposal the relay had already published is granted to a job that no longer waits
-    for it, which `on_granted` gives back (a stray grant). The first cycle of a leader's term waits
-    (the fence must not go back below a term that proposed), as do handlers' transactions, whose
-    events are acked after their commit."""
-    got: bool = await conn.fetchval(
-        "SELECT pg_try_advisory_xact_lock(hashtext($1)) FROM set_config('synchronous_commit', 'off', true)",
-        f"ibpool.scheduler.{schema}",
-    )
-    return got
+
+# One statement: the cycle's lock, the commit's durability, and the fence (when there is a term).
+_LOCK_CYCLE = (
+    "WITH lock AS (SELECT pg_try_advisory_xact_lock(hashtext($1)) AS got FROM set_config('synchronous_commit',"
+    " CASE WHEN $3::bool THEN (SELECT reset_val FROM pg_settings WHERE name = 'synchronous_commit') ELSE 'off' END,"
+    " true)),"
+    " fenced AS (INSERT INTO leader_fence (id, term)"
+    " SELECT 1, $2::bigint FROM lock WHERE got AND $2::bigint IS NOT NULL"
+    " ON CONFLICT (id) DO UPDATE SET term = EXCLUDED.term WHERE leader_fence.term <= EXCLUDED.term RETURNING term)"
+    " SELECT got, (SELECT count(*) FROM fenced) AS fenced FROM lock"
+)
+
+
+async def lock_cycle(conn: asyncpg.Connection, schema: str, term: int | None, *, durable: bool) -> CycleLock:
+    """Make this transaction the only scheduling cycle until it ends and, with a leader's `term`,
+    record that term as the newest that decided (`fence`), in one statement: "busy" when another
+    cycle runs, "fenced" when a newer term already decided (this replica was deposed), else "locked".
+
+    Unless `durable`, its commit will not wait for the WAL to reach the disk (`synchronous_commit`
+    off for this transaction only; `commit_durably` turns it back on). A crash of Postgres may then
+    lose the last fraction of a second of cycles that only proposed: their jobs are queued again
+    and planned anew, and a proposal the relay had already published is granted to a job that no
+    longer waits for it, which `on_granted` gives back (a stray grant). The first cycle of a
+    leader's term waits (the fence must not go back below a term that proposed), as do cycles that
+    handle news and handlers' transactions, whose events are acked after their commit."""
+    row = await conn.fetchrow(_LOCK_CYCLE, f"ibpool.scheduler.{schema}", term, durable)
+    if not row["got"]:
+        return "busy"
+    return "fenced" if term is not None and row["fenced"] == 0 else "locked"
 
 
 async def commit_durably(conn: asyncpg.Connection) -> None:
@@ -189,6 +206,31 @@ _CHANGED_SINCE = (
 )
 
 
+class Tally(msgspec.Struct, frozen=True):
+    """Per tenant, what fair share reads of the live jobs: the GPUs held or promised by each tenant
+    with a live job that is not queued, and the tenants with a queued job (sorted)."""
+
+    held: dict[str, int]
+    waiting: list[str]
+
+
+def tally_of(jobs: Iterable[JobRecord]) -> Tally:
+    """The tally of a list of live jobs (`LiveJobs.tally` keeps the same one as rows change)."""
+    held: dict[str, int] = {}
+    waiting: set[str] = set()
+    for job in jobs:
+        if job.state == "queued":
+            waiting.add(job.tenant)
+        else:
+            held[job.tenant] = held.get(job.tenant, 0) + job.gpus
+    return Tally(held, sorted(waiting))
+
+
+def _replacing(job: JobRecord) -> bool:
+    """A held job with a member to replace and no replacement proposed (`members.replacements_due`)."""
+    return job.holding and job.replacing is not None and job.replace_id is None
+
+
 class LiveJobs:
     """The live jobs, kept across scheduling cycles: a read fetches only the rows written since the
     previous read, not every live job (thousands hold GPUs on a big cluster; a cycle runs many times
@@ -212,9 +254,51 @@ class LiveJobs:
         self._started: object = None  # pg_postmaster_start_time() at the previous read
         self._rows: dict[str, tuple[int, str, JobRecord]] = {}  # job id -> (seq, body, record), by seq
         self._records: list[JobRecord] | None = []
+        self._clear()
+
+    def _clear(self) -> None:
+        # Kept as rows come and go, so that a cycle needs no walk over every live job for them.
+        self._by_id: dict[str, JobRecord] = {}  # the records of `_rows`, in the same order
+        self.queued = 0  # live jobs in state "queued"
+        self._tenants: dict[str, list[int]] = {}  # tenant -> [queued jobs, other live jobs, their GPUs]
+        self._replacing: dict[str, JobRecord] = {}  # job id -> a job `_replacing` is true of
 
     def reset(self) -> None:
         self._xmin, self._started, self._rows, self._records = None, None, {}, []
+        self._clear()
+
+    @property
+    def by_id(self) -> Mapping[str, JobRecord]:
+        """Job id -> record of every live job as of the last read. Not to be changed."""
+        return self._by_id
+
+    def tally(self) -> Tally:
+        """`tally_of` the last read's jobs, from counts kept as rows changed (no walk over the jobs)."""
+        tenants = self._tenants
+        return Tally({t: c[2] for t, c in tenants.items() if c[1]}, sorted(t for t, c in tenants.items() if c[0]))
+
+    def replacing(self) -> list[JobRecord]:
+        """The held jobs with a member to replace and none proposed, in submission order."""
+        rows = self._rows
+        return sorted(self._replacing.values(), key=lambda j: rows[j.job_id][0])
+
+    def _count(self, job: JobRecord, sign: int) -> None:
+        counts = self._tenants.get(job.tenant)
+        if counts is None:
+            counts = self._tenants[job.tenant] = [0, 0, 0]
+        if job.state == "queued":
+            counts[0] += sign
+            self.queued += sign
+        else:
+            counts[1] += sign
+            counts[2] += sign * job.gpus
+        if not counts[0] and not counts[1]:
+            del self._tenants[job.tenant]
+        if _replacing(job):
+            if sign > 0:
+                self._replacing[job.job_id] = job
+            else:
+                del self._replacing[job.job_id]
 
     def stored_body(self, job_id: str) -> str:
         """The body of a live job's row as the last read found it (what a conditional write compares:
@@ -229,7 +313,8 @@ class LiveJobs:
         if rows is None or last is None or int(rows[0]["xmin"]) < last or rows[0]["started"] != self._started:
             rows = await conn.fetch(_LIVE_ALL, list(LIVE))  # ids went back, or the server restarted
             self._rows, self._records = {}, None
-        known = self._rows
+            self._clear()
+        known, by_id = self._rows, self._by_id
         last_seq = next(reversed(known.values()))[0] if known else -1
         unordered = False
         for r in rows:
@@ -237,7 +322,9 @@ class LiveJobs:
             if job_id is None:
                 continue
             if r["state"] not in LIVE:
-                if known.pop(job_id, None) is not None:
+                gone = known.pop(job_id, None)
+                if gone is not None:
+                    self._count(by_id.pop(job_id), -1)
                     self._records = None
                 continue
             body: str = r["body"]
@@ -245,16 +332,22 @@ class LiveJobs:
             if had is not None and had[1] == body:
                 continue
             seq: int = r["seq"]
-            known[job_id] = (seq, body, record_of(body))
+            record = record_of(body)
+            known[job_id] = (seq, body, record)
+            if had is not None:
+                self._count(had[2], -1)
+            self._count(record, 1)
+            by_id[job_id] = record
             self._records = None
             if had is None:
                 unordered = unordered or seq < last_seq
                 last_seq = max(last_seq, seq)
         if unordered:  # a transaction that took an earlier seq committed after a later one
             self._rows = dict(sorted(known.items(), key=lambda kv: kv[1][0]))
+            self._by_id = {job_id: by_id[job_id] for job_id in self._rows}
         self._xmin, self._started = int(rows[0]["xmin"]), rows[0]["started"]
         if self._records is None:
-            self._records = [r for _, _, r in self._rows.values()]
+            self._records = list(self._by_id.values())
         return self._records
 
 
@@ -277,16 +370,6 @@ async def list_jobs(
         limit,
     )
     return [_record.decode(r["body"]) for r in rows]
-
-
-async def fence(conn: asyncpg.Connection, term: int) -> bool:
-    """Record `term` as the newest that decided; False when a newer term already did (we were deposed)."""
-    got = await conn.fetchval(
-        "INSERT INTO leader_fence (id, term) VALUES (1, $1)"
-        " ON CONFLICT (id) DO UPDATE SET term = $1 WHERE leader_fence.term <= $1 RETURNING term",
-        term,
-    )
-    return got is not None
 
 
 async def datasets(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, list[str]]:
