@@ -58,7 +58,7 @@ CycleLock = Literal["locked", "busy", "fenced"]
 # One statement: the cycle's lock, the commit's durability, and the fence (when there is a term).
 _LOCK_CYCLE = (
     "WITH lock AS (SELECT pg_try_advisory_xact_lock(hashtext($1)) AS got FROM set_config('synchronous_commit',"
-    " CASE WHEN $3::bool THEN (SELECT reset_val FROM pg_settings WHERE name = 'synchronous_commit') ELSE 'off' END,"
+    " CASE WHEN $3::bool THEN current_setting('synchronous_commit') ELSE 'off' END,"
     " true)),"
     " fenced AS (INSERT INTO leader_fence (id, term)"
     " SELECT 1, $2::bigint FROM lock WHERE got AND $2::bigint IS NOT NULL"
@@ -73,7 +73,8 @@ async def lock_cycle(conn: asyncpg.Connection, schema: str, term: int | None, *,
     cycle runs, "fenced" when a newer term already decided (this replica was deposed), else "locked".
 
     Unless `durable`, its commit will not wait for the WAL to reach the disk (`synchronous_commit`
-    off for this transaction only; `commit_durably` turns it back on). A crash of Postgres may then
+    off for this transaction only; `commit_durably` turns it back on); a durable one keeps the
+    session's setting, which is the server's (a pooled connection is reset when it is released). A crash of Postgres may then
     lose the last fraction of a second of cycles that only proposed: their jobs are queued again
     and planned anew, and a proposal the relay had already published is granted to a job that no
     longer waits for it, which `on_granted` gives back (a stray grant). The first cycle of a
