@@ -74,7 +74,8 @@ async def lock_cycle(conn: asyncpg.Connection, schema: str, term: int | None, *,
 
     Unless `durable`, its commit will not wait for the WAL to reach the disk (`synchronous_commit`
     off for this transaction only; `commit_durably` turns it back on); a durable one keeps the
-    session's setting, which is the server's (a pooled connection is reset when it is released). A crash of Postgres may then
+    session's setting, which is the server's (the store's connections keep no session state, see
+    `Store.connect`; the outbox relay undoes its own before it gives its connection back). A crash of Postgres may then
     lose the last fraction of a second of cycles that only proposed: their jobs are queued again
     and planned anew, and a proposal the relay had already published is granted to a job that no
     longer waits for it, which `on_granted` gives back (a stray grant). The first cycle of a
