@@ -9,12 +9,14 @@ import datetime as dt
 
 import msgspec
 
+from ibpool_core.pool.ledger import Ledger
 from ibpool_proto.job import JobSpec
 from ibpool_proto.pool import ResourceRequest
 from ibpool_runtime.devstack import StackInfo
 from ibpool_runtime.store import Store
 from ibpool_scheduler import jobs, state
 from ibpool_scheduler.jobs import JobRecord
+from ibpool_scheduler.plan import taken_in_flight
 from ibpool_scheduler.service import record_from_spec
 from tests.integration.helpers import own_store
 
@@ -45,6 +47,7 @@ def kept_as_walked(live: state.LiveJobs, records: list[JobRecord]) -> None:
     assert live.tally() == state.tally_of(records)
     assert live.queued == sum(1 for j in records if j.state == "queued")
     assert live.replacing() == [j for j in records if j.holding and j.replacing is not None and j.replace_id is None]
+    assert live.in_flight(Ledger()) == taken_in_flight(Ledger(), records)
 
 
 async def read_once(store: Store, *job_ids: str) -> state.LiveJobs:

@@ -669,6 +669,7 @@ class Scheduler:
                 placement=self.placement_inputs(self.live.tally(), now),
                 queue_rules=self.queue_rules,
                 predictions=estimates_of(self.predictor, live),
+                in_flight=self.live.in_flight(ledger),
             )
             self.backlog = self.live.queued - len(plan.proposals)
             await self._write(tx, plan, self.live.by_id, term, now)

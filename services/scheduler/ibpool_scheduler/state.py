@@ -10,9 +10,11 @@ from typing import Literal
 import asyncpg
 import msgspec
 
+from ibpool_core.pool.ledger import Ledger
 from ibpool_runtime.store import Transaction
 
 from .jobs import LIVE, JobRecord
+from .plan import InFlight
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -264,6 +266,7 @@ class LiveJobs:
         self.queued = 0  # live jobs in state "queued"
         self._tenants: dict[str, list[int]] = {}  # tenant -> [queued jobs, other live jobs, their GPUs]
         self._replacing: dict[str, JobRecord] = {}  # job id -> a job `_replacing` is true of
+        self._in_flight = InFlight()
 
     def reset(self) -> None:
         self._xmin, self._started, self._rows, self._records = None, None, {}, []
@@ -279,12 +282,20 @@ class LiveJobs:
         tenants = self._tenants
         return Tally({t: c[2] for t, c in tenants.items() if c[1]}, sorted(t for t, c in tenants.items() if c[0]))
 
+    def in_flight(self, ledger: Ledger) -> dict[str, set[int]]:
+        """`plan.taken_in_flight(ledger, <the last read's jobs>)`, from what was kept (`plan.InFlight`)."""
+        return self._in_flight.taken(ledger)
+
     def replacing(self) -> list[JobRecord]:
         """The held jobs with a member to replace and none proposed, in submission order."""
         rows = self._rows
         return sorted(self._replacing.values(), key=lambda j: rows[j.job_id][0])
 
     def _count(self, job: JobRecord, sign: int) -> None:
+        if sign > 0:
+            self._in_flight.add(job)
+        else:
+            self._in_flight.remove(job)
         counts = self._tenants.get(job.tenant)
         if counts is None:
             counts = self._tenants[job.tenant] = [0, 0, 0]

@@ -8,16 +8,26 @@ from __future__ import annotations
 import datetime as dt
 import random
 
+import msgspec
+
 from ibpool_core.pool import allocate as al
 from ibpool_core.pool.ledger import Ledger
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
 from ibpool_core.sched.queueing import make_policy
 from ibpool_proto.health import Cordoned, NodeFailed, Uncordoned
-from ibpool_proto.pool import ProposePlacement
+from ibpool_proto.pool import GpuAssignment, ProposePlacement, ReleaseAllocation
 from ibpool_scheduler import jobs
 from ibpool_scheduler.jobs import JobRecord
-from ibpool_scheduler.plan import PlacementInputs, PlanCache, host_view, host_view_cached, plan_cycle
+from ibpool_scheduler.plan import (
+    InFlight,
+    PlacementInputs,
+    PlanCache,
+    host_view,
+    host_view_cached,
+    plan_cycle,
+    taken_in_flight,
+)
 from ibpool_scheduler.service import DEFAULT_PROFILE
 
 from .test_glue import T0, job, ledger_of, node
@@ -93,7 +103,11 @@ def test_a_cycle_with_every_cache_is_the_cycle_without_any() -> None:
             al.handle(ledger, Cordoned(source="f", key="n05", node_id="n05", scope="node", reason="hot"), at)
         inputs = PlacementInputs(framework, telemetry=telemetry, sample=rng.choice((0, 4)))
         args = (ledger, list(live.values()), at, make_policy("fifo"), CycleConfig(), LEAF)
-        plan = plan_cycle(*args, cache, placement=inputs)
+        index = InFlight()
+        for j in live.values():
+            index.add(j)
+        assert index.taken(ledger) == taken_in_flight(ledger, live.values())
+        plan = plan_cycle(*args, cache, placement=inputs, in_flight=index.taken(ledger))
         assert plan == plan_cycle(
             *args, placement=PlacementInputs(framework, telemetry=telemetry, sample=inputs.sample)
         )
@@ -109,3 +123,53 @@ def test_a_cycle_with_every_cache_is_the_cycle_without_any() -> None:
     assert started > 20
     assert len({id(v) for v in views}) < len(views) / 2  # the placement view was kept across cycles
     assert cache.promised or cache.running  # the running pictures were kept for the next cycle
+
+
+def test_the_kept_gpus_in_flight_are_those_a_walk_over_the_jobs_finds() -> None:
+    """`InFlight` against `taken_in_flight` through proposals, grants the replica shows or not yet,
+    replacements, a requeue and ends, its records added and removed as `LiveJobs` does."""
+    rng = random.Random(3)
+    ledger = ledger_of(*(node(f"n{i}", 8, leaf="a") for i in range(6)))
+    index = InFlight()
+    live: dict[str, JobRecord] = {}
+
+    def put(j: JobRecord | None, job_id: str) -> None:
+        if (old := live.pop(job_id, None)) is not None:
+            index.remove(old)
+        if j is not None:
+            live[job_id] = j
+            index.add(j)
+
+    free = [GpuAssignment(node_id=f"n{i}", gpu_index=g) for i in range(6) for g in range(8)]
+    rng.shuffle(free)
+    checked = 0
+    for step in range(60):
+        jid = f"j{step:02d}"
+        put(job(jid, 1, at=step), jid)
+        for held_id in rng.sample(sorted(live), k=min(3, len(live))):
+            j = live[held_id]
+            if j.state == "queued" and free:
+                put(jobs.proposed(j, f"p-{held_id}-{step}", [free.pop()], None), held_id)
+            elif j.state == "proposed" and rng.random() < 0.5:
+                if rng.random() < 0.5:  # the replica shows the grant
+                    put(grant(ledger, j, j.proposal, T0), held_id)
+                else:  # the scheduler recorded the grant before the replica showed it
+                    put(jobs.granted(j, j.proposal_id or "", sorted({a.node_id for a in j.proposal}), T0), held_id)
+            elif j.holding and rng.random() < 0.3 and free:
+                replace = [free.pop()]
+                put(
+                    msgspec.structs.replace(
+                        j, replacing=j.proposal[0].node_id, replace_id=f"r-{held_id}", replace_proposal=replace
+                    ),
+                    held_id,
+                )
+            elif j.holding and j.allocation_id in ledger.allocations and rng.random() < 0.2:
+                # released on the ledger before the scheduler hears of it: its GPUs count as in flight
+                al.handle(ledger, ReleaseAllocation(source="t", key=held_id, allocation_id=j.allocation_id), T0)
+            elif j.live and rng.random() < 0.2:
+                put(None, held_id)  # ended: no longer live
+        assert index.taken(ledger) == taken_in_flight(ledger, live.values())
+        checked += bool(index.taken(ledger))
+    assert checked > 20
+    states = {j.state for j in live.values()}
+    assert {"queued", "proposed", "scheduled"} <= states
