@@ -75,14 +75,14 @@ async def lock_cycle(conn: asyncpg.Connection, schema: str, term: int | None, *,
     cycle runs, "fenced" when a newer term already decided (this replica was deposed), else "locked".
 
     Unless `durable`, its commit will not wait for the WAL to reach the disk (`synchronous_commit`
-    off for this transaction only; `commit_durably` turns it back on); a durable one keeps the
-    session's setting, which is the server's (the store's connections keep no session state, see
-    `Store.connect`; the outbox relay undoes its own before it gives its connection back). A crash of Postgres may then
+    off for this transaction only; `commit_durably` turns it back on). A crash of Postgres may then
     lose the last fraction of a second of cycles that only proposed: their jobs are queued again
     and planned anew, and a proposal the relay had already published is granted to a job that no
     longer waits for it, which `on_granted` gives back (a stray grant). The first cycle of a
-    leader's term waits (the fence must not go back below a term that proposed), as do cycles that
-    handle news and handlers' transactions, whose events are acked after their commit."""
+    leader's term is durable (the fence must not go back below a term that proposed), as are cycles
+    that handle news and handlers' transactions, whose events are acked after their commit. A
+    durable cycle keeps the session's setting, which is the server's: the store's connections keep
+    no session state (`Store.connect`; the outbox relay undoes its own before it lets go)."""
     row = await conn.fetchrow(_LOCK_CYCLE, f"ibpool.scheduler.{schema}", term, durable)
     if not row["got"]:
         return "busy"
