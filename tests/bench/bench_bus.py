@@ -56,6 +56,7 @@ import asyncpg
 import msgspec
 import nats
 import nats.errors
+from bench_cpu import machine_busy_s, tree_cpu_s
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -138,47 +139,31 @@ def rate(n: int, span_ns: int) -> float:
 # ---------------------------------------------------------------- CPU accounting
 
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
 def _self_cpu() -> float:
     me = resource.getrusage(resource.RUSAGE_SELF)
     return me.ru_utime + me.ru_stime
 
 
-def _stat_fields(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
 class CpuMeter:
     """CPU seconds spent over a measured window by this process, nats-server, Postgres (postmaster,
-    its live backends and the ones it reaped) and the whole machine, which includes whatever else
-    runs on it (`others_s`). Linux /proc only; empty elsewhere."""
+    its live backends and the ones it reaped: `bench_cpu.tree_cpu_s`) and the whole machine, which
+    includes whatever else runs on it (`others_s`). Linux /proc only; empty elsewhere."""
 
     def __init__(self) -> None:
         self.nats_pid = 0
         self.pg_pid = 0
 
     def snap(self) -> dict[str, float]:
-        try:
-            out = {"bench": _self_cpu()}
-            f = _stat_fields(self.nats_pid)
-            out["nats"] = (int(f[11]) + int(f[12])) / _TICK
-            f = _stat_fields(self.pg_pid)
-            pg = sum(int(x) for x in f[11:15])
-            for d in os.listdir("/proc"):
-                if d.isdigit():
-                    with contextlib.suppress(OSError, IndexError):
-                        g = _stat_fields(int(d))
-                        if int(g[1]) == self.pg_pid:
-                            pg += int(g[11]) + int(g[12])
-            out["postgres"] = pg / _TICK
-            cpu = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-            out["machine_busy"] = (sum(cpu[:8]) - cpu[3] - cpu[4]) / _TICK
-            out["wall"] = time.monotonic()
-            return out
-        except (OSError, ValueError, IndexError):
+        nats_s, pg_s, busy_s = tree_cpu_s(self.nats_pid), tree_cpu_s(self.pg_pid), machine_busy_s()
+        if nats_s is None or pg_s is None or busy_s is None:
             return {}
+        return {
+            "bench": _self_cpu(),
+            "nats": nats_s,
+            "postgres": pg_s,
+            "machine_busy": busy_s,
+            "wall": time.monotonic(),
+        }
 
     @staticmethod
     def diff(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -42,6 +42,7 @@ from typing import Any
 
 import aiohttp
 import nats
+from bench_cpu import CpuMeter
 
 from ibpool_pool_allocator.bootstrap import bootstrap
 from ibpool_pool_allocator.config import PoolAllocatorConfig
@@ -64,67 +65,6 @@ SLOTS_PER_GPU = 1000 // FRACTION_MILLI  # 10
 PHASE_TIMEOUT_S = 120.0
 FLOOR_GRANTS_PER_S = 1000.0
 FLOOR_P99_MS = 50.0
-
-
-def tree_cpu_s(root: int) -> float | None:
-    """CPU seconds (user + system) of process `root` and its direct children so far, from /proc; None elsewhere."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    try:
-        entries = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    for entry in entries:
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended meanwhile
-        # after the command: state ppid ... utime (field 14) stime (15); fields[0] is the state (field 3)
-        if int(entry) == root or int(fields[1]) == root:
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
-
-
-def steal_s() -> float | None:
-    """CPU seconds the hypervisor gave to others while this machine's CPUs wanted them (all CPUs,
-    since boot; /proc/stat), None where not known."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-class CpuMeter:
-    """CPU seconds spent by this process, nats-server and Postgres between `start` and `stop`, and
-    the CPU seconds stolen from the machine meanwhile (`steal_s`: a shared host's other guests; the
-    same code is slower when it is high)."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-        self.began: dict[str, float | None] = {}
-        self.load_1m = 0.0
-        self.steal_began: float | None = None
-
-    def _now(self) -> dict[str, float | None]:
-        return {"bench_process": time.process_time(), **{name: tree_cpu_s(pid) for name, pid in self.pids.items()}}
-
-    def start(self) -> None:
-        self.load_1m = round(os.getloadavg()[0], 2)
-        self.steal_began = steal_s()
-        self.began = self._now()
-
-    def stop(self) -> dict[str, Any]:
-        ended = self._now()
-        cpu = {
-            k: round(e - b, 3) if (e is not None and (b := self.began.get(k)) is not None) else None
-            for k, e in ended.items()
-        }
-        stolen = steal_s()
-        steal = None if stolen is None or self.steal_began is None else round(stolen - self.steal_began, 2)
-        return {"load_1m_at_start": self.load_1m, "steal_s": steal, "cpu_s": cpu}
 
 
 async def publish_paced(bus: Bus, cmds: Sequence[Any], rate: float) -> tuple[dict[str, int], float]:

@@ -84,7 +84,8 @@ from ibpool_scheduler.config import SchedulerConfig
 from ibpool_scheduler.service import Scheduler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pool import CpuMeter, pct, publish_paced, registered
+from bench_cpu import CpuMeter
+from bench_pool import pct, publish_paced, registered
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
