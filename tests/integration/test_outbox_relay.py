@@ -4,9 +4,11 @@ replica wakes it (LISTEN/NOTIFY), and another replica's relay takes over when th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
+import asyncpg
 from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 
@@ -86,6 +88,33 @@ async def test_a_frozen_holder_loses_the_lock_and_another_relay_publishes(bus: B
             await frozen._let_go(broken=True)
         finally:
             await store_b.close()
+
+
+async def test_a_relay_cancelled_while_letting_go_lends_no_session_state_to_the_pool(
+    bus: Bus, stack: StackInfo
+) -> None:
+    """The holder's session has the relay lock, `synchronous_commit` off and an idle timeout; a
+    give-back cancelled before it undid them closes the connection instead of pooling it with them."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    async with own_store(stack, schema) as store:
+        relay = OutboxRelay(store, bus, poll_s=30.0)
+        assert await relay._holder() is not None
+        letting_go = asyncio.create_task(relay._let_go())
+        await asyncio.sleep(0)  # it has started undoing the session (UNLISTEN sent) ...
+        letting_go.cancel()  # ... and is cancelled before it finished
+        with contextlib.suppress(asyncio.CancelledError):
+            await letting_go
+        # No session keeps the relay's lock: a connection of its own (not the pool's, whose sessions
+        # could take it again as their own) gets it.
+        outside = await asyncpg.connect(stack.postgres_dsn)
+        try:
+            assert await outside.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", relay._lock_key)
+            await outside.execute("SELECT pg_advisory_unlock_all()")
+        finally:
+            await outside.close()
+        other = OutboxRelay(store, bus, poll_s=30.0)
+        assert await other._holder() is not None
+        await other._let_go()
 
 
 async def test_a_round_deletes_what_the_previous_one_published_and_an_idle_relay_soon_after(

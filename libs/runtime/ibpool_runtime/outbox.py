@@ -163,19 +163,24 @@ class OutboxRelay:
                 await self._give_back(conn, broken)
 
     async def _give_back(self, conn: asyncpg.Connection, broken: bool) -> None:
+        # Only a connection whose session was undone goes back as it is: one that is broken, or
+        # whose undoing failed or was cancelled, is closed (its lock and settings end with it)
+        # rather than lent out again with them.
+        undone = False
         try:
-            if broken or conn.is_closed():
-                conn.terminate()
-            else:
+            if not broken and not conn.is_closed():
                 await conn.remove_listener(self._channel, self._notified)
                 await conn.execute(
                     "RESET synchronous_commit; RESET idle_session_timeout; SELECT pg_advisory_unlock_all()"
                 )
+                undone = True
         except Exception:
-            with contextlib.suppress(Exception):  # the pool may be closed and have taken it back
-                conn.terminate()
+            pass
         finally:
-            with contextlib.suppress(Exception):
+            if not undone:
+                with contextlib.suppress(Exception):
+                    conn.terminate()
+            with contextlib.suppress(Exception):  # the pool may be closed and have taken it back
                 await self.store.pool.release(conn)
 
     async def flush(self, timeout_s: float = 10.0) -> None:
