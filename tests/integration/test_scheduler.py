@@ -558,6 +558,10 @@ async def test_one_statement_locks_the_cycle_fences_its_term_and_sets_its_commit
         async with cycle_tx() as conn:  # the same term again, a cycle that must wait for the disk
             assert await sched_state.lock_cycle(conn, store.schema, 5, durable=True) == "locked"
             assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        async with cycle_tx() as conn:  # ... also on a session that kept "off" from an earlier user
+            await conn.execute("SET synchronous_commit = off")  # session-wide, as a leak would be
+            assert await sched_state.lock_cycle(conn, store.schema, 5, durable=True) == "locked"
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
         async with cycle_tx() as conn:  # no leader election: no fence; durable after all
             assert await sched_state.lock_cycle(conn, store.schema, None, durable=False) == "locked"
             await sched_state.commit_durably(conn)

@@ -8,8 +8,9 @@ holder renews with `update(last=revision)` every `ttl_s / 3`; a renewal that fai
 holds the key now, or the bus is gone) ends the leadership at once. The term is the key's revision
 when it was won: revisions only grow, so a newer leader always has a higher term. Elections alone
 cannot stop a deposed leader that has not noticed yet from writing, so every decision it commits
-also checks the term against the highest one stored (each service's `state.fence`, and the pool
-allocator for the scheduler's proposals): a lower term is refused. Shared by every service that
+also checks the term against the highest one stored (the failover controller's `state.fence`, the
+scheduler's `state.lock_cycle`, and the pool allocator for the scheduler's proposals): a lower term
+is refused. Shared by every service that
 elects one active replica (failover controller, scheduler).
 """
 

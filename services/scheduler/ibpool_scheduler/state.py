@@ -60,7 +60,7 @@ CycleLock = Literal["locked", "busy", "fenced"]
 # One statement: the cycle's lock, the commit's durability, and the fence (when there is a term).
 _LOCK_CYCLE = (
     "WITH lock AS (SELECT pg_try_advisory_xact_lock(hashtext($1)) AS got FROM set_config('synchronous_commit',"
-    " CASE WHEN $3::bool THEN current_setting('synchronous_commit') ELSE 'off' END,"
+    " CASE WHEN $3::bool THEN NULL ELSE 'off' END,"  # NULL: the server's setting (as SET ... TO DEFAULT)
     " true)),"
     " fenced AS (INSERT INTO leader_fence (id, term)"
     " SELECT 1, $2::bigint FROM lock WHERE got AND $2::bigint IS NOT NULL"
@@ -81,8 +81,8 @@ async def lock_cycle(conn: asyncpg.Connection, schema: str, term: int | None, *,
     longer waits for it, which `on_granted` gives back (a stray grant). The first cycle of a
     leader's term is durable (the fence must not go back below a term that proposed), as are cycles
     that handle news and handlers' transactions, whose events are acked after their commit. A
-    durable cycle keeps the session's setting, which is the server's: the store's connections keep
-    no session state (`Store.connect`; the outbox relay undoes its own before it lets go)."""
+    durable cycle sets the server's setting for itself (`set_config` to NULL, as `commit_durably`'s
+    `TO DEFAULT`), whatever a session of the pool may have kept."""
     row = await conn.fetchrow(_LOCK_CYCLE, f"ibpool.scheduler.{schema}", term, durable)
     if not row["got"]:
         return "busy"
