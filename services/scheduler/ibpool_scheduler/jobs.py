@@ -119,6 +119,11 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     def holding(self) -> bool:
         return self.state in HOLDING
 
+    @property
+    def member_to_replace(self) -> bool:
+        """Held, with a member lost (`replacing`) and no replacement proposed for it yet."""
+        return self.state in HOLDING and self.replacing is not None and self.replace_id is None
+
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_ENV_BYTES = 64 * 1024

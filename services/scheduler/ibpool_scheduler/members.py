@@ -39,7 +39,7 @@ from ibpool_runtime.store import Transaction
 
 from . import jobs, state
 from .jobs import JobPlacement, JobRecord
-from .plan import UNLABELLED_LEAF, host_view, taken_in_flight
+from .plan import UNLABELLED_LEAF, host_view
 
 if TYPE_CHECKING:
     from .service import Scheduler
@@ -211,35 +211,26 @@ def _later(a: dt.datetime | None, b: dt.datetime | None) -> bool:
 
 def replacements_due(live: Iterable[JobRecord], now: dt.datetime) -> list[JobRecord]:
     """The held jobs with a member to replace, none proposed yet, and their backoff (if any) over."""
-    return [
-        j
-        for j in live
-        if j.holding
-        and j.replacing is not None
-        and j.replace_id is None
-        and (j.not_before is None or j.not_before <= now)
-    ]
+    return [j for j in live if j.member_to_replace and (j.not_before is None or j.not_before <= now)]
 
 
 async def propose_replacements(
     sched: Scheduler,
     tx: Transaction,
-    live: list[JobRecord],
-    candidates: Iterable[JobRecord],
     ledger: Ledger,
     proposed: Iterable[GpuAssignment],
     term: int | None,
     now: dt.datetime,
 ) -> bool:
-    """In the cycle (the leader, fenced): a ReplaceGangMember for every job with a member to replace
-    and none in flight, or the gang restarted when no host fits. `candidates`: the live jobs that
-    may have one, in submission order (`LiveJobs.replacing`, or all of `live`); `proposed`: the GPUs
-    this cycle's proposals take. Whether any job had a member to replace."""
-    waiting = replacements_due(candidates, now)
+    """In the cycle (the leader, fenced): a ReplaceGangMember for every job of the cycle's live
+    jobs (`sched.live`) with a member to replace and none in flight, or the gang restarted when no
+    host fits. `proposed`: the GPUs this cycle's proposals take (the replacements already in flight
+    are among the live jobs' GPUs in flight). Whether any job had a member to replace."""
+    waiting = replacements_due(sched.live.replacing(), now)
     if not waiting:
         return False
-    taken: dict[str, set[int]] = {n: set(g) for n, g in taken_in_flight(ledger, live).items()}
-    for a in [*proposed, *(a for j in live if j.replace_id is not None for a in j.replace_proposal)]:
+    taken: dict[str, set[int]] = {n: set(g) for n, g in sched.live.in_flight(ledger).items()}
+    for a in proposed:
         taken.setdefault(a.node_id, set()).add(a.gpu_index)
     for job in waiting:
         locked = await state.lock_job(tx, job.job_id)

@@ -84,41 +84,28 @@ class HostView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def taken_in_flight(ledger: Ledger, jobs: Iterable[JobRecord]) -> dict[str, set[int]]:
-    """GPUs the scheduler holds that the ledger replica does not show yet, per node."""
-    taken: dict[str, set[int]] = {}
-
-    def take(assignments: Sequence[GpuAssignment]) -> None:
-        for a in assignments:
-            taken.setdefault(a.node_id, set()).add(a.gpu_index)
-
-    allocations = ledger.allocations
+    """GPUs the scheduler holds that the ledger replica does not show yet, per node: a proposal the
+    ledger has not granted, a grant it does not show (yet, or any more), a member's replacement in
+    flight. The `InFlight` of `jobs` (one rule, kept or built at once)."""
+    index = InFlight()
     for job in jobs:
-        state = job.state
-        if state == "queued":
-            continue
-        if state == "proposed":
-            if job.proposal_id not in allocations:
-                take(job.proposal)
-        elif state in HOLDING:
-            if job.allocation_id not in allocations:
-                take(job.assignments)
-            if job.replace_id is not None:  # a member's replacement in flight: its GPUs are promised
-                take(job.replace_proposal)
-    return taken
+        index.add(job)
+    return index.taken(ledger)
 
 
 class InFlight:
-    """`taken_in_flight` kept as live jobs come and go: `add` a job's record, `remove` it when the
-    record is replaced or the job ends; `taken(ledger)` is `taken_in_flight(ledger, <the records
-    added>)` without a walk over every held job: those whose grant the ledger shows are found by a
-    set difference of allocation ids, and only the proposed ones are looked at one by one. (An
-    allocation id belongs to one job: it is the id of that job's proposal.)"""
+    """The jobs whose GPUs may be in flight, kept as live jobs come and go: `add` a job's record,
+    `remove` it when the record is replaced or the job ends. `taken(ledger)` needs no walk over
+    every held job: those whose grant the ledger shows are found by a set difference of allocation
+    ids, and only the proposed ones are looked at one by one. (An allocation id belongs to one job:
+    it is the id of that job's proposal.)"""
 
     def __init__(self) -> None:
         self._proposed: dict[str, JobRecord] = {}  # job id -> a proposed job
         self._held: dict[str, JobRecord] = {}  # allocation id -> a held job
         self._held_unnamed: dict[str, JobRecord] = {}  # job id -> a held job with no allocation id
-        self._replacing: dict[str, JobRecord] = {}  # job id -> a held job with a replacement proposed
+        self._replacement_proposed: dict[str, JobRecord] = {}  # job id -> a held job whose member's
+        # replacement is in flight: its GPUs are promised
 
     def add(self, job: JobRecord) -> None:
         if job.state == "proposed":
@@ -129,13 +116,13 @@ class InFlight:
             else:
                 self._held[job.allocation_id] = job
             if job.replace_id is not None:
-                self._replacing[job.job_id] = job
+                self._replacement_proposed[job.job_id] = job
 
     def remove(self, job: JobRecord) -> None:
         """Forget `job`, a record `add`ed before."""
         self._proposed.pop(job.job_id, None)
         self._held_unnamed.pop(job.job_id, None)
-        self._replacing.pop(job.job_id, None)
+        self._replacement_proposed.pop(job.job_id, None)
         if job.allocation_id is not None and (held := self._held.get(job.allocation_id)) is not None:
             if held.job_id == job.job_id:
                 del self._held[job.allocation_id]
@@ -156,7 +143,7 @@ class InFlight:
             take(held[allocation_id].assignments)
         for job in self._held_unnamed.values():
             take(job.assignments)
-        for job in self._replacing.values():
+        for job in self._replacement_proposed.values():
             take(job.replace_proposal)
         return taken
 
@@ -713,7 +700,7 @@ def plan_cycle(
     placement: PlacementInputs = NO_PLACEMENT_INPUTS,
     queue_rules: Mapping[str, QueueRule] | None = None,
     predictions: Mapping[str, RuntimeEstimate] | None = None,
-    in_flight: Mapping[str, set[int]] | None = None,
+    in_flight: dict[str, set[int]] | None = None,
 ) -> CyclePlan:
     """Decide one cycle over the live `jobs` on `ledger`; see the module docstring and `PlanCache`.
 
@@ -722,7 +709,7 @@ def plan_cycle(
     With several queues waiting, each is decided by its own policy in turn on what the previous
     ones left, the queue whose oldest job has waited longest first (see `cycle_by_queue`).
     `predictions`: job id -> the learned runtime of a queued job (`predictor.RuntimePredictor`).
-    `in_flight`: `taken_in_flight(ledger, jobs)` when the caller keeps it (`InFlight`).
+    `in_flight`: `taken_in_flight(ledger, jobs)` when the caller keeps it (`InFlight`, `LiveJobs.in_flight`).
     """
     taken = taken_in_flight(ledger, jobs) if in_flight is None else in_flight
     view = host_view(ledger, taken, leaf_label) if cache is None else host_view_cached(ledger, taken, leaf_label, cache)

@@ -674,8 +674,7 @@ class Scheduler:
             self.backlog = self.live.queued - len(plan.proposals)
             await self._write(tx, plan, self.live.by_id, term, now)
             proposed = (a for p in plan.proposals for a in p.assignments)
-            due = self.live.replacing()
-            replacing = await members.propose_replacements(self, tx, live, due, ledger, proposed, term, now)
+            replacing = await members.propose_replacements(self, tx, ledger, proposed, term, now)
             # News is acked after this commit: it must be on disk by then.
             if not durable and (taken or plan.commits_durably(replacing)):
                 await state.commit_durably(tx.conn)

@@ -218,21 +218,37 @@ class Tally(msgspec.Struct, frozen=True):
     waiting: list[str]
 
 
+class _Counts:
+    """What `Tally` is made of, counted job by job (`count(job, 1)`, and `-1` to take it back)."""
+
+    def __init__(self) -> None:
+        self.queued = 0  # live jobs in state "queued"
+        self._tenants: dict[str, list[int]] = {}  # tenant -> [queued jobs, other live jobs, their GPUs]
+
+    def count(self, job: JobRecord, sign: int) -> None:
+        counts = self._tenants.get(job.tenant)
+        if counts is None:
+            counts = self._tenants[job.tenant] = [0, 0, 0]
+        if job.state == "queued":
+            counts[0] += sign
+            self.queued += sign
+        else:  # every live job but a queued one holds its GPUs or has them promised
+            counts[1] += sign
+            counts[2] += sign * job.gpus
+        if not counts[0] and not counts[1]:
+            del self._tenants[job.tenant]
+
+    def tally(self) -> Tally:
+        tenants = self._tenants
+        return Tally({t: c[2] for t, c in tenants.items() if c[1]}, sorted(t for t, c in tenants.items() if c[0]))
+
+
 def tally_of(jobs: Iterable[JobRecord]) -> Tally:
     """The tally of a list of live jobs (`LiveJobs.tally` keeps the same one as rows change)."""
-    held: dict[str, int] = {}
-    waiting: set[str] = set()
+    counts = _Counts()
     for job in jobs:
-        if job.state == "queued":
-            waiting.add(job.tenant)
-        else:
-            held[job.tenant] = held.get(job.tenant, 0) + job.gpus
-    return Tally(held, sorted(waiting))
-
-
-def _replacing(job: JobRecord) -> bool:
-    """A held job with a member to replace and no replacement proposed (`members.replacements_due`)."""
-    return job.holding and job.replacing is not None and job.replace_id is None
+        counts.count(job, 1)
+    return counts.tally()
 
 
 class LiveJobs:
@@ -263,9 +279,8 @@ class LiveJobs:
     def _clear(self) -> None:
         # Kept as rows come and go, so that a cycle needs no walk over every live job for them.
         self._by_id: dict[str, JobRecord] = {}  # the records of `_rows`, in the same order
-        self.queued = 0  # live jobs in state "queued"
-        self._tenants: dict[str, list[int]] = {}  # tenant -> [queued jobs, other live jobs, their GPUs]
-        self._replacing: dict[str, JobRecord] = {}  # job id -> a job `_replacing` is true of
+        self._counts = _Counts()
+        self._replacing: dict[str, JobRecord] = {}  # job id -> a job with `member_to_replace`
         self._in_flight = InFlight()
 
     def reset(self) -> None:
@@ -277,10 +292,14 @@ class LiveJobs:
         """Job id -> record of every live job as of the last read. Not to be changed."""
         return self._by_id
 
+    @property
+    def queued(self) -> int:
+        """How many of the last read's jobs are queued."""
+        return self._counts.queued
+
     def tally(self) -> Tally:
         """`tally_of` the last read's jobs, from counts kept as rows changed (no walk over the jobs)."""
-        tenants = self._tenants
-        return Tally({t: c[2] for t, c in tenants.items() if c[1]}, sorted(t for t, c in tenants.items() if c[0]))
+        return self._counts.tally()
 
     def in_flight(self, ledger: Ledger) -> dict[str, set[int]]:
         """`plan.taken_in_flight(ledger, <the last read's jobs>)`, from what was kept (`plan.InFlight`)."""
@@ -296,18 +315,8 @@ class LiveJobs:
             self._in_flight.add(job)
         else:
             self._in_flight.remove(job)
-        counts = self._tenants.get(job.tenant)
-        if counts is None:
-            counts = self._tenants[job.tenant] = [0, 0, 0]
-        if job.state == "queued":
-            counts[0] += sign
-            self.queued += sign
-        else:
-            counts[1] += sign
-            counts[2] += sign * job.gpus
-        if not counts[0] and not counts[1]:
-            del self._tenants[job.tenant]
-        if _replacing(job):
+        self._counts.count(job, sign)
+        if job.member_to_replace:
             if sign > 0:
                 self._replacing[job.job_id] = job
             else:
