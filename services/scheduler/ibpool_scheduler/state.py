@@ -272,13 +272,13 @@ class LiveJobs:
     def __init__(self) -> None:
         self._xmin: int | None = None
         self._started: object = None  # pg_postmaster_start_time() at the previous read
-        self._rows: dict[str, tuple[int, str, JobRecord]] = {}  # job id -> (seq, body, record), by seq
+        self._rows: dict[str, tuple[int, str]] = {}  # job id -> (seq, body), by seq
         self._records: list[JobRecord] | None = []
         self._clear()
 
     def _clear(self) -> None:
         # Kept as rows come and go, so that a cycle needs no walk over every live job for them.
-        self._by_id: dict[str, JobRecord] = {}  # the records of `_rows`, in the same order
+        self._by_id: dict[str, JobRecord] = {}  # the record of each row of `_rows`, in the same order
         self._counts = _Counts()
         self._replacing: dict[str, JobRecord] = {}  # job id -> a job with `member_to_replace`
         self._in_flight = InFlight()
@@ -355,9 +355,9 @@ class LiveJobs:
                 continue
             seq: int = r["seq"]
             record = record_of(body)
-            known[job_id] = (seq, body, record)
+            known[job_id] = (seq, body)
             if had is not None:
-                self._count(had[2], -1)
+                self._count(by_id[job_id], -1)
             self._count(record, 1)
             by_id[job_id] = record
             self._records = None
