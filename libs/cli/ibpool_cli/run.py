@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import aiohttp
 import msgspec
@@ -240,7 +240,9 @@ def _observer(obs: Observed, expected_nodes: int):  # type: ignore[no-untyped-de
     return on_msg
 
 
-def _view(obs: Observed, nodes: int, phase: str, pool: PoolSeen | None = None) -> Group:
+def _view(
+    obs: Observed, nodes: int, phase: str, pool: PoolSeen | None = None, sched: SchedulerSeen | None = None
+) -> Group:
     head = Table.grid(padding=(0, 2))
     head.add_row("phase", phase, "elapsed", f"{obs.elapsed():5.1f} s")
     alive = sum(1 for t in obs.heartbeating.values() if time.monotonic() - t < 3.0)
@@ -267,6 +269,8 @@ def _view(obs: Observed, nodes: int, phase: str, pool: PoolSeen | None = None) -
         "finished",
         ", ".join(f"{k} {v}" for k, v in sorted(finished.items())) or "none",
     )
+    if sched is not None:
+        head.add_row("scheduler queues", sched.queue_lines(), "scheduler decisions", sched.decision())
     head.add_row(
         "inference replicas (autoscaler)",
         " -> ".join(map(str, obs.replica_targets[-6:])) or "-",
@@ -425,6 +429,40 @@ async def _read_pool(http: aiohttp.ClientSession, url: str, seen: PoolSeen) -> N
         seen.fabric_version, seen.leaf_groups = fabric["version"], fabric["leaf_groups"]
 
 
+@dataclass
+class SchedulerSeen:
+    """The scheduler as the run last read it: its queues (GET /v1/queues) and its decisions
+    (GET /v1/scheduler: cycles run, the order the policy chose in the last one, e.g. "priority")."""
+
+    queues: list[dict[str, Any]] = field(default_factory=list)
+    cycles: int = 0
+    last_order: str = ""
+
+    def queue_lines(self) -> str:
+        return "; ".join(
+            f"{q['queue']} ({q['policy']}, {q['backfill']}): queued {q['queued']}, "
+            f"running {q['proposed'] + q['scheduled'] + q['running']} ({q['running_gpus']} GPUs)"
+            for q in self.queues
+        ) or "-"
+
+    def decision(self) -> str:
+        return f"{self.cycles} cycles, the last ordered by {self.last_order or '-'}"
+
+
+async def _read_scheduler(http: aiohttp.ClientSession, url: str, seen: SchedulerSeen) -> None:
+    try:
+        async with http.get(f"{url}/v1/queues", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            queues = await r.json() if r.status == 200 else None
+        async with http.get(f"{url}/v1/scheduler", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            about = await r.json() if r.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError):
+        return
+    if queues is not None:
+        seen.queues = queues["queues"]
+    if about is not None:
+        seen.cycles, seen.last_order = about["cycles"], about.get("last_order") or ""
+
+
 async def _request_allocations(http: aiohttp.ClientSession, url: str, seed: int, seen: PoolSeen) -> None:
     for ask in _allocation_asks(seed):
         job = str(ask["job_id"])
@@ -566,6 +604,7 @@ async def _scenario(
         loop.add_signal_handler(sig, stop.set)
     by_name = {s.name: s for s in services}
     pool = PoolSeen()
+    sched = SchedulerSeen()
     asked = released = served_printed = False
     submitted = 0
     ramp_task: asyncio.Task[None] | None = None
@@ -604,6 +643,8 @@ async def _scenario(
             if time.monotonic() - last_pool_read >= 1.0:
                 last_pool_read = time.monotonic()
                 await _read_pool(http, alloc_url, pool)
+                if asked:
+                    await _read_scheduler(http, by_name["scheduler"].url, sched)
             # Once every node is heartbeating and in the ledger, ask the allocator for work.
             ready = pool.nodes >= nodes and pool.fabric_version is not None
             if ready and not asked and obs.all_heartbeating_after is not None:
@@ -658,7 +699,7 @@ async def _scenario(
             if plan is not None and plan.killed_at is not None and plan.restarted_at is None:
                 phase += f": node-{nodes:03d}'s agent killed"
             if interactive:
-                live.update(_view(obs, nodes, phase, pool))
+                live.update(_view(obs, nodes, phase, pool, sched))
             elif time.monotonic() - last_line >= 5:
                 last_line = time.monotonic()
                 console.print(
@@ -668,11 +709,13 @@ async def _scenario(
                     f"links not up {len(obs.links_not_up())}, pool {pool.utilisation()}, "
                     f"fragmentation {pool.fragmentation()}"
                 )
+                if asked:
+                    console.print(f"         scheduler: {sched.queue_lines()}; {sched.decision()}")
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.25)
             except TimeoutError:
                 pass
-        live.update(_view(obs, nodes, "stopping", pool))
+        live.update(_view(obs, nodes, "stopping", pool, sched))
     ramp_stop.set()
     if ramp_task is not None:
         await ramp_task
