@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
-import re
 import sys
 import textwrap
 from collections import Counter
@@ -30,6 +29,7 @@ from ibpool_core.fabric.formats import (
     FormatError,
     build_hierarchy,
     export_topology,
+    guess_format,
     import_topology,
     parse_name_map,
 )
@@ -61,31 +61,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ----------------------------------------------------------------------------------------- input
-
-
-# `key: value` in YAML or JSON (one per line or compact), as a key of its own (after a line start,
-# `-`, `{` or `,`): the value a word of its own
-_KEY = r'(?:^|[{{,]|^\s*-)\s*"?{key}"?\s*:\s*"?{value}\b(?![-.\w])'
-
-
-def guess_format(path: str, text: str) -> str:
-    """The import format of `text` (read from `path`), from its content first, then its suffix:
-    native (`format: ibpool.topology`), Volcano HyperNodes, Kubernetes Nodes, Slurm
-    (`SwitchName=` / `BlockName=` lines or a topology.yaml), native for other .json/.yaml, and
-    ibnetdiscover otherwise."""
-    if re.search(_KEY.format(key="format", value=r"ibpool\.topology"), text, re.M):
-        return "native"
-    if re.search(_KEY.format(key="kind", value="HyperNode"), text, re.M):
-        return "volcano"
-    if re.search(_KEY.format(key="kind", value="Node"), text, re.M):
-        return "k8s-labels"
-    if re.search(r"^\s*(SwitchName|BlockName)\s*=", text, re.M | re.I):
-        return "slurm"
-    if re.search(r"^-\s*topology\s*:", text, re.M):
-        return "slurm"
-    if Path(path).suffix.lower() in (".json", ".yaml", ".yml"):
-        return "native"
-    return "ibnetdiscover"
 
 
 def _read_text(path: str) -> str:

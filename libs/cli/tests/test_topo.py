@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from ibpool_cli.__main__ import main
-from ibpool_cli.topo import guess_format
-from ibpool_core.fabric.formats import EXPORT_FORMATS, build_hierarchy, import_topology, leaf_groups
+from ibpool_core.fabric.formats import EXPORT_FORMATS, build_hierarchy, guess_format, import_topology, leaf_groups
 from ibpool_core.fabric.formats.slurm import expand_hostlist, import_slurm
 from ibpool_core.fabric.generators import GENERATORS
 from ibpool_core.fabric.model import Topology

@@ -9,8 +9,8 @@ import pytest
 
 from ibpool_core.fabric.generators import generate
 from ibpool_core.fabric.model import rename_hosts
+from ibpool_core.fabric.view import FabricView, NoFabric, fabric_state
 from ibpool_core.pool import allocate as al
-from ibpool_core.pool.fabric_view import FabricView, NoFabric, fabric_state
 from ibpool_core.pool.ledger import Ledger, apply
 from ibpool_core.pool.placement import PlacementRequest, first_fit
 from ibpool_core.pool.policies import POLICIES

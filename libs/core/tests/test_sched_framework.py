@@ -167,7 +167,7 @@ def test_a_gang_too_big_for_the_sharp_leaf_says_so() -> None:
             "required leaf, best leaf short",
             busy(*names("node", 1, 5, 9, 13)),
             PlacementAsk(job_id="j", nodes=4, gpus_per_node=8, topology_level=1, topology_mode="required"),
-            "needs 4 hosts with 8 free GPUs under one leaf group; the best leaf group has 3",
+            "needs 4 hosts with 8 free GPUs under one leaf group (tier 1); the best leaf group has 3",
         ),
         (
             "whole fabric short",

@@ -143,6 +143,27 @@ def test_link_health(name: str, states: dict[str, LinkState], name_of_host: str,
     assert make_link_health({}).score_host(ask(), v, v.hosts[name_of_host]) == want, name
 
 
+@pytest.mark.parametrize(
+    ("name", "args", "states", "nodes", "want"),
+    [
+        ("default: a gang member behind a down leaf uplink is refused", {}, {"leaf": "down"}, 2, "link down"),
+        ("default: a degraded one is only scored", {}, {"leaf": "degraded"}, 2, None),
+        ("default: single-host work is not filtered", {}, {"leaf": "down"}, 1, None),
+        ("reject degraded too", {"reject": ["degraded", "down"]}, {"leaf": "degraded"}, 2, "link degraded"),
+        ("single hosts too", {"single_hosts": 1}, {"node005": "down"}, 1, "link down"),
+    ],
+)
+def test_link_health_as_a_hard_filter(
+    name: str, args: dict[str, object], states: dict[str, LinkState], nodes: int, want: str | None
+) -> None:
+    states = {(str(LEAF_OF_NODE005) if k == "leaf" else k): v for k, v in states.items()}
+    v = view(link_state=states)
+    plugin = make_link_health(args)
+    assert plugin.filter(ask(nodes=nodes), v, v.hosts["node005"]) == want, name
+    with pytest.raises(ValueError, match="reject"):
+        make_link_health({"reject": ["broken"]})
+
+
 def test_link_health_marks_the_leaf_group_for_candidate_ordering() -> None:
     v = view(link_state={str(LEAF_OF_NODE005): "flapping"})
     assert v.bad_groups == {v.group_of["node005"]}

@@ -7,7 +7,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from ibpool_core.fabric.formats import import_topology, parse_name_map
+from ibpool_core.fabric.formats import guess_format, import_topology, parse_name_map
 from ibpool_core.fabric.generators import generate
 from ibpool_core.fabric.model import FabricError, Topology, rename_hosts
 
@@ -18,20 +18,11 @@ class TopologySourceError(Exception):
     """The configured topology cannot be loaded; the message says which file or spec and why."""
 
 
-def guess_format(path: Path, text: str) -> str:
-    """native for .json/.yaml, slurm for a topology.conf, ibnetdiscover otherwise."""
-    if path.suffix in (".json", ".yaml", ".yml"):
-        return "native"
-    if "SwitchName=" in text or "BlockName=" in text:
-        return "slurm"
-    return "ibnetdiscover"
-
-
 def load_file(path: Path, fmt: str, names_file: str = "") -> Topology:
     try:
         text = path.read_text()
         names = parse_name_map(Path(names_file).read_text(), file=names_file) if names_file else None
-        kind = guess_format(path, text) if fmt == "auto" else fmt
+        kind = guess_format(str(path), text) if fmt == "auto" else fmt
         return import_topology(kind, text, file=str(path), names=names, name=path.stem)
     except OSError as e:
         raise TopologySourceError(f"{e.filename or path}: {e.strerror}") from None

@@ -8,8 +8,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from ibpool_core.fabric.view import FabricAbout
 from ibpool_core.pool import quotas
-from ibpool_core.pool.fabric_view import FabricAbout
 from ibpool_core.pool.ledger import Allocation, Ledger
 from ibpool_core.pool.pool_fragmentation import Measure, PoolFragmentation, measure_fragmentation
 from ibpool_proto import new_id

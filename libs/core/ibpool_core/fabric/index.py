@@ -198,6 +198,8 @@ class FabricIndex:
         self._build_levels(n_sw, len(host_names))
         self._build_ancestors(n_sw)
         self._bfs_cache: dict[int, tuple[list[int], list[float]]] = {}
+        self._cables: list[dict[int, int]] | None = None  # `uplinks`, built on first use
+        self._sw_pos: dict[str, int] | None = None
         self._bfs_cache_max = max(16, _BFS_CACHE_INTS // max(1, n_sw))
         self._up_cache: dict[int, dict[int, float]] = {}
         self._group_hops: dict[tuple[int, int], int | None] = {}
@@ -694,6 +696,44 @@ class FabricIndex:
                     out.append(t)
         out.sort(key=lambda t: (-len(t.hosts), t.level, t.index))
         return out
+
+    def uplinks(self, switch: str) -> dict[str, int]:
+        """The switches one tier above `switch` that it is cabled to, each with the number of usable
+        cables between the two (parallel cables counted); {} for a top-tier switch. KeyError if
+        `switch` is not a switch of the fabric. The counts are built once per index (O(links))."""
+        if self._cables is None:
+            sw_idx = {g: i for i, g in enumerate(self._sw_guids)}
+            cables: list[dict[int, int]] = [{} for _ in self._sw_guids]
+            tier = self._tier
+            for link in self.topology.links:
+                if link.state == "down":
+                    continue
+                a, b = sw_idx.get(link.a.guid), sw_idx.get(link.b.guid)
+                if a is None or b is None or a == b:
+                    continue
+                if tier[b] == tier[a] + 1:
+                    cables[a][b] = cables[a].get(b, 0) + 1
+                elif tier[a] == tier[b] + 1:
+                    cables[b][a] = cables[b].get(a, 0) + 1
+            self._cables = cables
+        i = self._sw_index(switch)
+        return {self._sw_guids[j]: n for j, n in sorted(self._cables[i].items())}
+
+    def switch_tier(self, switch: str) -> int:
+        """The tier of `switch` (1 = leaf; 0: it reaches no leaf). KeyError if not a switch of the fabric."""
+        return self._tier[self._sw_index(switch)]
+
+    def switch_sharp(self, switch: str) -> bool:
+        """Whether `switch` is SHARP-capable (an aggregation node). KeyError if not a switch of the fabric."""
+        return self._sharp[self._sw_index(switch)]
+
+    def _sw_index(self, switch: str) -> int:
+        if self._sw_pos is None:
+            self._sw_pos = {g: i for i, g in enumerate(self._sw_guids)}
+        try:
+            return self._sw_pos[switch]
+        except KeyError:
+            raise KeyError(f"unknown switch {switch!r}") from None
 
     def host_distance_matrix(self, hosts: Sequence[str], rail: int | None = None) -> list[list[int | None]]:
         """`hops` for every pair of `hosts` (row i, column j), for placement scoring."""

@@ -31,6 +31,8 @@ class LinkTarget(msgspec.Struct, frozen=True, kw_only=True):
     node_ids: list[str]
     rail: int | None = None
     leaf: str | None = None
+    # The leaf switch's GUID (a leaf uplink); what placement keys a leaf's link health by.
+    leaf_guid: str | None = None
 
 
 def link_targets(topology: Topology) -> dict[str, LinkTarget]:
@@ -60,7 +62,11 @@ def link_targets(topology: Topology) -> dict[str, LinkTarget]:
         elif a in switch_names and b in switch_names and ((a in hosts_of_leaf) != (b in hosts_of_leaf)):
             leaf = a if a in hosts_of_leaf else b
             targets[lid] = LinkTarget(
-                link_id=lid, kind="leaf_uplink", node_ids=sorted(hosts_of_leaf[leaf]), leaf=switch_names[leaf]
+                link_id=lid,
+                kind="leaf_uplink",
+                node_ids=sorted(hosts_of_leaf[leaf]),
+                leaf=switch_names[leaf],
+                leaf_guid=leaf,
             )
     return targets
 

@@ -107,9 +107,9 @@ from ibpool_proto.pool import (
     WorkloadSpec,
 )
 
+from ..fabric.view import NoFabric
 from . import mig, quotas
 from .enforcement import DeviceShare, enforcement_for
-from .fabric_view import NoFabric
 from .ledger import WHOLE, Allocation, Gpu, GpuGrant, Ledger, Node, apply, pool_gpus
 from .messages import (
     AllocationGranted,

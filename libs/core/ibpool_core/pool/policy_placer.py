@@ -7,7 +7,7 @@ with the exact GPUs it chose:
 * whole, fraction, MIG: the best-scored node and option (`packing.choose`);
 * gang (N hosts x G whole GPUs): the hosts under as few fabric leaf groups as possible, the tightest
   leaf group that holds the whole gang first (`gangs.choose_gang`), one packing node per host. The
-  leaf groups come from `fabric` (a `fabric_view.FabricView`); while it knows none of the
+  leaf groups come from `fabric` (a `ibpool_core.fabric.view.FabricView`); while it knows none of the
   candidates (no topology yet, or one that does not name them) gangs are placed by first fit. A
   candidate the fabric does not have is a leaf group of its own;
 * remote (whole GPUs or one fraction for a client on another node; the allocator has kept the
@@ -55,7 +55,7 @@ _COVERED = ("whole", "fraction", "mig")
 
 
 class FabricLookup(Protocol):
-    """What the placer asks of the fabric (`fabric_view.FabricView` answers both)."""
+    """What the placer asks of the fabric (`ibpool_core.fabric.view.FabricView` answers both)."""
 
     def leaf_group(self, node_id: str) -> str | None:
         """The leaf group of the node, None when unknown."""

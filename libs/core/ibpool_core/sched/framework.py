@@ -123,6 +123,10 @@ class ClusterView:
                  `ibpool_core.fabric.link_health.LinkState`); absent = "up"
     datasets     dataset -> names of the hosts holding it (the dataset registry), merged with
                  `HostState.datasets`
+    off_fabric   False: every host must be a host of `index` (ValueError otherwise). True: a host
+                 the fabric does not have (a node the fabric monitor has not discovered) is a
+                 group of its own at every level, joined with no other host: it may run a
+                 single-host job, never a member of a gang
 
     Hosts with no cabled adapter (in no leaf group) are kept but never placed.
     Pure data: no I/O, no clock; `waiting` holds gangs whose Permit said wait, with their deadline.
@@ -135,6 +139,7 @@ class ClusterView:
         *,
         link_state: Mapping[str, LinkState] | None = None,
         datasets: Mapping[str, Collection[str]] | None = None,
+        off_fabric: bool = False,
     ) -> None:
         self.index = index
         self.hosts: dict[str, HostState] = {}
@@ -143,9 +148,11 @@ class ClusterView:
                 raise ValueError(f"host {h.name!r} is listed twice")
             self.hosts[h.name] = h
         known = set(index.hosts)
-        unknown = [name for name in self.hosts if name not in known]
-        if unknown:
-            raise ValueError(f"hosts not in the fabric: {', '.join(sorted(unknown)[:5])}")
+        unknown = sorted(name for name in self.hosts if name not in known)
+        if unknown and not off_fabric:
+            raise ValueError(f"hosts not in the fabric: {', '.join(unknown[:5])}")
+        #: hosts the fabric does not have, each a group (and a subtree at every level) of its own
+        self.off_fabric: frozenset[str] = frozenset(unknown)
         self._free: dict[str, int] = {name: h.free_gpus for name, h in self.hosts.items()}
         self._held: dict[str, dict[str, int]] = {}
         self.waiting: dict[str, WaitingGang] = {}
@@ -159,10 +166,11 @@ class ClusterView:
         self.dataset_hosts: dict[str, frozenset[str]] = {ds: frozenset(v & present) for ds, v in holders.items()}
 
         # leaf groups and, per level, the subtree each group lies in
-        levels = index.levels
+        levels = max(index.levels, 1) if unknown else index.levels
         self.levels = levels
-        groups = index.leaf_groups()
+        groups = index.leaf_groups() if index.levels else []
         self.group_hosts: list[tuple[str, ...]] = [tuple(n for n in g.hosts if n in self.hosts) for g in groups]
+        self.group_hosts.extend((name,) for name in unknown)
         self.group_of: dict[str, int] = {}
         for gi, names in enumerate(self.group_hosts):
             for name in names:
@@ -171,21 +179,39 @@ class ClusterView:
         self.group_parent: list[list[int]] = [[]]
         #: [level][subtree] -> the groups in it, in index order
         self.subtree_groups: list[list[list[int]]] = [[]]
-        #: [level] -> the level-k subtrees of the fabric (`FabricIndex.subtrees`)
+        #: [level] -> the level-k subtrees of the fabric (`FabricIndex.subtrees`), then one per
+        #: off-fabric host
         self.subtrees: list[list[Subtree]] = [[]]
+        #: off-fabric host -> its subtree at level 1 (the same hosts at every level)
+        self._off_subtree: dict[str, Subtree] = {}
         for k in range(1, levels + 1):
-            self.subtrees.append(index.subtrees(k))
-            parent = [0] * len(groups)
-            members: list[list[int]] = [[] for _ in self.subtrees[k]]
+            fabric_subtrees = index.subtrees(k) if k <= index.levels else []
+            parent = [0] * len(self.group_hosts)
+            members: list[list[int]] = [[] for _ in fabric_subtrees]
             for gi, g in enumerate(groups):
                 sub = index.subtree_of(g.hosts[0], k)
                 assert sub is not None  # a leaf group's hosts are cabled
                 parent[gi] = sub.index
                 members[sub.index].append(gi)
+            subtrees = list(fabric_subtrees)
+            for i, name in enumerate(unknown):
+                gi = len(groups) + i
+                own = Subtree(level=k, index=len(subtrees), switches=(), hosts=(name,), sharp=False)
+                if k == 1:
+                    self._off_subtree[name] = own
+                parent[gi] = own.index
+                members.append([gi])
+                subtrees.append(own)
+            self.subtrees.append(subtrees)
             self.group_parent.append(parent)
             self.subtree_groups.append(members)
         #: [level] -> hosts of the largest level-k subtree (0 for level 0)
         self.largest_subtree: list[int] = [0] + [max((len(t.hosts) for t in ts), default=0) for ts in self.subtrees[1:]]
+        #: [level] -> hosts of this view in its largest level-k subtree
+        self._largest_here: list[int] = [0] + [
+            max((sum(len(self.group_hosts[g]) for g in groups) for groups in self.subtree_groups[k]), default=0)
+            for k in range(1, levels + 1)
+        ]
 
         # link health: hosts and groups touched by a leaf or host link that is not "up"
         self.host_link: dict[str, LinkState] = {}
@@ -194,7 +220,7 @@ class ClusterView:
             leaf_state: dict[str, LinkState] = {guid: st for guid, st in link_state.items() if st != "up"}
             for name in self.hosts:
                 worst: LinkState = link_state.get(name, "up")
-                if leaf_state:
+                if leaf_state and name not in self.off_fabric:
                     for leaves in index.leaves_of(name).values():
                         for leaf in leaves:
                             leaf_st = leaf_state.get(leaf, "up")
@@ -208,7 +234,7 @@ class ClusterView:
         # capacity index: [model][g][group] = hosts of the group with that model (None: any model) and
         # at least g free GPUs; one column per g so a placement copies a list instead of summing
         self._max_gpus = max((h.total_gpus for h in self.hosts.values()), default=0)
-        n_groups, top = len(groups), self._max_gpus
+        n_groups, top = len(self.group_hosts), self._max_gpus
         self._cap: dict[str | None, list[list[int]]] = {None: [[0] * n_groups for _ in range(top + 1)]}
         for name, h in self.hosts.items():
             group = self.group_of.get(name)
@@ -227,18 +253,37 @@ class ClusterView:
         self.answers: dict[tuple[object, ...], dict[str, _Answer]] = {}
 
     def rank_key(self, host: str) -> tuple[object, ...]:
-        """`rank_order.rank_key` of `host`, cached for the cycle."""
+        """`rank_order.rank_key` of `host`, cached for the cycle (an off-fabric host sorts last)."""
         key = self._rank_keys.get(host)
         if key is None:
-            key = self._rank_keys[host] = rank_key(self.index, host)
+            if host in self.off_fabric:
+                key = (*([1 << 30] * self.index.levels), "~", host)
+            else:
+                key = rank_key(self.index, host)
+            self._rank_keys[host] = key
         return key
 
     def rails(self, host: str) -> frozenset[int]:
-        """`FabricIndex.rails` of `host` as a set, cached for the cycle."""
+        """`FabricIndex.rails` of `host` as a set, cached for the cycle (none off the fabric)."""
         hit = self._rails.get(host)
         if hit is None:
-            hit = self._rails[host] = frozenset(self.index.rails(host))
+            hit = self._rails[host] = frozenset() if host in self.off_fabric else frozenset(self.index.rails(host))
         return hit
+
+    def lowest_level_holding(self, nodes: int) -> int:
+        """The lowest tier with a group that holds `nodes` hosts of this view (free or not); the top
+        tier when none does (1 for a fabric without levels)."""
+        for k in range(1, self.levels + 1):
+            if self._largest_here[k] >= nodes:
+                return k
+        return max(self.levels, 1)
+
+    def covering(self, hosts: Sequence[str]) -> Subtree | None:
+        """The smallest subtree holding every host of `hosts` (`FabricIndex.covering_subtree`); an
+        off-fabric host's own subtree when it is the only one; None when no subtree holds them."""
+        if any(h in self.off_fabric for h in hosts):
+            return self._off_subtree[hosts[0]] if len(hosts) == 1 else None
+        return self.index.covering_subtree(hosts)
 
     # ------------------------------------------------------------------------- reservations
 
@@ -672,6 +717,20 @@ def too_few_hosts(n: int, what: str, total: int) -> str:
     return f"needs {n} host{'s' if n != 1 else ''} with {what}; {total} in the whole fabric"
 
 
+def tier_name(level: int) -> str:
+    """A fabric tier's switch group as the reasons name it: "leaf group (tier 1)", "spine group
+    (tier 2)", "core group (tier 3)", "tier-k group" above."""
+    named = {1: "leaf group", 2: "spine group", 3: "core group"}
+    return f"{named[level]} (tier {level})" if level in named else f"tier-{level} group"
+
+
+def too_few_under_one(n: int, what: str, level: int, best: int) -> str:
+    """The reason for a gang capped at `level` that no group of that tier has room for: the tier
+    and the most hosts with room that one group of it has."""
+    unit = tier_name(level)
+    return f"needs {n} hosts with {what} under one {unit}; the best {unit.split(' (')[0]} has {best}"
+
+
 def _clamp(x: float) -> float:
     return 0.0 if x < 0 or x != x else 100.0 if x > 100 else float(x)
 
@@ -795,7 +854,7 @@ class Framework:
         self, ask: PlacementAsk, view: ClusterView, allowed: frozenset[str] | None
     ) -> tuple[Candidate, dict[str, float], float] | str:
         """The best candidate with its per-plugin scores and total, or why nothing fits."""
-        index, n, g = view.index, ask.nodes, ask.gpus_per_node
+        n, g = ask.nodes, ask.gpus_per_node
         if allowed is None:
             bound = view.capacity_by_group(ask.gpu_model, g)
         else:
@@ -857,7 +916,7 @@ class Framework:
                 span = len({view.group_of[h] for h in chosen})
                 cand = Candidate(
                     hosts=tuple(chosen),
-                    covering=index.covering_subtree(chosen),
+                    covering=view.covering(chosen),
                     leaf_groups=span,
                     min_level=min_level,
                     min_leaf_groups=math.ceil(n / (view.largest_subtree[1] or 1)),
@@ -869,9 +928,7 @@ class Framework:
                 # best total; ties keep the search order (the first candidate)
                 return max(complete, key=lambda c: c[2])
         if best_seen[0] and best_seen[1] < n and search.rejections == {}:
-            level = best_seen[0]
-            unit = "leaf group" if level == 1 else f"level-{level} subtree"
-            return f"needs {n} hosts with {what} under one {unit}; the best {unit} has {best_seen[1]}"
+            return too_few_under_one(n, what, best_seen[0], best_seen[1])
         if search.rejections:
             why = "; ".join(f"{c} host{'s' if c != 1 else ''}: {r}" for r, c in sorted(search.rejections.items()))
             return f"needs {n} hosts with {what}; not enough pass the filters ({why})"

@@ -36,6 +36,7 @@ from .framework import (
     PlacementResult,
     member_needs,
     too_few_hosts,
+    too_few_under_one,
 )
 from .jobs import Job, host_shares
 from .placer import FreeView, Placement
@@ -172,8 +173,20 @@ class FrameworkPlacer:
                     view.set_free(names[h], free[h])
                     synced[h] = free[h]
 
+    def cap_level(self, job: Job, max_leaves: int | None) -> int | None:
+        """The highest fabric tier `job`'s gang may span in this placement (see `jobs.Job`): its
+        level when "required"; when "preferred", the tighter of its level and the lowest tier whose
+        largest group could hold it, until the cycle relaxes it (`max_leaves` None); None for a
+        single host or a relaxed gang."""
+        if job.nodes <= 1 or max_leaves is None:
+            return None
+        if job.topology == "required":
+            return job.topology_level
+        return max(job.topology_level, self.view.lowest_level_holding(job.nodes))
+
     def ask_of(self, job: Job, max_leaves: int | None) -> PlacementAsk:
         hints = self.hints.get(job.id, NO_HINTS)
+        level = self.cap_level(job, max_leaves)
         return PlacementAsk(
             job_id=job.id,
             gpus_per_node=host_shares(job)[0],
@@ -181,8 +194,8 @@ class FrameworkPlacer:
             gpu_model=hints.gpu_model,
             dataset=hints.dataset,
             data_locality=hints.data_locality,
-            topology_level=1 if max_leaves == 1 else None,
-            topology_mode="required" if max_leaves == 1 else "preferred",
+            topology_level=level,
+            topology_mode="required" if level is not None else "preferred",
             wants_sharp=hints.wants_sharp,
             compute_heavy=hints.compute_heavy,
         )
@@ -227,12 +240,13 @@ class FrameworkPlacer:
         return too_few_hosts(n, member_needs(per, None), count)
 
     def short_of_one_leaf(self, view: FreeView, job: Job, max_leaves: int | None) -> str | None:
-        """The framework's answer to a gang that must stay under one leaf, "needs n hosts with g free
-        GPUs under one leaf group; the best leaf group has b", read from the free counts when certain:
-        an ask counted over every host alike, the cycle's leaves being the framework's leaf groups,
-        and no leaf with n hosts that have a member's GPUs free. Most of the tries of a reservation
-        for such a gang end here (one per running job released until a leaf has room)."""
-        if max_leaves != 1 or job.nodes <= 1 or not self._counted_alike(job):
+        """The framework's answer to a gang that must stay under one leaf group, "needs n hosts with
+        g free GPUs under one leaf group (tier 1); the best leaf group has b", read from the free
+        counts when certain: an ask counted over every host alike, the cycle's leaves being the
+        framework's leaf groups, and no leaf with n hosts that have a member's GPUs free. Most of
+        the tries of a reservation for such a gang end here (one per running job released until a
+        leaf has room)."""
+        if job.nodes <= 1 or self.cap_level(job, max_leaves) != 1 or not self._counted_alike(job):
             return None
         if not self._leaves_are_groups(view):
             return None
@@ -245,7 +259,7 @@ class FrameworkPlacer:
                     return None
                 by_leaf[leaf_of[h]] = count
         best = max(by_leaf.values(), default=0)
-        return f"needs {n} hosts with {member_needs(per, None)} under one leaf group; the best leaf group has {best}"
+        return too_few_under_one(n, member_needs(per, None), 1, best)
 
     def _counted_alike(self, job: Job) -> bool:
         """Whether the framework counts every host alike for `job` (no GPU model, dataset or host
@@ -291,9 +305,6 @@ class FrameworkPlacer:
             self.reasons[job.id] = result.reason
             return None
         hosts = [self.index[h] for h in result.hosts]
-        if max_leaves is not None and len({view.leaf_of[h] for h in hosts}) > max_leaves:
-            self.reasons[job.id] = f"needs {job.nodes} hosts under {max_leaves} leaves"
-            return None
         self.results[job.id] = result
         self._last = hosts
         return list(zip(hosts, host_shares(job), strict=True))

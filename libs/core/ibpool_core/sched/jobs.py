@@ -23,8 +23,12 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     first. `attained_gpu_s` is the GPU-seconds of service the job already received in earlier runs
     (non-zero after a preemption); attained-service policies order by it. `true_runtime_s` is the
     remaining runtime known only to a simulator's oracle policies; real callers leave it None.
-    `topology`: "required" never spans more leaves than the minimum; "preferred" may after
-    `CycleConfig.span_relax_after_s` of waiting.
+    `topology` and `topology_level`: a gang's hosts under one switch group of the fabric at that
+    tier (1 = a leaf group, 2 = a spine group / scalable unit, 3 = core), as Kueue's topology-aware
+    scheduling and Slurm's tree plugin define it: "required" never lands wider; "preferred" waits
+    for the tightest tier the fabric could give it (its level, or the lowest tier whose largest
+    group holds the gang) until it waited `CycleConfig.span_relax_after_s`, then takes the lowest
+    tier that has room. (The `LeafPlacer`, which knows leaves only, reads both as the fewest leaves.)
     """
 
     id: str
@@ -39,6 +43,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     attained_gpu_s: float = 0.0
     true_runtime_s: float | None = None
     topology: TopologyConstraint = "preferred"
+    topology_level: int = 1
 
 
 def host_shares(job: Job) -> list[int]:

@@ -8,7 +8,9 @@ exporter takes a Topology (and optionally the hosts to keep) and returns `Export
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
+from pathlib import PurePath
 
 from ..model import Topology
 from .diagnostics import Exported, FormatError
@@ -42,6 +44,7 @@ __all__ = [
     "export_slurm_yaml",
     "export_topology",
     "export_volcano",
+    "guess_format",
     "import_ibnetdiscover",
     "import_k8s_labels",
     "import_native",
@@ -69,6 +72,31 @@ EXPORT_FORMATS = (
     "native-yaml",
     "ibnetdiscover",
 )
+
+
+# `key: value` in YAML or JSON (one per line or compact), as a key of its own (after a line start,
+# `-`, `{` or `,`): the value a word of its own
+_KEY = r'(?:^|[{{,]|^\s*-)\s*"?{key}"?\s*:\s*"?{value}\b(?![-.\w])'
+
+
+def guess_format(path: str, text: str) -> str:
+    """The import format of `text` (read from `path`), from its content first, then its suffix:
+    native (`format: ibpool.topology`), Volcano HyperNodes, Kubernetes Nodes, Slurm
+    (`SwitchName=` / `BlockName=` lines or a topology.yaml), native for other .json/.yaml, and
+    ibnetdiscover otherwise."""
+    if re.search(_KEY.format(key="format", value=r"ibpool\.topology"), text, re.M):
+        return "native"
+    if re.search(_KEY.format(key="kind", value="HyperNode"), text, re.M):
+        return "volcano"
+    if re.search(_KEY.format(key="kind", value="Node"), text, re.M):
+        return "k8s-labels"
+    if re.search(r"^\s*(SwitchName|BlockName)\s*=", text, re.M | re.I):
+        return "slurm"
+    if re.search(r"^-\s*topology\s*:", text, re.M):
+        return "slurm"
+    if PurePath(path).suffix.lower() in (".json", ".yaml", ".yml"):
+        return "native"
+    return "ibnetdiscover"
 
 
 def import_topology(

@@ -7,7 +7,7 @@ gpu-model       Filter                          filters
 data-locality   PreFilter, Filter, HostScore    data_locality
 topology        GangScore                       scores
 load            HostScore                       scores
-link-health     HostScore                       scores
+link-health     HostScore, Filter               scores
 binpack         HostScore                       scores
 gpus            Reserve                         gang
 gang-barrier    Permit                          gang

@@ -83,22 +83,36 @@ class Load:
 
 
 class LinkHealthScore:
-    """`link-health` (HostScore): avoid hosts behind degraded or flapping links. The host's state is
-    the worst of its own links and of every leaf it is cabled to (`ClusterView.host_link`, from
-    fabric_monitor's verdicts): up 100, degraded `degraded` (40), flapping `flapping` (10), down 0.
-    Contract: reads `view.host_link` only."""
+    """`link-health` (HostScore, Filter): avoid hosts behind degraded or flapping links. The host's
+    state is the worst of its own links and of the uplinks of every leaf it is cabled to
+    (`ClusterView.host_link`, from fabric_monitor's verdicts): up 100, degraded `degraded` (40),
+    flapping `flapping` (10), down 0. As a Filter (a hard rule, by config) it refuses a host whose
+    state is one of `reject` (a list of "degraded", "flapping", "down"; default ["down"]), for a
+    gang's members only unless `single_hosts` is 1: a host's own cable matters to every job, a leaf
+    uplink only to multi-node work (the health Filter already keeps out hosts the failover
+    controller cordoned). Contract: reads `view.host_link` only."""
 
     host_local = True
 
-    def __init__(self, degraded: float, flapping: float) -> None:
+    def __init__(
+        self, degraded: float, flapping: float, reject: frozenset[str] = frozenset({"down"}), single_hosts: bool = False
+    ) -> None:
         for name, v in (("degraded", degraded), ("flapping", flapping)):
             if not 0 <= v <= 100:
                 raise ValueError(f"{name} must be 0..100, not {v}")
         self._by_state = {"up": 100.0, "degraded": degraded, "flapping": flapping, "down": 0.0}
+        self.reject = reject
+        self.single_hosts = single_hosts
 
     def score_host(self, ask: PlacementAsk, view: ClusterView, host: HostState) -> float:
         state = view.host_link.get(host.name)
         return 100.0 if state is None else self._by_state[state]
+
+    def filter(self, ask: PlacementAsk, view: ClusterView, host: HostState) -> str | None:
+        if ask.nodes <= 1 and not self.single_hosts:
+            return None
+        state = view.host_link.get(host.name)
+        return f"link {state}" if state is not None and state in self.reject else None
 
 
 class BinPack:
@@ -136,6 +150,13 @@ def make_load(args: Mapping[str, Any]) -> Load:
     return Load(a["w_util"], a["w_temp"], a["w_mem"], a["cool_c"], a["hot_c"])
 
 
+_LINK_STATES = ("degraded", "flapping", "down")
+
+
 def make_link_health(args: Mapping[str, Any]) -> LinkHealthScore:
-    a = numeric_args(args, {"degraded": 40.0, "flapping": 10.0})
-    return LinkHealthScore(a["degraded"], a["flapping"])
+    rest = {k: v for k, v in args.items() if k != "reject"}
+    a = numeric_args(rest, {"degraded": 40.0, "flapping": 10.0, "single_hosts": 0.0})
+    reject = args.get("reject", ["down"])
+    if not isinstance(reject, list | tuple) or any(s not in _LINK_STATES for s in reject):
+        raise ValueError(f"arg 'reject' must be a list of {', '.join(_LINK_STATES)}, not {reject!r}")
+    return LinkHealthScore(a["degraded"], a["flapping"], frozenset(reject), bool(a["single_hosts"]))

@@ -1,4 +1,5 @@
-"""The fabric as the allocator sees it: one `FabricIndex`, replaced whole when a new topology arrives.
+"""The fabric every placing service sees: one `FabricIndex` of the published topology, replaced
+whole when a new version arrives, and where the health of its links falls.
 
 The pool names nodes by node id and the fabric names hosts; they are taken to be the same names
 (node agents register under the host's name; the fabric monitor renames generated hosts to match).
@@ -8,21 +9,28 @@ A node the fabric does not have has no distance and no leaf group.
     view.replace(state)        # readers see the old state or the new one, never a mix
     view.hops("node-001", "node-017")      # for remote grants (`allocate.Hops`)
     view.leaf_group("node-001")            # for gangs (`policy_placer`)
+    state.link_health({link_id: "degraded"})   # host / leaf GUID -> worst state, for placement
 
 Leaf groups are the fabric's level-1 subtrees (`FabricIndex.leaf_groups`): one leaf switch and its
 hosts on a single-rail fat-tree, the rail leaves and hosts of one scalable unit on a rail-optimised
 fabric. Hosts of one group are one switch apart on every rail they share.
 
-Pure and synchronous: the service fetches topologies, builds the state (in a worker thread, it
-is the expensive part) and calls `replace`.
+Pure and synchronous: the runtime's `ibpool_runtime.fabric_feed` fetches topologies, builds the
+state (in a worker thread, it is the expensive part) and calls `replace`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
-from ..fabric.index import FabricIndex
-from ..fabric.model import Topology, content_hash
+from ..health.link_signals import LinkTarget, link_targets
+from .index import FabricIndex
+from .link_health import LinkState
+from .model import Topology, content_hash
+
+_LINK_RANK: dict[str, int] = {"up": 0, "degraded": 1, "flapping": 2, "down": 3}
 
 
 class NoFabric(LookupError):
@@ -45,15 +53,36 @@ class FabricAbout(msgspec.Struct, frozen=True, kw_only=True):
     switches: int
     links: int
     leaf_groups: int
+    # The fabric's tiers (1: one leaf tier; 2: leaf/spine; 3: leaf/spine/core) and its SHARP-capable switches.
+    levels: int = 0
+    sharp_switches: int = 0
 
 
 class FabricState:
-    """One topology with its index and its leaf groups by host; immutable once built."""
+    """One topology with its index, its leaf groups by host and what each link serves
+    (`health.link_signals.link_targets`); immutable once built."""
 
-    def __init__(self, index: FabricIndex, about: FabricAbout, leaf_of: dict[str, str]) -> None:
+    def __init__(
+        self, index: FabricIndex, about: FabricAbout, leaf_of: dict[str, str], targets: dict[str, LinkTarget]
+    ) -> None:
         self.index = index
         self.about = about
         self.leaf_of = leaf_of
+        self.targets = targets
+
+    def link_health(self, links: Mapping[str, LinkState]) -> dict[str, LinkState]:
+        """Where the states of `links` (link id -> state) fall on this fabric, for placement: host
+        name -> the worst state of its own adapters' cables, leaf GUID -> the worst state of its
+        uplinks. Links above the leaves (redundant paths), links this fabric does not have and "up"
+        states are left out."""
+        out: dict[str, LinkState] = {}
+        for link_id, st in links.items():
+            if st == "up" or (target := self.targets.get(link_id)) is None:
+                continue
+            place = target.node_ids[0] if target.kind == "host_rail" else target.leaf_guid
+            if place is not None and _LINK_RANK[st] > _LINK_RANK[out.get(place, "up")]:
+                out[place] = st
+        return out
 
 
 def fabric_state(topology: Topology, *, version: int | None, origin: str, digest: str | None = None) -> FabricState:
@@ -62,6 +91,8 @@ def fabric_state(topology: Topology, *, version: int | None, origin: str, digest
     groups = index.leaf_groups()
     leaf_of = {host: f"leaf-group-{g.index}" for g in groups for host in g.hosts}
     about = FabricAbout(
+        levels=index.levels,
+        sharp_switches=sum(1 for s in topology.switches if s.sharp),
         version=version,
         content_hash=digest if digest is not None else content_hash(topology),
         origin=origin,
@@ -71,7 +102,7 @@ def fabric_state(topology: Topology, *, version: int | None, origin: str, digest
         links=len(topology.links),
         leaf_groups=len(groups),
     )
-    return FabricState(index, about, leaf_of)
+    return FabricState(index, about, leaf_of, link_targets(topology))
 
 
 class FabricView:
@@ -92,14 +123,18 @@ class FabricView:
     def replace(self, state: FabricState) -> None:
         self._state = state
 
-    def wants(self, version: int, digest: str) -> bool:
-        """Whether a published topology (`version`, `digest`) should replace the current one: there
-        is none, or it differs and is not older than the current published version."""
+    def wants(self, version: int, digest: str, name: str | None = None) -> bool:
+        """Whether a published topology (`version`, `digest`, its fabric's `name`) should replace the
+        current one: there is none, or it differs and is not older than the current published
+        version. Versions count within one fabric: a fabric of another name replaces it whatever
+        its version (a fabric monitor for a renamed or another fabric)."""
         about = self.about
         if about is None:
             return True
         if about.content_hash == digest:
             return False
+        if name is not None and name != about.name:
+            return True
         return about.version is None or version >= about.version
 
     def hops(self, a: str, b: str) -> int | None:
