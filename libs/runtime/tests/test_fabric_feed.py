@@ -1,5 +1,5 @@
-"""The allocator's fabric feed without a bus: fetch a published topology, keep the old one on failure,
-read a topology file at start; the pool view's fragmentation and fabric fields."""
+"""The fabric feed without a bus: fetch a published topology, keep the old one on failure, read a
+topology file at start, fold link verdicts and place them on the fabric."""
 
 from __future__ import annotations
 
@@ -15,18 +15,10 @@ from aiohttp import web
 from ibpool_core.fabric.formats import export_topology
 from ibpool_core.fabric.generators import generate
 from ibpool_core.fabric.model import Topology, content_hash
-from ibpool_core.pool.allocate import handle
-from ibpool_core.pool.fabric_view import FabricView, fabric_state
-from ibpool_core.pool.ledger import Ledger
-from ibpool_core.pool.policy_placer import policy_placer
-from ibpool_pool_allocator.api import pool_view
-from ibpool_pool_allocator.config import PoolAllocatorConfig
-from ibpool_pool_allocator.fabric_feed import FabricFeed, FabricFetchFailed, durable_name, load_fabric_file
-from ibpool_pool_allocator.fragmentation_measure import FragmentationReader, fragmentation_of
-from ibpool_proto.fabric import TopologyPublished
-from ibpool_proto.node import GpuInfo, NodeRegistered
-from ibpool_proto.pool import RequestAllocation, ResourceRequest
-from ibpool_runtime.config import ConfigError
+from ibpool_core.fabric.view import FabricView, fabric_state
+from ibpool_proto.fabric import LinkDegraded, LinkRecovered, LinkStateChanged, TopologyPublished
+from ibpool_runtime.config import BaseConfig, ConfigError
+from ibpool_runtime.fabric_feed import FabricFeed, FabricFetchFailed, durable_name, load_fabric_file
 from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit
 
@@ -84,15 +76,15 @@ async def server() -> AsyncIterator[FabricServer]:
         await runner.cleanup()
 
 
-def feed(view: FabricView, **cfg: Any) -> FabricFeed:
-    kit = Kit(
-        name="pool_allocator",
-        config=PoolAllocatorConfig(instance="unit", **cfg),
+def feed(view: FabricView, fetch_timeout_s: float = 10.0) -> FabricFeed:
+    kit: Kit[Any] = Kit(
+        name="scheduler",
+        config=BaseConfig(instance="unit"),
         bus=None,  # type: ignore[arg-type]  # the handler and the file loader never use it
         store=None,  # type: ignore[arg-type]
-        metrics=ServiceMetrics("pool_allocator"),
+        metrics=ServiceMetrics("scheduler"),
     )
-    return FabricFeed(kit, view)
+    return FabricFeed(kit, view, fetch_timeout_s=fetch_timeout_s, durable_prefix="scheduler")
 
 
 async def test_published_topology_is_fetched_once_and_replaces_the_view(server: FabricServer) -> None:
@@ -142,7 +134,7 @@ async def test_failed_fetch_keeps_the_previous_fabric_and_raises(
 
 async def test_unreachable_fabric_monitor_is_a_clear_failure() -> None:
     view = FabricView()
-    f = feed(view, fabric_fetch_timeout_s=2.0)
+    f = feed(view, fetch_timeout_s=2.0)
     event = FabricServer().published(1, SMALL)
     event = msgspec.structs.replace(event, url="http://127.0.0.1:9/v1/topology?version=1")
     try:
@@ -157,20 +149,20 @@ async def test_unreachable_fabric_monitor_is_a_clear_failure() -> None:
 def test_topology_file_is_read_in_any_format(tmp_path: Path) -> None:
     native = tmp_path / "fabric.json"
     native.write_text(export_topology("native", SMALL).text)
-    state = load_fabric_file(str(native))
+    state = load_fabric_file(service="scheduler", path=str(native))
     assert state.about.version is None and state.about.hosts == 8 and state.about.leaf_groups == 2
     slurm = tmp_path / "topology.conf"
     slurm.write_text(export_topology("slurm", SMALL).text)
-    assert load_fabric_file(str(slurm)).about.leaf_groups == 2
+    assert load_fabric_file(service="scheduler", path=str(slurm)).about.leaf_groups == 2
     with pytest.raises(ConfigError, match=r"fabric_file.*missing\.json"):
-        load_fabric_file(str(tmp_path / "missing.json"))
+        load_fabric_file(service="scheduler", path=str(tmp_path / "missing.json"))
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     with pytest.raises(ConfigError, match="no hosts"):
-        load_fabric_file(str(bad))
+        load_fabric_file(service="scheduler", path=str(bad))
     bad.write_text("not json {")
     with pytest.raises(ConfigError, match=r"fabric_file.*bad\.json"):
-        load_fabric_file(str(bad))
+        load_fabric_file(service="scheduler", path=str(bad))
 
 
 def test_every_replica_has_its_own_fabric_consumer() -> None:
@@ -178,47 +170,42 @@ def test_every_replica_has_its_own_fabric_consumer() -> None:
     assert durable_name("pool-allocator", "pool_allocator/host.example") == "pool-allocator-fabric-host_example"
 
 
-def registered(node_id: str) -> NodeRegistered:
-    return NodeRegistered(
-        source="t",
-        key=node_id,
-        node_id=node_id,
-        hostname=node_id,
-        cpu_milli=8000,
-        memory_mib=64_000,
-        gpus=[GpuInfo(index=i, uuid=f"{node_id}-{i}", model="H100", memory_mib=80_000) for i in range(2)],
-        backend="test",
+def recovered(link_id: str, at: dt.datetime) -> LinkRecovered:
+    return LinkRecovered(
+        source="fm", key=link_id, link_id=link_id, occurred_at=at, topology_version=1, problem="errors"
     )
 
 
-def test_pool_view_says_which_fragmentation_it_shows() -> None:
-    ledger = Ledger()
-    handle(ledger, registered("node001"), NOW)
-    place = policy_placer("best-fit")
-    before = pool_view(ledger, fragmentation_of(place, ledger))
-    assert before.fragmentation_measure == "partial_free" and before.fabric is None
-    ask = RequestAllocation(
-        source="t", key="j", job_id="j", tenant="t", queue="q", request=ResourceRequest(kind="fraction", milli=700)
+def test_link_verdicts_fall_on_host_adapters_and_leaf_uplinks() -> None:
+    """The newest verdict of each link counts; a host cable marks its host, a leaf uplink its leaf."""
+    f = feed(FabricView())
+    f.view.replace(fabric_state(SMALL, version=1, origin="test"))
+    links = {lk.link_id: lk for lk in SMALL.links}
+    cas = {ca.guid: ca.host for ca in SMALL.cas}
+    host_link = next(lid for lid, lk in links.items() if lk.a.guid in cas or lk.b.guid in cas)
+    host = cas.get(links[host_link].a.guid) or cas[links[host_link].b.guid]
+    uplink = next(lid for lid, lk in links.items() if lk.a.guid not in cas and lk.b.guid not in cas)
+    at = NOW
+    assert f.link_health() == {}
+    f.on_link(LinkDegraded(source="fm", key=host_link, link_id=host_link, occurred_at=at, topology_version=1))
+    f.on_link(
+        LinkStateChanged(
+            source="fm",
+            key=uplink,
+            link_id=uplink,
+            occurred_at=at,
+            state="down",
+            previous_state="up",
+            topology_version=1,
+        )
     )
-    handle(ledger, ask, NOW, place=place)
-    view = FabricView(fabric_state(SMALL, version=None, origin="test"))
-    after = pool_view(ledger, fragmentation_of(place, ledger), view.about)
-    (model,) = after.models
-    # A 700-milli mix cannot use the 300 left on the shared GPU.
-    assert (after.fragmentation_measure, after.workload_types, model.fragmentation_milli) == ("fgd", 1, 300)
-    assert after.fabric is not None and after.fabric.hosts == 8
-
-
-def test_fragmentation_reader_measures_again_when_the_ledger_changes() -> None:
-    ledger = Ledger()
-    handle(ledger, registered("node001"), NOW)
-    place = policy_placer("fgd")
-    reader = FragmentationReader(place)
-    assert reader.read(ledger).measure == "partial_free"
-    ask = RequestAllocation(
-        source="t", key="j", job_id="j", tenant="t", queue="q", request=ResourceRequest(kind="fraction", milli=600)
-    )
-    handle(ledger, ask, NOW, place=place)
-    again = reader.read(ledger)
-    assert (again.measure, again.milli) == ("fgd", {"H100": 400})
-    assert reader.read(ledger) is again
+    health = f.link_health()
+    assert health[host] == "degraded"
+    leaf = f.view.state.targets[uplink].leaf_guid  # type: ignore[union-attr]
+    assert leaf is not None and health[leaf] == "down"
+    # an older verdict changes nothing; a newer recovery clears the host
+    version = f.links_version
+    f.on_link(recovered(host_link, at - dt.timedelta(1)))
+    assert f.links_version == version and f.link_health()[host] == "degraded"
+    f.on_link(recovered(host_link, at + dt.timedelta(1)))
+    assert host not in f.link_health() and f.link_health()[leaf] == "down"

@@ -19,14 +19,11 @@ Standbys follow the beats too, so a new leader starts with a warm picture of who
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 
 import aiohttp
 import msgspec
-import nats.errors
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -46,17 +43,17 @@ from ibpool_core.health.decide import (
 )
 from ibpool_core.health.link_signals import link_targets
 from ibpool_core.health.operator import OperatorAction, OperatorReply, OperatorRequest, act
-from ibpool_proto import DecodeError, Message, decode
+from ibpool_proto import Message
 from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged, TopologyPublished
 from ibpool_proto.job import JobExited, JobFinished
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
 from ibpool_runtime.config import ConfigError
 from ibpool_runtime.consumer import HandlerContext, Subscription
+from ibpool_runtime.follow import follow_latest
 from ibpool_runtime.leader import Leadership
 from ibpool_runtime.logs import get_logger
-from ibpool_runtime.service import Kit, repeat_until_stopped, sleep_unless_stopped
-from ibpool_runtime.streams import stream_for_subject
+from ibpool_runtime.service import Kit, repeat_until_stopped
 
 from . import state
 from .config import FailoverControllerConfig, core_config
@@ -69,9 +66,8 @@ FABRIC_NEWS = (TopologyPublished, LinkStateChanged, LinkDegraded, LinkFlapping, 
 JOB_NEWS = (JobExited, JobFinished)
 POOL_NEWS = (AllocationGranted, AllocationReleased, AllocationRevoked, AllocationExpired)
 
-# Beats fetched at once; the ephemeral beat consumers vanish this long after the controller stops.
+# Beats fetched at once.
 BEAT_BATCH = 256
-BEAT_CONSUMER_INACTIVE_S = 10.0
 # Telemetry samples buffered between two ticks, at most (the oldest go first).
 TELEMETRY_BUFFER = 10_000
 # The state is written at least this often even when only heartbeat times moved.
@@ -124,43 +120,17 @@ class FailoverController:
 
     async def beats_loop(self, stop: asyncio.Event) -> None:
         """Follow heartbeats and telemetry from the newest of every node on, until `stop`."""
-        await asyncio.gather(*(self._follow(kind.subject_pattern(), stop) for kind in BEATS))
 
-    async def _follow(self, pattern: str, stop: asyncio.Event) -> None:
-        sub = None
-        while not stop.is_set():
-            try:
-                if sub is None:
-                    sub = await self.kit.bus.js.pull_subscribe(
-                        pattern,
-                        stream=stream_for_subject(pattern),
-                        config=ConsumerConfig(
-                            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                            ack_policy=AckPolicy.NONE,
-                            inactive_threshold=BEAT_CONSUMER_INACTIVE_S,
-                        ),
-                    )
-                msgs = await sub.fetch(BEAT_BATCH, timeout=0.5)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
-            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
-                break
-            except Exception as e:  # the server dropped the consumer (reconnect, inactivity): start anew
-                log.warning("following beats failed; resubscribing", subject=pattern, error=str(e) or type(e).__name__)
-                sub = None
-                await sleep_unless_stopped(stop, 0.5)
-                continue
-            for m in msgs:
-                try:
-                    message = decode(m.data)
-                except DecodeError as e:
-                    log.warning("undecodable beat dropped", subject=m.subject, error=str(e))
-                    continue
-                if isinstance(message, NodeHeartbeat | TelemetryReported):
-                    self.on_beat(message)
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        def on_message(message: object) -> None:
+            if isinstance(message, NodeHeartbeat | TelemetryReported):
+                self.on_beat(message)
+
+        await asyncio.gather(
+            *(
+                follow_latest(self.kit.bus, kind.subject_pattern(), stop, on_message, batch=BEAT_BATCH)
+                for kind in BEATS
+            )
+        )
 
     def on_beat(self, message: NodeHeartbeat | TelemetryReported) -> None:
         match message:

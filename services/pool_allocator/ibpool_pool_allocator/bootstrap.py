@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from ibpool_core.clock import Clock
+from ibpool_core.fabric.view import FabricView
 from ibpool_core.pool.allocate import Hops
-from ibpool_core.pool.fabric_view import FabricView
 from ibpool_core.pool.placement import Placer
 from ibpool_core.pool.policy_placer import policy_placer
 from ibpool_runtime.clock import SystemClock
 from ibpool_runtime.config import ConfigError
+from ibpool_runtime.fabric_feed import load_fabric_file
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit, ServiceSpec
 
 from . import api, state
 from .config import PoolAllocatorConfig
-from .fabric_feed import load_fabric_file
 from .service import PoolAllocator
 
 log = get_logger(__name__)
@@ -45,7 +45,7 @@ def fabric_at_start(cfg: PoolAllocatorConfig) -> FabricView:
     file cannot be read."""
     if not cfg.fabric_file:
         return FabricView()
-    loaded = load_fabric_file(cfg.fabric_file, cfg.fabric_format)
+    loaded = load_fabric_file(cfg.fabric_file, cfg.fabric_format, service="pool_allocator")
     about = loaded.about
     log.info("fabric topology loaded", file=about.origin, hosts=about.hosts, leaf_groups=about.leaf_groups)
     return FabricView(loaded)

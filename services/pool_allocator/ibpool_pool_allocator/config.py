@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from ibpool_runtime.config import BaseConfig, Positive
-
-FabricFormat = Literal["auto", "native", "ibnetdiscover", "slurm", "slurm-block", "k8s-labels", "volcano"]
+from ibpool_runtime.fabric_feed import FabricFormat
 
 
 class PoolAllocatorConfig(BaseConfig, frozen=True, kw_only=True):

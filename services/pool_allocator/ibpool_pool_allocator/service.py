@@ -25,8 +25,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ibpool_core.clock import Clock
+from ibpool_core.fabric.view import FabricView
 from ibpool_core.pool.allocate import AllocatorConfig, Decision, Hops, Input, decide, expire
-from ibpool_core.pool.fabric_view import FabricView
 from ibpool_core.pool.ledger import (
     Ledger,
     LedgerSnapshot,
@@ -51,6 +51,7 @@ from ibpool_proto.pool import (
     SetQuota,
 )
 from ibpool_runtime.consumer import HandlerContext, Subscription
+from ibpool_runtime.fabric_feed import FabricFeed
 from ibpool_runtime.ledger_replica import publish_snapshot
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit, StartRefused, repeat_until_stopped
@@ -59,7 +60,6 @@ from ibpool_runtime.streams import stream_for_subject
 
 from . import state
 from .config import PoolAllocatorConfig
-from .fabric_feed import FabricFeed
 from .fragmentation_measure import FragmentationReader
 
 log = get_logger(__name__)
@@ -97,7 +97,14 @@ class PoolAllocator:
         self.clock = clock
         # The fabric as last published (or read from `fabric_file`): leaf groups and hops.
         self.fabric = fabric if fabric is not None else FabricView()
-        self.fabric_feed = FabricFeed(kit, self.fabric)
+        # Links are not followed here: the allocator takes leaf cordons from the failover controller.
+        self.fabric_feed = FabricFeed(
+            kit,
+            self.fabric,
+            fetch_timeout_s=self.cfg.fabric_fetch_timeout_s,
+            durable_prefix=self.cfg.durable_prefix,
+            follow_links=False,
+        )
         # Default: the config's packing policy (bootstrap validates the name and passes it in).
         self.place = place if place is not None else policy_placer(self.cfg.placement_policy, self.fabric)
         self.hops = hops if hops is not None else self.fabric.hops

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from aiohttp import web
 
+from ibpool_core.fabric.view import FabricAbout
 from ibpool_proto import new_id
 from ibpool_proto.job import JobSpec, TopologyConstraint
 from ibpool_proto.pool import GpuAssignment, MemberFailure, ResourceRequest, WorkloadSpec
@@ -72,6 +73,8 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     gpus_per_node: int
     milli: int
     topology: TopologyConstraint
+    # The fabric tier the gang's hosts must (required) or should (preferred) sit under: 1 = one leaf group.
+    topology_level: int
     dataset: str | None
     time_limit_s: float | None
     # The sites it may run at; the one the scheduler chose (None: not yet, or it fits none) and why.
@@ -141,6 +144,11 @@ class SchedulerView(msgspec.Struct, frozen=True, kw_only=True):
     nodes: int
     cycles: int
     last_order: str | None
+    # The published topology placement decides on (version, origin, hosts, tiers, SHARP switches);
+    # null while none is known (the node labels are the fabric then).
+    fabric: FabricAbout | None = None
+    # Links whose newest verdict is not "up".
+    links_not_up: int = 0
 
 
 def job_view(job: JobRecord) -> JobView:
@@ -156,6 +164,7 @@ def job_view(job: JobRecord) -> JobView:
         gpus_per_node=job.gpus_per_host,
         milli=job.milli,
         topology=job.topology,
+        topology_level=job.topology_level,
         dataset=job.dataset,
         time_limit_s=job.time_limit_s,
         sites=job.sites,
@@ -361,6 +370,8 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
                 nodes=len(scheduler.feed.ledger.nodes),
                 cycles=scheduler.cycles,
                 last_order=plan.order if plan is not None else None,
+                fabric=scheduler.fabric.about,
+                links_not_up=sum(1 for _, st in scheduler.fabric_feed.links.values() if st != "up"),
             )
         )
 

@@ -19,7 +19,13 @@ async def bootstrap(
     """`pool_from_seq` replays the pool stream from that sequence instead of its start (tests whose
     allocators share one stream)."""
     scheduler = Scheduler(kit, clock or SystemClock(), pool_from_seq)
-    tasks: list[Task] = [scheduler.cycle_loop, scheduler.leader_loop, scheduler.feed.run, scheduler.nodes.run]
+    tasks: list[Task] = [
+        scheduler.cycle_loop,
+        scheduler.leader_loop,
+        scheduler.feed.run,
+        scheduler.nodes.run,
+        scheduler.fabric_feed.run,
+    ]
     if scheduler.predictor is not None:
         predictor = scheduler.predictor
         await predictor.load()  # before the service consumes or schedules (see `load`)

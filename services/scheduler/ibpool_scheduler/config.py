@@ -6,7 +6,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from ibpool_core.sched.sharp import SharpLimits
 from ibpool_runtime.config import BaseConfig
+from ibpool_runtime.fabric_feed import FabricFormat
 
 
 class QueueConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -41,8 +43,12 @@ class SchedulerConfig(BaseConfig, frozen=True, kw_only=True):
     placement_sample: int = 16
     # The dataset registry: dataset -> node ids holding a copy (more entries: PUT /v1/datasets/{name}).
     datasets: dict[str, list[str]] = {}
-    # Node label whose value "true" marks a node under a SHARP-capable leaf switch.
+    # Node label whose value "true" marks a node under a SHARP-capable leaf switch (no fabric known).
     sharp_label: str = "ibpool.io/sharp"
+    # How many SHARP streaming-aggregation trees the fabric runs at once (`ibpool_core.sched.sharp.
+    # SharpLimits`: per "link" (Quantum-2: one tree per port) or per "switch" (Quantum HDR: one per
+    # switch), and at most `max_trees` in the subnet (Quantum-2: 511)); TOML [scheduler.sharp_limits].
+    sharp_limits: SharpLimits = SharpLimits()
     # Telemetry older than this is ignored (the node reads as idle and cool).
     telemetry_max_age_s: float = 120.0
     # Fair share per tenant (`ibpool_core.sched.fairshare`): usage decays with this half-life;
@@ -68,7 +74,14 @@ class SchedulerConfig(BaseConfig, frozen=True, kw_only=True):
     retry_after_s: float = 5.0
     # A job requeued this many times (hardware failures, lost leases) ends as failed.
     max_attempts: int = 10
-    # Gangs: the node label naming a node's leaf switch (unlabelled nodes share one leaf group).
+    # The fabric placement decides on is the fabric monitor's published topology, followed live
+    # (fetched within this time). `fabric_file`: a topology file in any format `ibpool topo convert`
+    # reads ("auto": guessed), in force until a topology is published (clusters without a fabric
+    # monitor). With neither, the node label `leaf_label` names a node's leaf switch (unlabelled
+    # nodes share one leaf group) and `sharp_label` = "true" marks it under a SHARP-capable leaf.
+    fabric_fetch_timeout_s: float = 10.0
+    fabric_file: str = ""
+    fabric_format: FabricFormat = "auto"
     leaf_label: str = "ibpool.io/leaf"
     # Multi-site: the node label naming a node's site, and what running a job at a site without a
     # copy of its dataset costs it (copying the data), in the choice of its site.

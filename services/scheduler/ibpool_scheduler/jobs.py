@@ -16,6 +16,7 @@ from typing import Literal
 
 import msgspec
 
+from ibpool_core.sched.sharp import SharpTree
 from ibpool_proto.job import FinalState, TopologyConstraint
 from ibpool_proto.pool import GpuAssignment, MemberFailure, WorkloadSpec
 
@@ -28,12 +29,19 @@ class JobPlacement(msgspec.Struct, frozen=True, kw_only=True):
     """Where the scheduler placed a job and how: `hosts` in rank order (host i is rank i: ring and
     tree neighbours close on the fabric; see `ibpool_core.sched.rank_order`), whether SHARP
     (in-network reduction) is on for it, and why or why not (`ibpool_core.sched.sharp`);
-    `nccl_env`: what the proposal added to the workload's environment to turn it on."""
+    `nccl_env`: what the proposal added to the workload's environment to turn it on;
+    `fabric_version`: the published topology version it was decided on (None: the node labels);
+    `tier`: the tier of the smallest switch group holding its hosts (1 = one leaf group, 2 = one
+    spine group, ...; None for a single host); `sharp_tree`: the SHARP trees it holds while it
+    lives (`ibpool_core.sched.sharp.SharpTrees`)."""
 
     hosts: list[str] = []
     sharp: bool = False
     sharp_reason: str = ""
     nccl_env: dict[str, str] = {}
+    fabric_version: int | None = None
+    tier: int | None = None
+    sharp_tree: SharpTree | None = None
 
 
 class RuntimePrediction(msgspec.Struct, frozen=True, kw_only=True):

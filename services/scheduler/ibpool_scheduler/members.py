@@ -39,7 +39,7 @@ from ibpool_runtime.store import Transaction
 
 from . import jobs, state
 from .jobs import JobPlacement, JobRecord
-from .plan import UNLABELLED_LEAF, host_view
+from .plan import LeafSource, host_view
 
 if TYPE_CHECKING:
     from .service import Scheduler
@@ -62,20 +62,22 @@ def choose_host(
     job: JobRecord,
     failed: str,
     taken: Mapping[str, Iterable[int]],
-    leaf_label: str,
+    leaves: LeafSource,
     site_label: str = "ibpool.io/site",
 ) -> list[GpuAssignment] | str:
     """The new host's GPUs for the member of `job` lost on `failed`, or why no host fits.
 
     Candidates: ready nodes outside the gang with `gpus_per_host` whole GPUs free (of the job's GPU
     model, if it names one), none of them in `taken`, at the job's site when it is bound to one.
-    The topology constraint: `required` keeps the
-    gang within the leaves its other members are under (it spans no more leaf groups than it did);
-    `preferred` looks there first, then anywhere. Among the allowed hosts the core's `LeafPlacer`
-    takes the best fit (the fewest free GPUs that still hold the member), keeping whole hosts free.
+    Leaf groups are those of `leaves` (the published fabric's, else the node labels'). The topology
+    constraint: the leaf groups its other members are under come first (it spans no more than it
+    did); then, for `required` on a published fabric, the rest of the switch group of its tier that
+    holds them (never wider); for `preferred`, anywhere. Among the allowed hosts the core's
+    `LeafPlacer` takes the best fit (the fewest free GPUs that still hold the member), keeping whole
+    hosts free.
     """
     held = {n: set(g) for n, g in taken.items()}
-    view = host_view(ledger, held, leaf_label)
+    view = host_view(ledger, held, leaves)
     members = set(job.nodes) | {failed}
     need = job.gpus_per_host
     free: list[list[int]] = []
@@ -85,13 +87,24 @@ def choose_host(
         elsewhere = job.site is not None and node.labels.get(site_label, "") != job.site
         free.append(ok if node_id not in members and not elsewhere else [])
     survivors = [n for n in job.nodes if n != failed and n in ledger.nodes]
-    leaves = {ledger.nodes[n].labels.get(leaf_label, UNLABELLED_LEAF) for n in survivors}
-    leaf_names = {h: ledger.nodes[n].labels.get(leaf_label, UNLABELLED_LEAF) for h, n in enumerate(view.node_ids)}
-    tries = [True] if job.topology == "required" else [True, False]
+    spanned = {leaves.leaf(ledger.nodes[n]) for n in survivors}
+    leaf_names = {h: leaves.leaf(ledger.nodes[n]) for h, n in enumerate(view.node_ids)}
+    # The hosts each try allows (None: any): the gang's own leaf groups, then its tier's group or anywhere.
+    tries: list[set[str] | None] = [
+        {n for h, n in enumerate(view.node_ids) if leaf_names[h] in spanned} if spanned else None
+    ]
+    if job.topology == "required":
+        fabric = leaves.fabric
+        if fabric is not None and survivors and survivors[0] in fabric.leaf_of:
+            level = min(job.topology_level, fabric.index.levels)
+            group = fabric.index.subtree_of(survivors[0], level)
+            tries.append(set(group.hosts) if group is not None else set())
+    else:
+        tries.append(None)
     one = Job(id=job.job_id, tenant=job.tenant, gpus=need, nodes=1, submit_time=job.submitted_at.timestamp())
-    for same_leaves in tries:
+    for allowed in tries:
         counts = [
-            len(f) if len(f) >= need and (not same_leaves or not leaves or leaf_names[h] in leaves) else 0
+            len(f) if len(f) >= need and (allowed is None or view.node_ids[h] in allowed) else 0
             for h, f in enumerate(free)
         ]
         if not any(counts):
@@ -101,21 +114,24 @@ def choose_host(
             host, _ = placed[0]
             return [GpuAssignment(node_id=view.node_ids[host], gpu_index=i) for i in sorted(free[host])[:need]]
     model = f" of model {job.gpu_model}" if job.gpu_model else ""
-    where = " under the leaves of its other members (topology required)" if job.topology == "required" else ""
+    where = ""
+    if job.topology == "required":
+        unit = "the leaves" if leaves.fabric is None else f"the tier-{job.topology_level} switch group"
+        where = f" under {unit} of its other members (topology required)"
     where += f" at site {job.site}" if job.site is not None else ""
     return f"no ready host outside the gang has {need} free GPUs{model}{where}"
 
 
-def sharp_after_replacement(ledger: Ledger, job: JobRecord, new_host: str, leaf_label: str) -> JobPlacement | None:
+def sharp_after_replacement(ledger: Ledger, job: JobRecord, new_host: str, leaves: LeafSource) -> JobPlacement | None:
     """The job's placement once `new_host` replaces a member: SHARP stays on (and its NCCL settings go
     to the new member) only when the new host is under a leaf the gang already spans, so the gang's
     covering subtree, the one found SHARP-capable, is unchanged; otherwise it is off for the job."""
     placement = job.placement
     if placement is None or not placement.sharp:
         return placement
-    leaves = {ledger.nodes[n].labels.get(leaf_label, UNLABELLED_LEAF) for n in job.nodes if n in ledger.nodes}
+    spanned = {leaves.leaf(ledger.nodes[n]) for n in job.nodes if n in ledger.nodes}
     node = ledger.nodes.get(new_host)
-    if node is not None and node.labels.get(leaf_label, UNLABELLED_LEAF) in leaves:
+    if node is not None and leaves.leaf(node) in spanned:
         return placement
     return msgspec.structs.replace(
         placement,
@@ -237,12 +253,13 @@ async def propose_replacements(
         if locked != job:
             continue  # changed since the cycle read it: the next cycle looks again
         assert job.replacing is not None and job.allocation_id is not None
-        choice = choose_host(ledger, job, job.replacing, taken, sched.cfg.leaf_label, sched.cfg.site_label)
+        leaves = sched.leaf_source()
+        choice = choose_host(ledger, job, job.replacing, taken, leaves, sched.cfg.site_label)
         if isinstance(choice, str):
             why = f"member on {job.replacing} lost and no host fits its replacement ({choice}): gang restarted"
             await sched.on_lost(tx, job.job_id, job.allocation_id, why)
             continue
-        placement = sharp_after_replacement(ledger, job, choice[0].node_id, sched.cfg.leaf_label)
+        placement = sharp_after_replacement(ledger, job, choice[0].node_id, leaves)
         cmd = ReplaceGangMember(
             source=sched.kit.source,
             key=job.allocation_id,

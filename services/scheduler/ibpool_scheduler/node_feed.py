@@ -1,42 +1,29 @@
-"""What placement reads besides the ledger: node telemetry and link health, followed in memory.
+"""What placement reads besides the ledger and the fabric: node telemetry and which adapter is whose.
 
-Telemetry and link verdicts are state, not history: the newest of each replaces the last, so every
-replica follows them with ephemeral consumers from the last message of every subject on (no acks,
-nothing stored; a restart reads the newest again).
+Telemetry is state, not history: the newest sample replaces the last, so every replica follows it
+from the last message of every subject on (`ibpool_runtime.follow.follow_latest`: no acks, nothing
+stored; a restart reads the newest again).
 
 - `TelemetryReported` -> per node the placement view's `Telemetry`: mean GPU utilisation, the
   hottest GPU, mean memory in use (of each GPU's memory as the ledger knows it).
-- `HcaPortsReported` -> which adapter GUID belongs to which node; `LinkStateChanged`,
-  `LinkDegraded`, `LinkFlapping`, `LinkRecovered` -> the newest state of each link; a node's link
-  state is the worst state of the links that end at one of its adapters. (Links above a leaf
-  switch need the fabric's topology to be tied to nodes; they are not counted here.)
+- `HcaPortsReported` -> which adapter GUID belongs to which node. While no fabric was ever
+  published, a node's link state is the worst state of the links (`FabricFeed.links`) that end at
+  one of its adapters (`node_links`); once the fabric is known, it says where every link falls
+  (`ibpool_runtime.fabric_feed.FabricFeed.link_health`), leaf uplinks included.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
-from collections.abc import Callable
-
-import nats.errors
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from collections.abc import Mapping
 
 from ibpool_core.fabric.link_health import LinkState
 from ibpool_core.sched.framework import Telemetry
-from ibpool_proto import DecodeError, decode
-from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged
 from ibpool_proto.node import HcaPortsReported, TelemetryReported
 from ibpool_runtime.bus import Bus
-from ibpool_runtime.logs import get_logger
-from ibpool_runtime.service import sleep_unless_stopped
-from ibpool_runtime.streams import stream_for_subject
+from ibpool_runtime.follow import follow_latest
 
-log = get_logger(__name__)
-
-BATCH = 512
-INACTIVE_S = 10.0
-LINK_NEWS = (LinkStateChanged, LinkDegraded, LinkFlapping, LinkRecovered)
 _RANK: dict[str, int] = {"up": 0, "degraded": 1, "flapping": 2, "down": 3}
 
 
@@ -68,10 +55,8 @@ class NodeFeed:
         # node id -> (when sampled, the sample)
         self.samples: dict[str, tuple[dt.datetime, TelemetryReported]] = {}
         self.guid_node: dict[str, str] = {}
-        # link id -> (when, state)
-        self.links: dict[str, tuple[dt.datetime, LinkState]] = {}
-        # Bumped on every change of `node_links`' inputs, so a caller rebuilds only when it moved.
-        self.links_version = 0
+        # Bumped on every change of `guid_node`, so a caller rebuilds `node_links` only when it moved.
+        self.adapters_version = 0
 
     # -- folding ---------------------------------------------------------------------------------
 
@@ -85,21 +70,7 @@ class NodeFeed:
                 for port in message.ports:
                     if self.guid_node.get(port.node_guid) != message.node_id:
                         self.guid_node[port.node_guid] = message.node_id
-                        self.links_version += 1
-            case LinkStateChanged() | LinkDegraded() | LinkFlapping() | LinkRecovered():
-                state: LinkState
-                if isinstance(message, LinkStateChanged):
-                    state = message.state
-                elif isinstance(message, LinkDegraded):
-                    state = "degraded"
-                elif isinstance(message, LinkFlapping):
-                    state = "flapping"
-                else:
-                    state = "up"
-                old_link = self.links.get(message.link_id)
-                if old_link is None or message.occurred_at >= old_link[0]:
-                    self.links[message.link_id] = (message.occurred_at, state)
-                    self.links_version += 1
+                        self.adapters_version += 1
 
     def telemetry(self, node_id: str, now: dt.datetime, max_age_s: float) -> TelemetryReported | None:
         """The node's newest sample if it is at most `max_age_s` old."""
@@ -108,10 +79,11 @@ class NodeFeed:
             return None
         return hit[1]
 
-    def node_links(self) -> dict[str, LinkState]:
-        """node id -> the worst state of the links at its adapters, for nodes with one not "up"."""
+    def node_links(self, links: Mapping[str, tuple[dt.datetime, LinkState]]) -> dict[str, LinkState]:
+        """node id -> the worst state of the links (link id -> (when, state)) at its adapters, for
+        nodes with one not "up": the fallback while no fabric was published."""
         out: dict[str, LinkState] = {}
-        for link_id, (_, state) in self.links.items():
+        for link_id, (_, state) in links.items():
             if state == "up":
                 continue
             for guid in link_guids(link_id):
@@ -124,38 +96,4 @@ class NodeFeed:
 
     async def run(self, stop: asyncio.Event) -> None:
         patterns = [TelemetryReported.subject_pattern(), HcaPortsReported.subject_pattern()]
-        patterns += [t.subject_pattern() for t in LINK_NEWS]
-        await asyncio.gather(*(self._follow(p, stop, self.on_message) for p in patterns))
-
-    async def _follow(self, pattern: str, stop: asyncio.Event, handle: Callable[[object], None]) -> None:
-        sub = None
-        while not stop.is_set():
-            try:
-                if sub is None:
-                    sub = await self.bus.js.pull_subscribe(
-                        pattern,
-                        stream=stream_for_subject(pattern),
-                        config=ConsumerConfig(
-                            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                            ack_policy=AckPolicy.NONE,
-                            inactive_threshold=INACTIVE_S,
-                        ),
-                    )
-                msgs = await sub.fetch(BATCH, timeout=0.5)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
-            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
-                break
-            except Exception as e:  # the server dropped the consumer (reconnect, inactivity): start anew
-                log.warning("following node news failed; resubscribing", subject=pattern, error=str(e) or repr(e))
-                sub = None
-                await sleep_unless_stopped(stop, 0.5)
-                continue
-            for m in msgs:
-                try:
-                    handle(decode(m.data))
-                except DecodeError as e:
-                    log.warning("undecodable node news dropped", subject=m.subject, error=str(e))
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        await asyncio.gather(*(follow_latest(self.bus, p, stop, self.on_message) for p in patterns))

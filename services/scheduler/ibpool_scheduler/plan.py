@@ -16,6 +16,7 @@ import msgspec
 
 from ibpool_core.fabric.index import FabricIndex
 from ibpool_core.fabric.link_health import LinkState
+from ibpool_core.fabric.view import FabricState
 from ibpool_core.pool.ledger import Ledger, Node
 from ibpool_core.sched import framework as fw
 from ibpool_core.sched.backfill import reserve
@@ -24,15 +25,40 @@ from ibpool_core.sched.framework_placer import AskHints, FrameworkPlacer, leaf_f
 from ibpool_core.sched.jobs import ClusterView, Job, RunningJob, estimated_runtime, host_shares
 from ibpool_core.sched.placer import FreeView, LeafPlacer, Placer, min_leaf_span
 from ibpool_core.sched.queueing import QueuePolicy
-from ibpool_core.sched.rank_order import rank_order
 from ibpool_core.sched.runtime import RuntimeEstimate
-from ibpool_core.sched.sharp import SharpDecision, decide_sharp
+from ibpool_core.sched.sharp import SharpDecision, SharpLimits, SharpTree, SharpTrees, decide_sharp
 from ibpool_core.sched.sites import Site, SiteChoice, choose_site
 from ibpool_proto.pool import GpuAssignment
 
 from .jobs import HOLDING, JobRecord
 
 UNLABELLED_LEAF = ""
+# The leaf of a node the published fabric does not have: a group of its own (single-host work only).
+OFF_FABRIC = "off-fabric:"
+
+
+class LeafSource:
+    """Where a node's leaf group comes from: the published fabric (`fabric`: its leaf groups; a node
+    it does not have is a group of its own) or, while no fabric was ever published, the node label
+    `label` (unlabelled nodes share one group). A new source for every new fabric version: the
+    caches of `host_view_cached` are keyed by it."""
+
+    __slots__ = ("fabric", "label")
+
+    def __init__(self, label: str, fabric: FabricState | None = None) -> None:
+        self.label = label
+        self.fabric = fabric
+
+    def leaf(self, node: Node) -> str:
+        if self.fabric is not None:
+            group = self.fabric.leaf_of.get(node.node_id)
+            return group if group is not None else OFF_FABRIC + node.node_id
+        return node.labels.get(self.label, UNLABELLED_LEAF)
+
+    def same(self, other: LeafSource) -> bool:
+        return self.label == other.label and self.fabric is other.fabric
+
+
 # The core's reason when a cycle meets a job with no GPU free at all; it computes no reservation then.
 NO_FREE_GPUS = "no free GPUs"
 # The end of the core's reason for a job that no release of running jobs would let start.
@@ -41,7 +67,9 @@ NEVER_FITS = "never fits the current hosts"
 
 class Proposal(msgspec.Struct, frozen=True, kw_only=True):
     """One start: its exact GPUs, host by host in rank order (`hosts`, see `rank_order.py`), and
-    whether the placement runs with SHARP, why (not), and the NCCL settings that turn it on."""
+    whether the placement runs with SHARP, why (not), and the NCCL settings that turn it on; the
+    fabric it was decided on (`fabric_version`, None: the node labels) and the tier of the smallest
+    switch group holding its hosts (`tier`, 1 = one leaf group; None: a single host or no group)."""
 
     job_id: str
     assignments: list[GpuAssignment]
@@ -49,6 +77,9 @@ class Proposal(msgspec.Struct, frozen=True, kw_only=True):
     sharp: bool = False
     sharp_reason: str = ""
     nccl_env: dict[str, str] = {}
+    fabric_version: int | None = None
+    tier: int | None = None
+    sharp_tree: SharpTree | None = None
 
 
 class CyclePlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -163,7 +194,7 @@ class NodeOffer(msgspec.Struct, frozen=True):
 FreeCache = dict[str, tuple[Node, NodeOffer]]
 
 
-def offer_of(node: Node, leaf_label: str, cache: FreeCache | None) -> NodeOffer:
+def offer_of(node: Node, leaves: LeafSource, cache: FreeCache | None) -> NodeOffer:
     if cache is not None and (hit := cache.get(node.node_id)) is not None and hit[0] is node:
         return hit[1]
     offer = NodeOffer(
@@ -172,7 +203,7 @@ def offer_of(node: Node, leaf_label: str, cache: FreeCache | None) -> NodeOffer:
         offered=node.ready_for(multi_node=True) and bool(node.gpus),
         free=tuple(g.index for g in node.gpus if g.ready and g.fits_whole() and not g.mig),
         capacity=len(node.gpus),
-        leaf=node.labels.get(leaf_label, UNLABELLED_LEAF),
+        leaf=leaves.leaf(node),
     )
     if cache is not None:
         cache[node.node_id] = (node, offer)
@@ -219,24 +250,33 @@ class PlanCache:
         self.placer_key: tuple[object, ...] = ()
 
 
+DEFAULT_SHARP_LIMITS = SharpLimits()
+
+
 class PlacementInputs:
     """What the framework's plugins read besides the ledger, for one cycle.
 
     framework   the built profile (None: the core's `LeafPlacer` places)
+    fabric      the published fabric in force (None: the node labels are the fabric, `leaf_fabric`)
     telemetry   node id -> its newest telemetry (absent: idle and cool)
-    node_links  node id -> worst state of its links (absent: up); `links_version` changes with it
+    node_links  where link health falls (absent: up): with a fabric, host name or leaf GUID ->
+                worst state (`FabricState.link_health`); without, node id -> the worst state of
+                its own adapters' links; `links_version` changes with it
     datasets    dataset -> node ids holding it; `datasets_version` changes with it
     sharp_label node label whose value "true" puts the node under a SHARP-capable leaf
     site_label  node label naming the node's site, for jobs that name sites (`JobRecord.sites`)
     site_transfer_s  what choosing a site without the job's dataset costs it (copying the data), s
     sample      hosts scored per single-host job (0: all)
     fairshare   tenant -> fair-share factor (`ibpool_core.sched.fairshare`), read by the policies
+    sharp_limits, sharp_held   how many SHARP trees the fabric runs at once, and the trees the live
+                jobs hold (`ibpool_core.sched.sharp.SharpTrees`)
     """
 
     def __init__(
         self,
         framework: fw.Framework | None = None,
         *,
+        fabric: FabricState | None = None,
         telemetry: Mapping[str, fw.Telemetry] | None = None,
         node_links: Mapping[str, LinkState] | None = None,
         links_version: int = 0,
@@ -247,8 +287,11 @@ class PlacementInputs:
         site_transfer_s: float = 600.0,
         sample: int = 0,
         fairshare: Mapping[str, float] | None = None,
+        sharp_limits: SharpLimits = DEFAULT_SHARP_LIMITS,
+        sharp_held: Sequence[SharpTree] = (),
     ) -> None:
         self.framework = framework
+        self.fabric = fabric
         self.telemetry = telemetry or {}
         self.node_links = node_links or {}
         self.links_version = links_version
@@ -259,6 +302,8 @@ class PlacementInputs:
         self.site_transfer_s = site_transfer_s
         self.sample = sample
         self.fairshare = fairshare or {}
+        self.sharp_limits = sharp_limits
+        self.sharp_held = sharp_held
 
 
 NO_PLACEMENT_INPUTS = PlacementInputs()
@@ -266,11 +311,13 @@ IDLE = fw.Telemetry()
 
 
 def placement_view(ledger: Ledger, view: HostView, inputs: PlacementInputs, cache: PlanCache | None) -> fw.ClusterView:
-    """The framework's view of the cycle's hosts: the fabric of their leaves, GPU models, telemetry,
-    link states and datasets; reused from `cache` while those inputs hold (telemetry is refreshed in
-    place; free GPUs are brought in step by `FrameworkPlacer` before each placement)."""
+    """The framework's view of the cycle's hosts: the published fabric (a host it does not have is a
+    group of its own) or, while none is, the fabric of their label leaves (`leaf_fabric`); GPU
+    models, telemetry, link states and datasets; reused from `cache` while those inputs hold
+    (telemetry is refreshed in place; free GPUs are brought in step by `FrameworkPlacer` before each
+    placement)."""
     lists = (view.node_ids, view.cluster.leaf_of, view.cluster.capacity)
-    inputs_key = (inputs.sharp_label, inputs.links_version, inputs.datasets_version)
+    inputs_key = (inputs.sharp_label, inputs.links_version, inputs.datasets_version, inputs.fabric)
     if (
         cache is not None
         and cache.view is not None
@@ -283,21 +330,26 @@ def placement_view(ledger: Ledger, view: HostView, inputs: PlacementInputs, cach
         refresh_telemetry(cache.view, inputs.telemetry, cache)
         return cache.view
     nodes = ledger.nodes
-    offers = [(n, nodes[n]) for n in view.node_ids]
-    leaf_of: dict[str, str] = {}
-    sharp_leaves: set[str] = set()
-    for h, (n, node) in enumerate(offers):
-        leaf_name = str(view.cluster.leaf_of[h])
-        leaf_of[n] = leaf_name
-        if node.labels.get(inputs.sharp_label, "").lower() == "true":
-            sharp_leaves.add(leaf_name)
-    fabric_key = (tuple(view.node_ids), tuple(view.cluster.leaf_of), tuple(sorted(sharp_leaves)))
-    if cache is not None and cache.fabric is not None and cache.fabric_key == fabric_key:
-        fabric = cache.fabric
+    fabric_key: tuple[object, ...]
+    if inputs.fabric is not None:
+        fabric = inputs.fabric.index
+        fabric_key = (inputs.fabric, tuple(view.node_ids))
     else:
-        fabric = leaf_fabric(leaf_of, sharp_leaves)
-        if cache is not None:
-            cache.fabric_key, cache.fabric, cache.view_key, cache.view = fabric_key, fabric, None, None
+        offers = [(n, nodes[n]) for n in view.node_ids]
+        leaf_of: dict[str, str] = {}
+        sharp_leaves: set[str] = set()
+        for h, (n, node) in enumerate(offers):
+            leaf_name = str(view.cluster.leaf_of[h])
+            leaf_of[n] = leaf_name
+            if node.labels.get(inputs.sharp_label, "").lower() == "true":
+                sharp_leaves.add(leaf_name)
+        fabric_key = (tuple(view.node_ids), tuple(view.cluster.leaf_of), tuple(sorted(sharp_leaves)))
+        if cache is not None and cache.fabric is not None and cache.fabric_key == fabric_key:
+            fabric = cache.fabric
+        else:
+            fabric = leaf_fabric(leaf_of, sharp_leaves)
+    if cache is not None and cache.fabric_key != fabric_key:
+        cache.fabric_key, cache.fabric, cache.view_key, cache.view = fabric_key, fabric, None, None
     models = tuple(nodes[n].gpus[0].model if nodes[n].gpus else "" for n in view.node_ids)
     view_key = (fabric_key, models, tuple(view.cluster.capacity), inputs.links_version, inputs.datasets_version)
     telemetry = inputs.telemetry
@@ -315,7 +367,13 @@ def placement_view(ledger: Ledger, view: HostView, inputs: PlacementInputs, cach
         )
         for h, n in enumerate(view.node_ids)
     ]
-    placement = fw.ClusterView(fabric, hosts, link_state=dict(inputs.node_links), datasets=inputs.datasets)
+    placement = fw.ClusterView(
+        fabric,
+        hosts,
+        link_state=dict(inputs.node_links),
+        datasets=inputs.datasets,
+        off_fabric=inputs.fabric is not None,
+    )
     if cache is not None:
         cache.view_key, cache.view = view_key, placement
         cache.lists, cache.inputs_key = lists, inputs_key
@@ -442,23 +500,25 @@ def plan_sites(
     return SitePlan(hosts=hosts, chosen=chosen)
 
 
-def host_view(ledger: Ledger, taken: dict[str, set[int]], leaf_label: str, cache: FreeCache | None = None) -> HostView:
+def host_view(
+    ledger: Ledger, taken: dict[str, set[int]], leaves: LeafSource, cache: FreeCache | None = None
+) -> HostView:
     """Ready nodes in id order; a GPU is free when it is ready, holds no grant and is not taken.
-    `cache` (kept by the caller across cycles, for one `leaf_label`) only saves work: the view is
+    `cache` (kept by the caller across cycles, for one `leaves`) only saves work: the view is
     the same without it."""
     node_ids: list[str] = []
     free_gpus: list[Sequence[int]] = []
     capacity: list[int] = []
     leaf_of: list[int] = []
-    leaves: dict[str, int] = {}
+    numbers: dict[str, int] = {}  # leaf name -> its index
     members: dict[int, int] = {}
     nodes = ledger.nodes
     for node_id in sorted(nodes):
-        offer = offer_of(nodes[node_id], leaf_label, cache)
+        offer = offer_of(nodes[node_id], leaves, cache)
         if not offer.offered:
             continue
         held = taken.get(node_id)
-        leaf = leaves.setdefault(offer.leaf, len(leaves))
+        leaf = numbers.setdefault(offer.leaf, len(numbers))
         members[leaf] = members.get(leaf, 0) + 1
         node_ids.append(node_id)
         free_gpus.append([g for g in offer.free if g not in held] if held else offer.free)
@@ -486,15 +546,15 @@ class Layout:
     pos    node id -> host index (offered nodes only); `taken` the hosts with GPUs in flight last time
     """
 
-    __slots__ = ("base", "ids", "keys", "leaf_label", "nodes", "pos", "taken", "view")
+    __slots__ = ("base", "ids", "keys", "leaves", "nodes", "pos", "taken", "view")
 
-    def __init__(self, ledger: Ledger, leaf_label: str, taken: dict[str, set[int]], cache: FreeCache) -> None:
-        self.leaf_label = leaf_label
-        self.view = host_view(ledger, taken, leaf_label, cache)
+    def __init__(self, ledger: Ledger, leaves: LeafSource, taken: dict[str, set[int]], cache: FreeCache) -> None:
+        self.leaves = leaves
+        self.view = host_view(ledger, taken, leaves, cache)
         nodes = ledger.nodes
         self.ids = sorted(nodes)
         known = [nodes[n] for n in self.ids]
-        self.keys = [_layout_key(node, offer_of(node, leaf_label, cache)) for node in known]
+        self.keys = [_layout_key(node, offer_of(node, leaves, cache)) for node in known]
         self.nodes: list[Node | None] = list(known)
         self.pos = {n: h for h, n in enumerate(self.view.node_ids)}
         self.base: list[Sequence[int]] = [cache[n][1].free for n in self.view.node_ids]
@@ -504,16 +564,18 @@ class Layout:
 _CHUNK = 64
 
 
-def host_view_cached(ledger: Ledger, taken: dict[str, set[int]], leaf_label: str, cache: PlanCache) -> HostView:
-    """`host_view(ledger, taken, leaf_label)`, computed from the last cycle's: only the hosts whose node
+def host_view_cached(ledger: Ledger, taken: dict[str, set[int]], leaves: LeafSource, cache: PlanCache) -> HostView:
+    """`host_view(ledger, taken, leaves)`, computed from the last cycle's: only the hosts whose node
     changed (the ledger replaces a node on every change) or whose GPUs in flight changed are redone,
     and while no node's layout (`_layout_key`) changed the view keeps the same host lists, node ids,
     leaves and capacities (the same list objects, which `placement_view` keys on). Any change of the
     node set or of a layout rebuilds it."""
     st = cache.layout
     nodes = ledger.nodes
-    if st is None or st.leaf_label != leaf_label or len(nodes) != len(st.ids):
-        cache.layout = Layout(ledger, leaf_label, taken, cache.offers)
+    if st is None or not st.leaves.same(leaves) or len(nodes) != len(st.ids):
+        if st is not None and not st.leaves.same(leaves):
+            cache.offers.clear()  # their leaves are the old source's
+        cache.layout = Layout(ledger, leaves, taken, cache.offers)
         return cache.layout.view
     ids, prev, pos, base = st.ids, st.nodes, st.pos, st.base
     current = list(map(nodes.get, ids))
@@ -529,11 +591,11 @@ def host_view_cached(ledger: Ledger, taken: dict[str, set[int]], leaf_label: str
             if node is prev[i]:
                 continue
             if node is None:  # a node left and another came: the node set changed
-                cache.layout = Layout(ledger, leaf_label, taken, cache.offers)
+                cache.layout = Layout(ledger, leaves, taken, cache.offers)
                 return cache.layout.view
-            offer = offer_of(node, leaf_label, cache.offers)
+            offer = offer_of(node, leaves, cache.offers)
             if _layout_key(node, offer) != st.keys[i]:
-                cache.layout = Layout(ledger, leaf_label, taken, cache.offers)
+                cache.layout = Layout(ledger, leaves, taken, cache.offers)
                 return cache.layout.view
             if offer.offered:
                 h = pos[ids[i]]
@@ -576,6 +638,7 @@ def core_job(job: JobRecord, predicted: RuntimeEstimate | None = None) -> Job:
         submit_time=job.submitted_at.timestamp(),
         time_limit_s=job.time_limit_s,
         topology=job.topology,
+        topology_level=job.topology_level,
         predicted=predicted,
     )
 
@@ -704,7 +767,8 @@ def plan_cycle(
 ) -> CyclePlan:
     """Decide one cycle over the live `jobs` on `ledger`; see the module docstring and `PlanCache`.
 
-    `placement`: the framework and what its plugins read (default: the core's `LeafPlacer`).
+    `placement`: the framework and what its plugins read (default: the core's `LeafPlacer`), the
+    published fabric among them (`PlacementInputs.fabric`; `leaf_label` is the fallback while none is).
     `queue_rules`: queue -> its own (policy, cycle config); other queues use `policy`/`config`.
     With several queues waiting, each is decided by its own policy in turn on what the previous
     ones left, the queue whose oldest job has waited longest first (see `cycle_by_queue`).
@@ -712,7 +776,9 @@ def plan_cycle(
     `in_flight`: `taken_in_flight(ledger, jobs)` when the caller keeps it (`InFlight`, `LiveJobs.in_flight`).
     """
     taken = taken_in_flight(ledger, jobs) if in_flight is None else in_flight
-    view = host_view(ledger, taken, leaf_label) if cache is None else host_view_cached(ledger, taken, leaf_label, cache)
+    # The leaf groups of the published fabric when one is in force, else the node label `leaf_label`.
+    leaves = LeafSource(leaf_label, placement.fabric if placement.framework is not None else None)
+    view = host_view(ledger, taken, leaves) if cache is None else host_view_cached(ledger, taken, leaves, cache)
     index = host_index(view.node_ids, cache)
     waiting = [j for j in jobs if j.state == "queued" and (j.not_before is None or j.not_before <= now)]
     running = running_jobs(jobs, index, view.node_ids, config.safety_margin, now.timestamp(), cache)
@@ -767,7 +833,16 @@ def plan_cycle(
     proposals = assign(reply, view, records, index)
     return CyclePlan(
         ledger_version=ledger.version,
-        proposals=with_sharp(proposals, placer) if isinstance(placer, FrameworkPlacer) else proposals,
+        proposals=(
+            with_sharp(
+                proposals,
+                placer,
+                leaves.fabric,
+                SharpTrees(placer.view.index, placement.sharp_limits, placement.sharp_held),
+            )
+            if isinstance(placer, FrameworkPlacer)
+            else proposals
+        ),
         preempted=[(p.job_id, p.for_job_id) for p in reply.preemptions],
         killed=list(reply.kills),
         waiting=waiting_why,
@@ -908,21 +983,33 @@ LEAF_PLACER_NO_SHARP = 'the leaf placer (placement = "leaf") does not place for 
 SINGLE_HOST_NO_SHARP = "single-node job: its reductions stay on NVLink inside the host"
 
 
-def with_sharp(proposals: list[Proposal], placer: FrameworkPlacer) -> list[Proposal]:
-    """The proposals with the framework's SHARP decision and rank order: from the placement it
+def with_sharp(
+    proposals: list[Proposal],
+    placer: FrameworkPlacer,
+    fabric: FabricState | None = None,
+    trees: SharpTrees | None = None,
+) -> list[Proposal]:
+    """The proposals with the framework's SHARP decision, rank order and tier: from the placement it
     admitted for the job (`placer.results`), or decided again on the cycle's fabric when that
-    result is not the start's host set; assignments reordered to the rank order."""
+    result is not the start's host set; assignments reordered to the rank order. `fabric`: the
+    published fabric the cycle decided on (its version goes into every proposal). `trees`: SHARP
+    is on only for the starts whose trees have room, reserved in start order (none: no limit)."""
     out: list[Proposal] = []
-    index = placer.view.index
+    view = placer.view
+    version = fabric.about.version if fabric is not None else None
     for p in proposals:
         result = placer.results.get(p.job_id)
         if result is not None and sorted(result.hosts) == sorted(p.hosts):
             ranked = list(result.hosts)
             decision = SharpDecision(enabled=result.sharp, reason=result.sharp_reason, env=dict(result.nccl_env))
+            tier = result.covering_level
         else:
-            ranked = rank_order(index, p.hosts)
-            covering = index.covering_subtree(ranked) if len(ranked) > 1 else None
-            decision = decide_sharp(index, len(ranked), None, covering)
+            ranked = sorted(p.hosts, key=view.rank_key)
+            covering = view.covering(ranked) if len(ranked) > 1 else None
+            decision = decide_sharp(view.index, len(ranked), None, covering)
+            tier = covering.level if covering is not None else None
+        if trees is not None:
+            decision = trees.reserve(ranked, decision)
         position = {h: i for i, h in enumerate(ranked)}
         assignments = sorted(p.assignments, key=lambda a: position[a.node_id])  # stable: GPU order kept
         out.append(
@@ -933,6 +1020,9 @@ def with_sharp(proposals: list[Proposal], placer: FrameworkPlacer) -> list[Propo
                 sharp=decision.enabled,
                 sharp_reason=decision.reason,
                 nccl_env=decision.env,
+                fabric_version=version,
+                tier=tier if len(ranked) > 1 else None,
+                sharp_tree=decision.tree,
             )
         )
     return out

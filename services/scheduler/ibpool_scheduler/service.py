@@ -22,13 +22,14 @@ import datetime as dt
 import functools
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 from prometheus_client import Counter, Histogram
 
 from ibpool_core.clock import Clock
+from ibpool_core.fabric.view import FabricView
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
@@ -61,6 +62,7 @@ from ibpool_proto.pool import (
 )
 from ibpool_runtime.config import ConfigError
 from ibpool_runtime.consumer import HandlerContext, HandlerFailed, Handoff, Subscription
+from ibpool_runtime.fabric_feed import FabricFeed, load_fabric_file
 from ibpool_runtime.leader import Leadership
 from ibpool_runtime.ledger_replica import LedgerReplica
 from ibpool_runtime.logs import get_logger
@@ -71,7 +73,7 @@ from . import jobs, members, state
 from .config import SchedulerConfig
 from .jobs import JobRecord
 from .node_feed import NodeFeed, telemetry_of
-from .plan import CyclePlan, PlacementInputs, PlanCache, QueueRule, plan_cycle
+from .plan import CyclePlan, LeafSource, PlacementInputs, PlanCache, QueueRule, plan_cycle
 from .predictor import RuntimePredictor, estimates_of, settings_of
 
 log = get_logger(__name__)
@@ -82,6 +84,8 @@ HEALTH_NEWS = (RequeueRequested,)
 # The scheduler's consumers (durable `<durable_prefix>-<name>`) and what each takes.
 NEWS: dict[str, tuple[type[Message], ...]] = {"jobs": JOB_NEWS, "pool": POOL_NEWS, "health": HEALTH_NEWS}
 RETRY_AT_ONCE = ("conflict", "stale")
+# A job holds its SHARP trees from its proposal until it ends or goes back to the queue.
+HOLDS_SHARP = ("proposed", "scheduled", "running")
 # `Transaction.scratch` key: this transaction is a cycle's, handling job news before it plans.
 IN_CYCLE = "scheduler.in_cycle"
 
@@ -213,6 +217,14 @@ class Scheduler:
         self.fairshare = FairShareState()
         self.fairshare_factors: dict[str, float] = {}
         self.nodes = NodeFeed(kit.bus)
+        # The fabric placement decides on: the fabric monitor's published topology, followed live
+        # (or `fabric_file` until one is published); the node labels only while neither is known.
+        self.fabric = FabricView(
+            load_fabric_file(cfg.fabric_file, cfg.fabric_format, service="scheduler") if cfg.fabric_file else None
+        )
+        self.fabric_feed = FabricFeed(
+            kit, self.fabric, fetch_timeout_s=cfg.fabric_fetch_timeout_s, durable_prefix=cfg.durable_prefix
+        )
         self._telemetry: dict[str, tuple[object, Telemetry]] = {}
         self.feed = LedgerReplica(kit.bus, pool_from_seq)
         # Terms are only comparable within one election, so the fencing group defaults to its key.
@@ -291,7 +303,7 @@ class Scheduler:
                 handoff=self.news[name],
             )
 
-        return [sub(name, types) for name, types in NEWS.items()]
+        return [*(sub(name, types) for name, types in NEWS.items()), self.fabric_feed.subscription()]
 
     def takes_news(self, name: str) -> bool:
         """Whether the next cycle will handle news of consumer `name` fetched now: when the config
@@ -666,7 +678,7 @@ class Scheduler:
                 self.cycle_config,
                 self.cfg.leaf_label,
                 self.plan_cache,
-                placement=self.placement_inputs(self.live.tally(), now),
+                placement=self.placement_inputs(self.live.tally(), now, live),
                 queue_rules=self.queue_rules,
                 predictions=estimates_of(self.predictor, live),
                 in_flight=self.live.in_flight(ledger),
@@ -683,19 +695,29 @@ class Scheduler:
         self._fenced_term = term
         return plan
 
-    def placement_inputs(self, tally: state.Tally, now: dt.datetime) -> PlacementInputs:
-        """Fair share brought to `now` (usage of the jobs holding GPUs, `tally`), and what the plugins read."""
+    def placement_inputs(
+        self, tally: state.Tally, now: dt.datetime, live: Sequence[JobRecord] = ()
+    ) -> PlacementInputs:
+        """Fair share brought to `now` (usage of the jobs holding GPUs, `tally`), and what the plugins
+        read; the SHARP trees the `live` jobs hold."""
         if self.fairshare.updated_at == 0.0:
             self.fairshare = FairShareState(updated_at=now.timestamp())
         self.fairshare = accrue(self.fairshare, now.timestamp(), tally.held, self.cfg.fairshare_half_life_s)
         self.fairshare_factors = fairshare_factors(self.fairshare, tally.waiting, self.cfg.fairshare_shares or None)
         if self.framework is None:
             return PlacementInputs(fairshare=self.fairshare_factors)
+        fabric = self.fabric.state
+        if fabric is not None:
+            links, links_version = self.fabric_feed.link_health(), self.fabric_feed.links_version
+        else:  # no fabric yet: the links at each node's own adapters
+            links = self.nodes.node_links(self.fabric_feed.links)
+            links_version = self.fabric_feed.links_version + self.nodes.adapters_version
         return PlacementInputs(
             self.framework,
+            fabric=fabric,
             telemetry=self.telemetry(now),
-            node_links=self.nodes.node_links(),
-            links_version=self.nodes.links_version,
+            node_links=links,
+            links_version=links_version,
             datasets=self.datasets,
             datasets_version=self.datasets_version,
             sharp_label=self.cfg.sharp_label,
@@ -703,7 +725,17 @@ class Scheduler:
             site_transfer_s=self.cfg.site_transfer_s,
             sample=self.cfg.placement_sample,
             fairshare=self.fairshare_factors,
+            sharp_limits=self.cfg.sharp_limits,
+            sharp_held=[
+                j.placement.sharp_tree
+                for j in live
+                if j.placement is not None and j.placement.sharp_tree is not None and j.state in HOLDS_SHARP
+            ],
         )
+
+    def leaf_source(self) -> LeafSource:
+        """Where leaf groups come from now: the published fabric in force, else the `leaf_label` label."""
+        return LeafSource(self.cfg.leaf_label, self.fabric.state if self.framework is not None else None)
 
     def telemetry(self, now: dt.datetime) -> dict[str, Telemetry]:
         """node id -> the placement view of its newest telemetry not older than `telemetry_max_age_s`."""
@@ -793,7 +825,15 @@ class Scheduler:
                 fencing_term=term,
                 on_member_failure=job.on_member_failure if job.hosts > 1 else "restart",
             )
-            placed = jobs.JobPlacement(hosts=p.hosts, sharp=p.sharp, sharp_reason=p.sharp_reason, nccl_env=p.nccl_env)
+            placed = jobs.JobPlacement(
+                hosts=p.hosts,
+                sharp=p.sharp,
+                sharp_reason=p.sharp_reason,
+                nccl_env=p.nccl_env,
+                fabric_version=p.fabric_version,
+                tier=p.tier,
+                sharp_tree=p.sharp_tree,
+            )
             changes[job.job_id] = (job, self.stamped(jobs.proposed(job, cmd.id, p.assignments, term, placed)), [cmd])
         for job_id, why in plan.waiting.items():
             waiting = live.get(job_id)

@@ -23,7 +23,16 @@ from ibpool_scheduler import jobs
 from ibpool_scheduler.api import JobBody, spec_of
 from ibpool_scheduler.config import SchedulerConfig
 from ibpool_scheduler.jobs import JobRecord
-from ibpool_scheduler.plan import CyclePlan, FreeCache, PlanCache, Proposal, host_view, plan_cycle, taken_in_flight
+from ibpool_scheduler.plan import (
+    CyclePlan,
+    FreeCache,
+    LeafSource,
+    PlanCache,
+    Proposal,
+    host_view,
+    plan_cycle,
+    taken_in_flight,
+)
 from ibpool_scheduler.service import Scheduler, record_from_spec, release_id
 
 T0 = dt.datetime(2026, 12, 1, 14, 0, tzinfo=dt.UTC)
@@ -219,7 +228,7 @@ def test_cordoned_and_failed_nodes_are_not_offered() -> None:
         Cordoned(source="f", key="n1", node_id="n1", scope="node", reason="hot"),
         NodeFailed(source="f", key="n2", node_id="n2", reason="silent"),
     )
-    assert host_view(ledger, {}, "ibpool.io/leaf").node_ids == ["n3"]
+    assert host_view(ledger, {}, LeafSource("ibpool.io/leaf")).node_ids == ["n3"]
 
 
 def test_the_free_cache_follows_every_ledger_change() -> None:
@@ -227,7 +236,7 @@ def test_the_free_cache_follows_every_ledger_change() -> None:
 
     cache: FreeCache = {}
     ledger = ledger_of(node("n1", 4), node("n2", 4))
-    assert [list(f) for f in host_view(ledger, {}, "l", cache).free_gpus] == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert [list(f) for f in host_view(ledger, {}, LeafSource("l"), cache).free_gpus] == [[0, 1, 2, 3], [0, 1, 2, 3]]
     unchanged = cache["n2"]
     grant = ProposePlacement(
         source="t",
@@ -240,13 +249,13 @@ def test_the_free_cache_follows_every_ledger_change() -> None:
     )
     for change in (grant, Cordoned(source="f", key="n2", node_id="n2", scope="gpu", gpu_index=3, reason="hot")):
         al.handle(ledger, change, T0)
-        cached = host_view(ledger, {"n2": {0}}, "l", cache)
-        assert cached == host_view(ledger, {"n2": {0}}, "l")  # the cache never changes the view
+        cached = host_view(ledger, {"n2": {0}}, LeafSource("l"), cache)
+        assert cached == host_view(ledger, {"n2": {0}}, LeafSource("l"))  # the cache never changes the view
     assert [list(f) for f in cached.free_gpus] == [[0, 2, 3], [1, 2]]
     assert cache["n2"] is not unchanged  # the cordon replaced n2: recomputed
     al.handle(ledger, node("n3", 2), T0)
     before = cache["n1"]
-    host_view(ledger, {}, "l", cache)
+    host_view(ledger, {}, LeafSource("l"), cache)
     assert cache["n1"] is before  # n1 did not change: reused
 
 

@@ -14,6 +14,7 @@ from ibpool_proto.pool import GpuAssignment, ProposePlacement, ResourceRequest
 from ibpool_runtime.http import BadBody
 from ibpool_scheduler.api import JobBody, spec_of
 from ibpool_scheduler.members import choose_host, replacements_due
+from ibpool_scheduler.plan import LeafSource
 from ibpool_scheduler.service import record_from_spec
 
 from .test_glue import T0, job, ledger_of, node
@@ -69,20 +70,20 @@ def test_replace_on_a_single_host_job_is_refused_with_the_path() -> None:
 
 def test_the_new_host_is_the_best_fit_under_the_members_leaf() -> None:
     ledger = gang_ledger()
-    choice = choose_host(ledger, gang_job(), "a1", {}, LEAF)  # type: ignore[arg-type]
+    choice = choose_host(ledger, gang_job(), "a1", {}, LeafSource(LEAF))
     # a3 (4 GPUs, leaf A) is the tightest fit; b1 is in another leaf, a1 failed, a2 is a member.
     assert choice == [GpuAssignment(node_id="a3", gpu_index=i) for i in range(4)]
 
 
 def test_gpus_taken_in_flight_are_not_offered() -> None:
     ledger = gang_ledger()
-    choice = choose_host(ledger, gang_job(), "a1", {"a3": [0]}, LEAF)  # type: ignore[arg-type]
+    choice = choose_host(ledger, gang_job(), "a1", {"a3": [0]}, LeafSource(LEAF))
     assert choice == [GpuAssignment(node_id="b1", gpu_index=i) for i in range(4)]  # preferred: any leaf next
 
 
 def test_required_topology_never_leaves_the_members_leaves() -> None:
     ledger = gang_ledger()
-    choice = choose_host(ledger, gang_job(topology="required"), "a1", {"a3": [0]}, LEAF)  # type: ignore[arg-type]
+    choice = choose_host(ledger, gang_job(topology="required"), "a1", {"a3": [0]}, LeafSource(LEAF))
     assert (
         choice
         == "no ready host outside the gang has 4 free GPUs under the leaves of its other members (topology required)"
@@ -91,7 +92,7 @@ def test_required_topology_never_leaves_the_members_leaves() -> None:
 
 def test_no_host_fits_says_why() -> None:
     ledger = gang_ledger()
-    choice = choose_host(ledger, gang_job(gpu_model="B200"), "a1", {}, LEAF)  # type: ignore[arg-type]
+    choice = choose_host(ledger, gang_job(gpu_model="B200"), "a1", {}, LeafSource(LEAF))
     assert choice == "no ready host outside the gang has 4 free GPUs of model B200"
 
 
@@ -105,9 +106,9 @@ def test_a_member_of_a_site_bound_gang_is_replaced_only_at_its_site() -> None:
         labels = {**ledger.nodes[n].labels, SITE: site}
         ledger.nodes[n] = msgspec.structs.replace(ledger.nodes[n], labels=labels)
     bound = gang_job(sites=["s1", "s2"], site="s1", topology="preferred")
-    chosen = choose_host(ledger, bound, "a1", {}, LEAF, SITE)  # type: ignore[arg-type]
+    chosen = choose_host(ledger, bound, "a1", {}, LeafSource(LEAF), SITE)
     assert not isinstance(chosen, str) and {a.node_id for a in chosen} == {"a3"}
-    full = choose_host(ledger, bound, "a1", {"a3": range(4)}, LEAF, SITE)  # type: ignore[arg-type]
+    full = choose_host(ledger, bound, "a1", {"a3": range(4)}, LeafSource(LEAF), SITE)
     assert isinstance(full, str) and "at site s1" in full
 
 
@@ -119,10 +120,10 @@ def test_sharp_stays_on_for_a_replacement_under_the_gangs_leaves_only() -> None:
     env = {"NCCL_COLLNET_ENABLE": "1"}
     placed = JobPlacement(hosts=["a1", "a2"], sharp=True, sharp_reason="under a SHARP leaf", nccl_env=env)
     with_sharp = gang_job(placement=placed)
-    assert sharp_after_replacement(ledger, with_sharp, "a3", LEAF) == placed  # type: ignore[arg-type]
-    off = sharp_after_replacement(ledger, with_sharp, "b1", LEAF)  # type: ignore[arg-type]
+    assert sharp_after_replacement(ledger, with_sharp, "a3", LeafSource(LEAF)) == placed
+    off = sharp_after_replacement(ledger, with_sharp, "b1", LeafSource(LEAF))
     assert off is not None and not off.sharp and off.nccl_env == {} and "b1" in off.sharp_reason
-    assert sharp_after_replacement(ledger, gang_job(), "b1", LEAF) is None  # type: ignore[arg-type]
+    assert sharp_after_replacement(ledger, gang_job(), "b1", LeafSource(LEAF)) is None
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
+from ibpool_core.fabric.view import FabricView
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.fairshare import fairshare_factors
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
@@ -16,7 +18,8 @@ from ibpool_core.sched.queueing import make_policy
 from ibpool_proto.fabric import LinkDegraded, LinkRecovered
 from ibpool_proto.node import GpuSample, HcaPort, HcaPortsReported, NodeRegistered, TelemetryReported
 from ibpool_runtime.clock import SystemClock
-from ibpool_runtime.config import ConfigError, load_config
+from ibpool_runtime.config import BaseConfig, ConfigError, load_config
+from ibpool_runtime.fabric_feed import FabricFeed
 from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit
 from ibpool_scheduler import jobs
@@ -169,6 +172,16 @@ def test_two_queues_share_the_capacity_of_one_cycle_without_double_booking() -> 
 # -- telemetry and links -----------------------------------------------------------------------------
 
 
+def kit(name: str) -> Kit[Any]:
+    return Kit(
+        name=name,
+        config=BaseConfig(instance="unit"),
+        bus=None,  # type: ignore[arg-type]
+        store=None,  # type: ignore[arg-type]
+        metrics=ServiceMetrics(name),
+    )
+
+
 def test_telemetry_of_a_sample_and_link_states_per_node() -> None:
     sample = TelemetryReported(
         source="t",
@@ -192,13 +205,14 @@ def test_telemetry_of_a_sample_and_link_states_per_node() -> None:
     )
     link = "0xaa:1-0xbb:7"
     assert link_guids(link) == ("0xaa", "0xbb")
-    feed.on_message(LinkDegraded(source="f", key=link, link_id=link, topology_version=1, occurred_at=T0))
-    assert feed.node_links() == {"n1": "degraded"}
+    links = FabricFeed(kit("scheduler"), FabricView(), fetch_timeout_s=1.0, durable_prefix="scheduler")
+    links.on_link(LinkDegraded(source="f", key=link, link_id=link, topology_version=1, occurred_at=T0))
+    assert feed.node_links(links.links) == {"n1": "degraded"}
     later = T0 + dt.timedelta(seconds=5)
-    feed.on_message(
+    links.on_link(
         LinkRecovered(source="f", key=link, link_id=link, topology_version=1, problem="errors", occurred_at=later)
     )
-    assert feed.node_links() == {}
+    assert feed.node_links(links.links) == {}
 
 
 def test_a_new_leader_seeds_fair_share_from_the_job_history() -> None:

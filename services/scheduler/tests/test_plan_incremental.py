@@ -21,6 +21,7 @@ from ibpool_scheduler import jobs
 from ibpool_scheduler.jobs import JobRecord
 from ibpool_scheduler.plan import (
     InFlight,
+    LeafSource,
     PlacementInputs,
     PlanCache,
     host_view,
@@ -70,8 +71,8 @@ def test_the_cached_host_view_is_the_host_view_through_every_kind_of_change() ->
     for change, taken in steps:
         if change is not None:
             al.handle(ledger, change, T0)  # type: ignore[arg-type]
-        fast = host_view_cached(ledger, taken, LEAF, cache)
-        assert fast == host_view(ledger, taken, LEAF)
+        fast = host_view_cached(ledger, taken, LeafSource(LEAF), cache)
+        assert fast == host_view(ledger, taken, LeafSource(LEAF))
         if previous is not None and fast.node_ids is previous.node_ids:
             kept_lists += 1
         previous = fast

@@ -12,7 +12,7 @@ from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.framework import Framework, build_profile
 from ibpool_core.sched.framework_placer import FrameworkPlacer, leaf_fabric
 from ibpool_core.sched.queueing import make_policy
-from ibpool_core.sched.sharp import SHARP_NCCL_ENV
+from ibpool_core.sched.sharp import SHARP_NCCL_ENV, SharpTree
 from ibpool_proto.node import NodeRegistered
 from ibpool_proto.pool import GpuAssignment, WorkloadSpec
 from ibpool_scheduler import jobs
@@ -121,7 +121,15 @@ def test_the_proposed_workload_gets_the_placement_env_and_the_job_keeps_its_own(
 
 
 def test_the_record_keeps_the_placement_until_the_job_goes_back_to_the_queue() -> None:
-    placed = JobPlacement(hosts=["n2", "n1"], sharp=True, sharp_reason="every switch ...", nccl_env=SHARP_NCCL_ENV)
+    placed = JobPlacement(
+        hosts=["n2", "n1"],
+        sharp=True,
+        sharp_reason="every switch ...",
+        nccl_env=SHARP_NCCL_ENV,
+        fabric_version=3,
+        tier=1,
+        sharp_tree=SharpTree(trees=1, switches=("0xa",), cables=("n1/0~0xa", "n2/0~0xa")),
+    )
     j = jobs.proposed(job("g", 8, hosts=2), "p1", [], 1, placed)
     assert j.placement == placed
     granted = jobs.granted(j, "p1", ["n2", "n1"], T0)
@@ -131,6 +139,9 @@ def test_the_record_keeps_the_placement_until_the_job_goes_back_to_the_queue() -
         "sharp": True,
         "sharp_reason": "every switch ...",
         "nccl_env": {"NCCL_COLLNET_ENABLE": "1", "SHARP_COLL_ENABLE_SAT": "1"},
+        "fabric_version": 3,
+        "tier": 1,
+        "sharp_tree": {"trees": 1, "switches": ("0xa",), "cables": ("n1/0~0xa", "n2/0~0xa")},
     }
     assert view["hosts"] == ["n2", "n1"]
     assert jobs.finished(granted, "completed", "done", T0).placement == placed

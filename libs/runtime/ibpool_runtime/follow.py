@@ -1,0 +1,77 @@
+"""Following state that the newest message replaces: from the last message of every subject on.
+
+Heartbeats, telemetry and link verdicts are state, not history: what a follower needs is the newest
+message of each subject, then every new one. `follow_latest` reads them with an ephemeral pull
+consumer (`LAST_PER_SUBJECT`, no acks, gone `inactive_s` after the follower stops), so a restart
+never replays a backlog that would make live nodes look silent while it is read. A consumer the
+server dropped (a reconnect, inactivity) is made again; a message that does not decode is logged
+and skipped. One loop for every such follower (the scheduler's node and fabric news, the failover
+controller's beats).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import nats.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from ibpool_proto import DecodeError, decode
+
+from .bus import Bus
+from .logs import get_logger
+from .service import sleep_unless_stopped
+from .streams import stream_for_subject
+
+log = get_logger(__name__)
+
+BATCH = 512
+INACTIVE_S = 10.0
+
+
+async def follow_latest(
+    bus: Bus,
+    pattern: str,
+    stop: asyncio.Event,
+    handle: Callable[[object], None],
+    *,
+    batch: int = BATCH,
+    inactive_s: float = INACTIVE_S,
+) -> None:
+    """Call `handle` with every decoded message of `pattern`, from the newest of each subject on,
+    until `stop` is set or the connection closes. `handle` must not block (it runs on the loop)."""
+    sub = None
+    while not stop.is_set():
+        try:
+            if sub is None:
+                sub = await bus.js.pull_subscribe(
+                    pattern,
+                    stream=stream_for_subject(pattern),
+                    config=ConsumerConfig(
+                        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                        ack_policy=AckPolicy.NONE,
+                        inactive_threshold=inactive_s,
+                    ),
+                )
+            msgs = await sub.fetch(batch, timeout=0.5)
+        except (nats.errors.TimeoutError, TimeoutError):
+            continue
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+            break
+        except Exception as e:  # the server dropped the consumer (reconnect, inactivity): start anew
+            log.warning("following failed; resubscribing", subject=pattern, error=str(e) or type(e).__name__)
+            sub = None
+            await sleep_unless_stopped(stop, 0.5)
+            continue
+        for m in msgs:
+            try:
+                message = decode(m.data)
+            except DecodeError as e:
+                log.warning("undecodable message dropped", subject=m.subject, error=str(e))
+                continue
+            handle(message)
+    if sub is not None:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
