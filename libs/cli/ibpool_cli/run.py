@@ -351,14 +351,25 @@ def _allocation_asks(seed: int) -> list[dict[str, object]]:
     return asks
 
 
+# The scheduler's gang that no leaf group of the fabric can hold (5 hosts, groups of 4): it must wait.
+NEVER_FITS_JOB = "wide-gang"
+
+
 def _scheduler_jobs(seed: int) -> list[dict[str, object]]:
-    """The mixed workload submitted to the scheduler: a 2-host training gang, small jobs, inference slices."""
+    """The mixed workload submitted to the scheduler: gangs with required topology constraints (a
+    2-host training gang under one leaf group, a 6-host one under one spine group, and a 5-host one
+    under one leaf group that never fits and must wait), small jobs, inference slices."""
     rng = random.Random(seed + 1)
 
     def job(name: str, runtime: float, **shape: object) -> dict[str, object]:
         return {"id": name, "name": name, "tenant": "team-a", "workload": {"simulated_runtime_s": runtime}} | shape
 
-    jobs = [job("train-gang", rng.uniform(3, 5), nodes=2, gpus_per_node=8, priority=10)]
+    def tier(level: int) -> dict[str, object]:
+        return {"topology": {"constraint": "required", "level": level}}
+
+    jobs = [job("train-gang", rng.uniform(3, 5), nodes=2, gpus_per_node=8, priority=10, **tier(1))]
+    jobs += [job("spine-gang", rng.uniform(3, 5), nodes=6, gpus_per_node=2, **tier(2))]
+    jobs += [job(NEVER_FITS_JOB, 60.0, nodes=5, gpus_per_node=1, **tier(1))]
     jobs += [job(f"small-{i}", rng.uniform(2, 4), gpus=rng.choice((1, 2, 4))) for i in range(4)]
     jobs += [job(f"infer-{i}", rng.uniform(2, 4), fraction=0.25, memory_mib=10_000) for i in range(2)]
     return jobs
@@ -370,6 +381,65 @@ async def _submit_jobs(http: aiohttp.ClientSession, url: str, seed: int) -> int:
         async with http.post(f"{url}/v1/jobs", json=body) as r:
             accepted += r.status in (200, 201, 202)
     return accepted
+
+
+@dataclass
+class GangsSeen:
+    """Every multi-node placement of the scheduler (GET /v1/jobs), checked against the fabric
+    monitor's topology: the tier of the smallest switch group holding its hosts
+    (`FabricIndex.covering_subtree`) against the tier its job required, and whether a placement
+    with SHARP holds SHARP trees."""
+
+    placed: int = 0
+    # job id -> (required tier or None, the tier its hosts are under or None, the fabric version it was decided on)
+    tiers: dict[str, tuple[int | None, int | None, int | None]] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    sharp: int = 0
+    sharp_without_trees: list[str] = field(default_factory=list)
+    # the gang that must wait: its state and reason when last read
+    waiting: tuple[str, str] | None = None
+
+    def tiers_line(self) -> str:
+        parts = [
+            f"{j}: tier {got}" + (f" (required {want})" if want is not None else "")
+            for j, (want, got, _) in sorted(self.tiers.items())
+        ]
+        return ", ".join(parts) or "-"
+
+
+async def _read_gangs(http: aiohttp.ClientSession, sched_url: str, fabric_url: str) -> GangsSeen | None:
+    """`GangsSeen` of every job the scheduler knows (live or ended); None when either service does not answer."""
+    try:
+        async with http.get(f"{fabric_url}/v1/topology", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            topology = msgspec.json.decode(await r.read(), type=Topology)
+        async with http.get(f"{sched_url}/v1/jobs?limit=10000", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            jobs = (await r.json()) if r.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError):
+        return None
+    if jobs is None:
+        return None
+    index = FabricIndex(topology)
+    known = set(index.hosts)
+    seen = GangsSeen()
+    for job in jobs:
+        if job["job_id"] == NEVER_FITS_JOB:
+            seen.waiting = (job["state"], job["reason"])
+        placement = job.get("placement")
+        hosts = placement["hosts"] if placement else []
+        if len(hosts) < 2:
+            continue
+        seen.placed += 1
+        cover = index.covering_subtree(hosts) if set(hosts) <= known else None
+        got = cover.level if cover is not None else None
+        want = job["topology_level"] if job["topology"] == "required" else None
+        seen.tiers[job["job_id"]] = (want, got, placement.get("fabric_version"))
+        if want is not None and (got is None or got > want):
+            seen.violations.append(f"{job['job_id']} on {','.join(hosts)}: tier {got}, required {want}")
+        if placement["sharp"]:
+            seen.sharp += 1
+            if not placement.get("sharp_tree") or not placement.get("nccl_env"):
+                seen.sharp_without_trees.append(job["job_id"])
+    return seen
 
 
 @dataclass
@@ -439,11 +509,14 @@ class SchedulerSeen:
     last_order: str = ""
 
     def queue_lines(self) -> str:
-        return "; ".join(
-            f"{q['queue']} ({q['policy']}, {q['backfill']}): queued {q['queued']}, "
-            f"running {q['proposed'] + q['scheduled'] + q['running']} ({q['running_gpus']} GPUs)"
-            for q in self.queues
-        ) or "-"
+        return (
+            "; ".join(
+                f"{q['queue']} ({q['policy']}, {q['backfill']}): queued {q['queued']}, "
+                f"running {q['proposed'] + q['scheduled'] + q['running']} ({q['running_gpus']} GPUs)"
+                for q in self.queues
+            )
+            or "-"
+        )
 
     def decision(self) -> str:
         return f"{self.cycles} cycles, the last ordered by {self.last_order or '-'}"
@@ -716,6 +789,10 @@ async def _scenario(
             except TimeoutError:
                 pass
         live.update(_view(obs, nodes, "stopping", pool, sched))
+    gangs = await _read_gangs(http, by_name["scheduler"].url, by_name["fabric_monitor"].url) if asked else None
+    if asked:  # the gang that must wait is cancelled, so the scheduler stops with nothing queued
+        async with http.delete(f"{by_name['scheduler'].url}/v1/jobs/{NEVER_FITS_JOB}") as r:
+            await r.read()
     ramp_stop.set()
     if ramp_task is not None:
         await ramp_task
@@ -730,7 +807,7 @@ async def _scenario(
     await http.close()
     await bus.close()
     await nc.drain()
-    return _summary(console, obs, args, pool, plan, services, submitted)
+    return _summary(console, obs, args, pool, plan, services, submitted, gangs)
 
 
 def _summary(
@@ -741,6 +818,7 @@ def _summary(
     plan: FaultPlan | None,
     services: list[ServiceProcess],
     submitted: int = 0,
+    gangs: GangsSeen | None = None,
 ) -> int:
     t = Table(title="ibpool run: summary")
     t.add_column("check")
@@ -749,6 +827,8 @@ def _summary(
     first = obs.all_heartbeating_after
     hb = obs.by_type.get(NodeHeartbeat.ce_type(), 0)
     topo = obs.topology
+    should_complete = {str(j["id"]) for j in _scheduler_jobs(0)} - {NEVER_FITS_JOB}
+    completed = sum(1 for j in should_complete if obs.jobs_finished.get(j) == "completed")
     checks = [
         ("nodes registered", f"{len(obs.registered)}/{args.nodes + 1}", len(obs.registered) == args.nodes + 1),
         (
@@ -792,10 +872,29 @@ def _summary(
             bool(obs.elastic_sizes) and max(obs.elastic_sizes) > DEMO_ELASTIC_JOB["min_workers"],  # type: ignore[operator]
         ),
         (
-            "jobs submitted to the scheduler (a 2-host gang, small jobs, inference slices) completed",
-            f"{sum(1 for v in obs.jobs_finished.values() if v == 'completed')} of {submitted}",
-            submitted == len(_scheduler_jobs(0))
-            and sum(1 for v in obs.jobs_finished.values() if v == "completed") == submitted,
+            "jobs submitted to the scheduler (gangs, small jobs, inference slices) completed, all but the waiting one",
+            f"{completed} of {len(should_complete)}",
+            submitted == len(_scheduler_jobs(0)) and completed == len(should_complete),
+        ),
+        (
+            "every multi-node placement within its required tier of the published fabric",
+            "-" if gangs is None else f"{gangs.placed} placed: {gangs.tiers_line()}",
+            gangs is not None and gangs.placed >= 2 and not gangs.violations,
+        ),
+        (
+            f"{NEVER_FITS_JOB} (5 hosts, required under one leaf group of 4) waits, saying the tier",
+            "-" if gangs is None or gangs.waiting is None else f"{gangs.waiting[0]}: {gangs.waiting[1]}",
+            gangs is not None
+            and gangs.waiting is not None
+            and gangs.waiting[0] == "queued"
+            and "leaf group (tier 1)" in gangs.waiting[1],
+        ),
+        (
+            "placements with SHARP hold SHARP trees and carry NCCL's settings",
+            "-"
+            if gangs is None
+            else f"{gangs.sharp} with SHARP" + "".join(f", {j} without" for j in gangs.sharp_without_trees),
+            gangs is not None and gangs.sharp >= 1 and not gangs.sharp_without_trees,
         ),
         (
             "jobs exited by reason (an OOM over its slice, one released while running)",
