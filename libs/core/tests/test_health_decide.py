@@ -502,3 +502,51 @@ def test_telemetry_is_judged_once_but_a_reregistration_with_its_clock_stepped_ba
     c.notes.clear()
     c.apply([telemetry("n0", 20.0, 2, xids=[13])])
     assert any("XID 13" in n for n in c.notes), c.notes
+
+
+def lagging_run(
+    nodes: list[str], lag_s: float, told: bool, dead: dict[str, float], until: float
+) -> list[tuple[float, Event]]:
+    """A controller that reads every heartbeat `lag_s` after it was sent (it has fallen behind its
+    input), ticking every 0.25 s; `told`: it passes its lag to decide (as the service measures it).
+    `dead`: node -> when it stops beating."""
+    state = decide(
+        FailoverRequest(
+            state=HealthState(), now=at(0.0), observations=[registered(n, 0.0) for n in nodes], config=CONFIG
+        )
+    ).state
+    log: list[tuple[float, Event]] = []
+    t, sent_until = 0.0, -1.0
+    while t < until:
+        t = round(t + 0.25, 6)
+        readable = t - lag_s  # beats sent up to here have been read by now
+        obs: list[Observation] = []
+        k = sent_until + 1.0
+        while k <= readable:
+            obs += [beat(n, k) for n in nodes if k < dead.get(n, float("inf"))]
+            sent_until, k = k, k + 1.0
+        reply = decide(
+            FailoverRequest(state=state, now=at(t), observations=obs, config=CONFIG, beats_lag_s=lag_s if told else 0.0)
+        )
+        state = reply.state
+        log += [(t, e) for e in reply.events]
+    return log
+
+
+def test_a_controller_behind_its_beats_fails_no_healthy_node_and_fails_a_dead_one_after_reading_its_silence() -> None:
+    nodes = [f"n{i:02d}" for i in range(20)]
+    # Not told of its lag (the defect): 4 s behind, every healthy node looks silent (here the
+    # split-brain guard holds the failures back; with the lag spread over nodes, as at scale, it does not).
+    blind = lagging_run(nodes, lag_s=4.0, told=False, dead={}, until=12.0)
+    assert {e.node_id for _, e in blind if isinstance(e, NodeSuspected)} == set(nodes)
+    assert any(isinstance(e, ClusterDegraded) for _, e in blind)
+    # Told: nothing happens to healthy nodes, however far behind it is.
+    for lag in (0.0, 1.5, 4.0, 10.0):
+        assert lagging_run(nodes, lag_s=lag, told=True, dead={}, until=20.0) == [], lag
+    # A node that really stops at t=5 (last beat t=4) is failed, once: 3 s of silence the controller has read.
+    log = lagging_run(nodes, lag_s=4.0, told=True, dead={"n07": 5.0}, until=20.0)
+    failed = [(t, e) for t, e in log if isinstance(e, NodeFailed)]
+    assert [e.node_id for _, e in failed] == ["n07"]  # type: ignore[attr-defined]
+    ((t_failed, _),) = failed
+    assert 4.0 + 3.0 + 4.0 <= t_failed <= 4.0 + 3.0 + 4.0 + 0.5
+    assert all(getattr(e, "node_id", "n07") == "n07" for _, e in log)

@@ -4,21 +4,24 @@ Heartbeats, telemetry and link verdicts are state, not history: what a follower 
 message of each subject, then every new one. `follow_latest` reads them with an ephemeral pull
 consumer (`LAST_PER_SUBJECT`, no acks, gone `inactive_s` after the follower stops), so a restart
 never replays a backlog that would make live nodes look silent while it is read. A consumer the
-server dropped (a reconnect, inactivity) is made again; a message that does not decode is logged
-and skipped. One loop for every such follower (the scheduler's node and fabric news, the failover
-controller's beats).
+server dropped (a reconnect, inactivity) is made again; a message that does not decode, or whose
+subject is not the one its type and key build (`ibpool_proto.misaddressed`), is logged and skipped.
+One loop for every such follower (the scheduler's node and fabric news, the failover controller's
+beats).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 
 import nats.errors
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from ibpool_proto import DecodeError, decode
+from ibpool_proto import DecodeError, decode, misaddressed
 
 from .bus import Bus
 from .logs import get_logger
@@ -39,11 +42,18 @@ async def follow_latest(
     *,
     batch: int = BATCH,
     inactive_s: float = INACTIVE_S,
+    progress: Callable[[float], None] | None = None,
 ) -> None:
     """Call `handle` with every decoded message of `pattern`, from the newest of each subject on,
-    until `stop` is set or the connection closes. `handle` must not block (it runs on the loop)."""
+    until `stop` is set or the connection closes. `handle` must not block (it runs on the loop).
+
+    `progress(t)`, after each fetch: every message stored before `t` (POSIX seconds, wall clock)
+    has been handed to `handle`. When the consumer had nothing more pending, `t` is when the fetch
+    was asked for; while it is behind, `t` is when the last message it handed over was stored, so a
+    follower that falls behind its input knows by how much (its lag: now - t)."""
     sub = None
     while not stop.is_set():
+        asked = time.time()
         try:
             if sub is None:
                 sub = await bus.js.pull_subscribe(
@@ -57,6 +67,8 @@ async def follow_latest(
                 )
             msgs = await sub.fetch(batch, timeout=0.5)
         except (nats.errors.TimeoutError, TimeoutError):
+            if progress is not None and sub is not None:
+                progress(asked)  # nothing came for a whole fetch: nothing was pending when it was asked
             continue
         except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
             break
@@ -71,7 +83,25 @@ async def follow_latest(
             except DecodeError as e:
                 log.warning("undecodable message dropped", subject=m.subject, error=str(e))
                 continue
+            wrong = misaddressed(message, m.subject, (m.headers or {}).get("ce-type"))
+            if wrong is not None:
+                log.warning("misaddressed message dropped", subject=m.subject, error=wrong)
+                continue
             handle(message)
+        if progress is not None and msgs:
+            progress(_read_until(msgs[-1], asked))
     if sub is not None:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+def _read_until(last: Msg, asked: float) -> float:
+    """What `progress` is told after a batch ending with `last`: `asked` when nothing was pending
+    after it, else when `last` was stored (`asked` at most)."""
+    try:
+        meta = last.metadata
+    except Exception:  # no JetStream metadata: claim no progress beyond what is certain
+        return 0.0
+    if meta.num_pending == 0:
+        return asked
+    return min(asked, meta.timestamp.timestamp())

@@ -24,7 +24,7 @@ from collections import deque
 
 import aiohttp
 import msgspec
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -85,6 +85,9 @@ class FailoverController:
             raise ConfigError(f"invalid failover_controller config: {e}") from None
         self.state = HealthState()
         self.beats: dict[str, NodeHeartbeat] = {}
+        # Every heartbeat stored before this wall-clock time has been read (`follow_latest`'s progress):
+        # a tick judges silence only up to there, so its own lag never fails a node.
+        self.beats_heard_at = self.buffer_heard_at = time.time()
         self.samples: deque[TelemetryReported] = deque(maxlen=TELEMETRY_BUFFER)
         self.ticks = 0
         self.deciding = False
@@ -102,6 +105,11 @@ class FailoverController:
             "Lock, read pending observations, decide and write one tick",
             registry=registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+        )
+        self.beats_lag = Gauge(
+            "ibpool_failover_beats_lag_seconds",
+            "How far behind the reading of heartbeats was at the last tick (silence is judged up to there)",
+            registry=registry,
         )
         registry.register(_HealthCollector(self))
 
@@ -125,12 +133,26 @@ class FailoverController:
             if isinstance(message, NodeHeartbeat | TelemetryReported):
                 self.on_beat(message)
 
+        def heard(until: float) -> None:
+            self.beats_heard_at = max(self.beats_heard_at, until)
+
         await asyncio.gather(
             *(
-                follow_latest(self.kit.bus, kind.subject_pattern(), stop, on_message, batch=BEAT_BATCH)
+                follow_latest(
+                    self.kit.bus,
+                    kind.subject_pattern(),
+                    stop,
+                    on_message,
+                    batch=BEAT_BATCH,
+                    progress=heard if kind is NodeHeartbeat else None,
+                )
                 for kind in BEATS
             )
         )
+
+    def beats_lag_s(self) -> float:
+        """How far behind the heartbeats of the last `take_buffer` are now (0: caught up)."""
+        return max(0.0, time.time() - self.buffer_heard_at)
 
     def on_beat(self, message: NodeHeartbeat | TelemetryReported) -> None:
         match message:
@@ -163,9 +185,12 @@ class FailoverController:
         log.info("link map updated", version=published.version, links=len(targets))
 
     def take_buffer(self) -> list[Observation]:
+        """The beats and samples read since the last take; `buffer_heard_at` is when they were
+        complete up to (what `beats_lag_s` measures from)."""
         beats: list[Observation] = [*self.samples, *self.beats.values()]
         self.samples.clear()
         self.beats = {}
+        self.buffer_heard_at = self.beats_heard_at
         return beats
 
     def give_back(self, buffered: list[Observation]) -> None:
@@ -213,7 +238,13 @@ class FailoverController:
                 base = with_topology(base, newer[1], newer[0])
             pending, last_seq = await state.take_pending(tx.conn)
             now = self.clock.now()
-            reply = decide(FailoverRequest(state=base, now=now, observations=[*pending, *buffered], config=self.core))
+            lag = self.beats_lag_s()
+            self.beats_lag.set(lag)
+            reply = decide(
+                FailoverRequest(
+                    state=base, now=now, observations=[*pending, *buffered], config=self.core, beats_lag_s=lag
+                )
+            )
             if last_seq is not None:
                 await state.drop_pending(tx.conn, last_seq)
             due = time.monotonic() - self._last_save >= SAVE_EVERY_S

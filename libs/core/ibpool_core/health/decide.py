@@ -33,6 +33,10 @@ Verdicts and their actions:
   heartbeat window. A telemetry sample not newer than the newest one judged for its node is a replay
   (the telemetry consumer starts again at the newest sample of every node) and is not judged twice, so
   an XID an operator already dealt with does not fail the GPU or node again.
+- Lag: a heartbeat is judged missing only up to the time the controller has read every heartbeat
+  stored before (`now - beats_lag_s`): a controller that falls behind its input sees nodes late by
+  its own lag, not by theirs, so it never suspects or fails a node on the strength of heartbeats it
+  has not read yet (the silence it can vouch for is what counts).
 - Split brain: heartbeat failures are declared only while the failed nodes stay within
   `max(min_failed_allowed, floor(max_failed_fraction * nodes))`. Past that, nothing is failed, the
   unreachable nodes stay suspected and ClusterDegraded is raised (once); ClusterRestored when the
@@ -200,10 +204,15 @@ class FailoverConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class FailoverRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """`beats_lag_s`: how far behind the controller's reading of heartbeats is: every heartbeat
+    stored before `now - beats_lag_s` has been observed (0: it is caught up). Silence is judged up
+    to that time only."""
+
     state: HealthState
     now: dt.datetime
     observations: list[Observation] = []
     config: FailoverConfig = msgspec.field(default_factory=FailoverConfig)
+    beats_lag_s: float = 0.0
 
 
 class FailoverReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -260,6 +269,8 @@ class _Decision:
         s = request.state
         self.cfg = request.config
         self.now = request.now
+        # Up to when every heartbeat has been read: silence is judged against this, not `now`.
+        self.heard = request.now - dt.timedelta(seconds=max(0.0, request.beats_lag_s))
         self.nodes = dict(s.nodes)
         self.links = s.links
         self.topology_version = s.topology_version
@@ -599,7 +610,7 @@ class _Decision:
     # -- the clock -------------------------------------------------------------------------------
 
     def judge_nodes(self) -> None:
-        cfg, now = self.cfg, self.now
+        cfg, now, heard = self.cfg, self.now, self.heard
         for node_id, left in list(self.departed.items()):
             if (now - left).total_seconds() > cfg.flap_memory_s:
                 del self.departed[node_id]
@@ -623,12 +634,12 @@ class _Decision:
                 cutoff = on_time_after.get(n.interval_s)
                 if cutoff is None:
                     late_after = cfg.heartbeat.suspect_after_intervals * n.interval_s
-                    cutoff = on_time_after[n.interval_s] = now - dt.timedelta(seconds=late_after)
+                    cutoff = on_time_after[n.interval_s] = heard - dt.timedelta(seconds=late_after)
                 if last_beat >= cutoff:
                     continue
             n = self.lift_gpu_cordons(n)
-            live = liveness(last_beat, n.interval_s, now, cfg.heartbeat)
-            gap = (now - last_beat).total_seconds()
+            live = liveness(last_beat, n.interval_s, heard, cfg.heartbeat)
+            gap = (heard - last_beat).total_seconds()
             if live != "alive" and n.status == "healthy":
                 n = self.suspect(n, f"no heartbeat for {gap:.1f}s (interval {n.interval_s:g}s)")
             if live == "lost" and n.status == "suspect":
@@ -678,7 +689,7 @@ class _Decision:
                 )
             return
         for n in lost:
-            gap = (self.now - n.last_beat).total_seconds() if n.last_beat is not None else math.inf
+            gap = (self.heard - n.last_beat).total_seconds() if n.last_beat is not None else math.inf
             self.fail_node(n.node_id, f"no heartbeat for {gap:.1f}s")
         if self.degraded:
             self.degraded = False
