@@ -4,7 +4,17 @@ Every event, command and HTTP body is a frozen, keyword-only msgspec Struct. Bus
 tagged with their CloudEvents type and grouped by domain: node, fabric, pool, job, scale, health.
 """
 
-from .codec import ALL_MESSAGES, MESSAGES_BY_CE_TYPE, AnyMessage, DecodeError, decode, decode_as, domains, encode
+from .codec import (
+    ALL_MESSAGES,
+    MESSAGES_BY_CE_TYPE,
+    AnyMessage,
+    DecodeError,
+    decode,
+    decode_as,
+    domains,
+    encode,
+    misaddressed,
+)
 from .message import Command, Event, Message, new_id, parse_ce_type, utc_now
 
 __all__ = [
@@ -19,6 +29,7 @@ __all__ = [
     "decode_as",
     "domains",
     "encode",
+    "misaddressed",
     "new_id",
     "parse_ce_type",
     "utc_now",

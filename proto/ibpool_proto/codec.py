@@ -126,6 +126,22 @@ def decode(data: bytes) -> AnyMessage:
     return _decoder.decode(data)
 
 
+def misaddressed(message: Message, subject: str, ce_type: str | None = None) -> str | None:
+    """Why `message` may not be taken from `subject`, or None when it may: the subject must be
+    exactly the one its type and key build (`Message.subject_of`), so a body of one type published
+    on another type's subject (which a publisher may be allowed to use) is refused, whatever the
+    subscription; `ce_type`, the `ce-type` header when there is one, must name the body's type."""
+    try:
+        built = message.subject_of()
+    except ValueError as e:
+        return f"a {type(message).__name__} whose key cannot be a subject: {e}"
+    if built != subject:
+        return f"a {type(message).__name__} on {subject}; its type and key build {built}"
+    if ce_type is not None and ce_type != message.ce_type():
+        return f"a {type(message).__name__} body with header ce-type {ce_type}"
+    return None
+
+
 def decode_as(data: bytes, message_type: type[M]) -> M:
     return msgspec.json.decode(data, type=message_type)
 

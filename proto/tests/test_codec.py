@@ -202,3 +202,19 @@ def test_naive_timestamps_are_rejected_on_decode() -> None:
 def test_ce_type_parts_must_be_lower_case_names(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_ce_type(bad)
+
+
+def test_a_message_is_taken_only_from_the_subject_its_type_and_key_build() -> None:
+    from ibpool_proto import misaddressed
+    from ibpool_proto.job import CancelJob
+
+    cancel = CancelJob(source="t", key="j1", job_id="j1")
+    assert misaddressed(cancel, "ibpool.job.job.cancel.j1") is None
+    assert misaddressed(cancel, "ibpool.job.job.cancel.j1", cancel.ce_type()) is None
+    assert "its type and key build ibpool.job.job.cancel.j1" in (misaddressed(cancel, "ibpool.job.job.cancel.j2") or "")
+    assert "a CancelJob on ibpool.node.node.registered.n1" in (
+        misaddressed(cancel, "ibpool.node.node.registered.n1") or ""
+    )
+    assert "header ce-type" in (misaddressed(cancel, "ibpool.job.job.cancel.j1", "io.ibpool.job.job.submit.v1") or "")
+    bad_key = CancelJob(source="t", key="a b", job_id="x")
+    assert "cannot be a subject" in (misaddressed(bad_key, "ibpool.job.job.cancel.a b") or "")

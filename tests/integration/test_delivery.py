@@ -10,7 +10,8 @@ import msgspec
 import pytest
 
 from ibpool_proto import new_id
-from ibpool_proto.job import CancelJob
+from ibpool_proto.job import CancelJob, JobSpec, SubmitJob
+from ibpool_proto.pool import ResourceRequest
 from ibpool_runtime.bus import Bus, envelope_headers
 from ibpool_runtime.config import BaseConfig
 from ibpool_runtime.consumer import Consumer, ConsumerSettings, HandlerContext, HandlerFailed, Handoff, Subscription
@@ -295,3 +296,47 @@ async def test_inbox_rows_past_the_retention_are_pruned_by_the_running_service(b
         assert await store.pool.fetchval("SELECT count(*) FROM inbox") == 1
     finally:
         await service.stop()
+
+
+async def test_a_body_on_another_types_subject_or_key_is_dead_lettered_before_any_handler(
+    bus: Bus, store: Store
+) -> None:
+    """Subject and type are one: what a publisher may send on a subject it is allowed to use is only
+    the message that subject is for (a stolen credential cannot pass one command off as another)."""
+    await effects_table(store)
+    job, other = f"job-{uuid.uuid4().hex[:8]}", f"other-{uuid.uuid4().hex[:8]}"
+    recorder = Recorder()
+    consumer, stop, task = await start_consumer(bus, store, recorder, [job], batch=8)
+    crafted = [
+        # another type's body on this consumer's subject (the type tag decides the decoding)
+        SubmitJob(
+            source="attacker",
+            key=job,
+            job_id=job,
+            spec=JobSpec(name="x", tenant="t", request=ResourceRequest(kind="whole")),
+        ),
+        # the right type, but naming another job than its subject's key
+        CancelJob(source="attacker", key=other, job_id=other, reason="x"),
+    ]
+    for m in crafted:
+        await bus.js.publish(CancelJob.subject(job), msgspec.json.encode(m), headers={"Nats-Msg-Id": new_id()})
+    # the right body and subject, with a ce-type header of another type
+    spoofed = cancel(job)
+    headers = envelope_headers(spoofed) | {"ce-type": SubmitJob.ce_type()}
+    await bus.js.publish(spoofed.subject_of(), msgspec.json.encode(spoofed), headers=headers)
+    good = cancel(job)
+    await bus.publish(good)
+    dlq_subject = f"ibpool.dlq.{consumer.sub.durable}"
+
+    async def all_dead() -> bool:
+        return len(await stream_messages(bus.js, DLQ_STREAM, dlq_subject)) >= 3
+
+    await eventually(lambda: _count_is(store, job, 1), what="the well-addressed message handled")
+    await eventually(all_dead, what="three misaddressed messages dead-lettered")
+    stop.set()
+    await task
+    reasons = sorted(m.headers["ibpool-dlq-reason"] for m in await stream_messages(bus.js, DLQ_STREAM, dlq_subject))
+    assert len(reasons) == 3 and all(r.startswith("subject: ") for r in reasons), reasons
+    assert any("a SubmitJob on " in r for r in reasons) and any("header ce-type" in r for r in reasons)
+    assert recorder.calls == 1  # only the good one reached the handler
+    assert consumer.metrics.dead_lettered.labels(consumer.sub.durable, "subject")._value.get() == 3

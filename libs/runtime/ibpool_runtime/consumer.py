@@ -8,7 +8,10 @@ Fast path: one inbox insert for the whole batch and the handlers straight in the
 transaction. If a handler raises, that transaction is rolled back and the batch runs again with
 one savepoint per event, so a handler may run twice in one delivery and must keep every effect
 inside its transaction (as it must for redeliveries anyway). A message that does not decode goes to the DLQ at
-once; a handler that keeps failing goes there after `max_deliver` attempts.
+once, and so does one whose subject is not exactly the one its type and key build
+(`ibpool_proto.misaddressed`: a body of another type on a subject its publisher may use, a key that
+is not the subject's), before any handler sees it; a handler that keeps failing goes there after
+`max_deliver` attempts.
 
 Hand-off: a subscription with a `Handoff` may pass its batches to a transaction of its service's
 own instead (the scheduler's cycle takes its job news, so a submission is stored and planned in one
@@ -31,7 +34,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from ibpool_proto import DecodeError, Message, decode
+from ibpool_proto import DecodeError, Message, decode, misaddressed
 
 from . import faults, telemetry
 from .bus import Bus
@@ -238,9 +241,15 @@ class Consumer:
         outcomes: list[_Outcome] = []
         for msg in msgs:
             try:
-                outcomes.append(_Outcome(msg, decode(msg.data)))
+                message = decode(msg.data)
             except DecodeError as e:
                 await self._dead_letter(msg, f"decode: {e}", why="decode")
+                continue
+            wrong = misaddressed(message, msg.subject, (msg.headers or {}).get("ce-type"))
+            if wrong is not None:  # never handled: the subject is what the publisher was allowed to use
+                await self._dead_letter(msg, f"subject: {wrong}", why="subject")
+                continue
+            outcomes.append(_Outcome(msg, message))
         if not outcomes:
             return
         handoff = self.sub.handoff
