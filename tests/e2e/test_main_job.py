@@ -49,7 +49,9 @@ def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
     assert "fabric topology published" in out and "v1, 16 hosts" in out
     assert "faulty links recovered after clearing" in out and "2/2" in out
     assert "node-017's agent SIGKILLed: failed by the failover controller" in out
-    assert "jobs submitted to the scheduler" in out and "7 of 7" in out
+    assert "jobs submitted to the scheduler" in out and "8 of 8" in out
+    assert "every multi-node placement within" in out and "(required 2)" in out
+    assert "wide-gang (5 hosts, required under" in out and "placements with SHARP hold SHARP" in out
     assert "inference deployment scaled up with the load and back down" in out
     assert "elastic training job grown into idle GPUs" in out
     assert "stack stopped" in out

@@ -16,7 +16,8 @@ def test_a_gang_waits_for_one_leaf_rather_than_spanning_two() -> None:
     view = cluster(8, busy={0: 8, 1: 8, 2: 8, 4: 8, 5: 8, 6: 8})
     reply = run_cycle([job("gang", gpus=16, submit=90)], view, backfill="none")
     assert started(reply) == []
-    assert reply.waiting["gang"] == "waiting for 2 hosts with 8 free GPUs"
+    assert reply.waiting["gang"].text() == "waiting for 2 hosts with 8 free GPUs"
+    assert reply.waiting["gang"].code == "unschedulable"
 
 
 def test_a_gang_spans_leaves_once_it_waited_long_enough() -> None:
@@ -57,7 +58,8 @@ def test_easy_backfills_a_job_that_ends_before_the_reservation() -> None:
     assert reply.reservation is not None
     assert (reply.reservation.job_id, reply.reservation.start_at, reply.reservation.hosts) == ("head", 1100, [(0, 8)])
     assert started(reply) == ["short"]
-    assert reply.waiting["head"].startswith("waiting for 8 GPUs on one host; earliest estimated start 1970-01-01 00:18")
+    head = reply.waiting["head"].text()
+    assert head.startswith("waiting for 8 GPUs on one host; earliest estimated start 1970-01-01 00:18")
 
 
 def test_easy_holds_back_a_long_job_that_would_take_the_heads_gpus() -> None:
@@ -66,7 +68,8 @@ def test_easy_holds_back_a_long_job_that_would_take_the_heads_gpus() -> None:
     reply = run_cycle(queue, cluster(2, busy={0: 6, 1: 8}), running_jobs=[hog], now=100.0)
     # The head needs host 0 whole at 1100: a long 2-GPU job there would delay it, so it waits.
     assert started(reply) == []
-    assert reply.waiting["long"] == "would delay the reservation of head"
+    assert reply.waiting["long"].text() == "would delay the reservation of head"
+    assert (reply.waiting["long"].code, reply.waiting["long"].behind) == ("reservation", "head")
 
 
 def test_jobs_past_their_limit_are_killed_and_their_gpus_reused() -> None:

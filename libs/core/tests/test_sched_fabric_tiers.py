@@ -114,7 +114,9 @@ def test_a_required_gang_that_no_group_of_its_tier_holds_waits_and_says_the_tier
     size = {1: 3, 2: 9}[level]
     reply, _, placer = cycle([gang("big", size, "required", level)])
     assert not reply.starts
-    why = reply.waiting["big"] + " " + placer.reasons.get("big", "")
+    wait = reply.waiting["big"]
+    assert wait.code == "unresolvable"
+    why = wait.text() + " " + placer.reasons.get("big", "")
     assert tier_name(level) in why, why
 
 

@@ -23,7 +23,9 @@ from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit
 
 SMALL = generate("fat_tree_2tier:hosts=8,radix=8")
-LARGER = generate("fat_tree_2tier:hosts=12,radix=8")
+# The same fabric grown (its versions compare): the fabric monitor publishes both under one name.
+LARGER = msgspec.structs.replace(generate("fat_tree_2tier:hosts=12,radix=8"), name=SMALL.name)
+OTHER = generate("fat_tree_2tier:hosts=12,radix=8")
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
@@ -102,6 +104,9 @@ async def test_published_topology_is_fetched_once_and_replaces_the_view(server: 
         assert view.about is not None and (view.about.version, view.about.hosts) == (2, 12)
         await f.on_topology(server.published(1, SMALL))  # an older version announced late: ignored
         assert view.about.version == 2 and server.hits == 2
+        # another fabric (another name: a fabric monitor of another fabric) replaces it whatever its version
+        await f.on_topology(server.published(1, OTHER))
+        assert view.about.name == OTHER.name and view.about.version == 1 and server.hits == 3
     finally:
         if f._http is not None:
             await f._http.close()

@@ -10,6 +10,7 @@ import msgspec
 from aiohttp import web
 
 from ibpool_core.fabric.view import FabricAbout
+from ibpool_core.sched.waits import WaitCode
 from ibpool_proto import new_id
 from ibpool_proto.job import JobSpec, TopologyConstraint
 from ibpool_proto.pool import GpuAssignment, MemberFailure, ResourceRequest, WorkloadSpec
@@ -85,6 +86,8 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int
     # Why it waits (the last cycle's explanation, or the allocator's last refusal) or how it ended.
     reason: str
+    # Why it waits, typed: unschedulable, unresolvable, reservation, over_quota (null: not waiting).
+    wait_code: WaitCode | None
     not_before: dt.datetime | None
     allocation_id: str | None
     hosts: list[str]
@@ -173,6 +176,7 @@ def job_view(job: JobRecord) -> JobView:
         submitted_at=job.submitted_at,
         attempt=job.attempt,
         reason=job.reason,
+        wait_code=job.wait_code if job.state == "queued" else None,
         not_before=job.not_before,
         allocation_id=job.allocation_id,
         hosts=job.nodes,

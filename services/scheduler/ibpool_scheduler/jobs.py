@@ -17,6 +17,7 @@ from typing import Literal
 import msgspec
 
 from ibpool_core.sched.sharp import SharpTree
+from ibpool_core.sched.waits import WaitCode
 from ibpool_proto.job import FinalState, TopologyConstraint
 from ibpool_proto.pool import GpuAssignment, MemberFailure, WorkloadSpec
 
@@ -89,6 +90,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int = 0
     not_before: dt.datetime | None = None
     reason: str = ""
+    # Why it waits, typed (`ibpool_core.sched.waits.WaitCode`; `reason` is its words); None: not waiting.
+    wait_code: WaitCode | None = None
     proposal_id: str | None = None
     proposal: list[GpuAssignment] = []
     proposal_term: int | None = None
@@ -175,6 +178,7 @@ def proposed(
         proposal=assignments,
         proposal_term=term,
         reason="",
+        wait_code=None,
         placement=placement,
     )
 

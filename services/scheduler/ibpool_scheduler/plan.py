@@ -19,15 +19,15 @@ from ibpool_core.fabric.link_health import LinkState
 from ibpool_core.fabric.view import FabricState
 from ibpool_core.pool.ledger import Ledger, Node
 from ibpool_core.sched import framework as fw
-from ibpool_core.sched.backfill import reserve
 from ibpool_core.sched.cycle import CycleConfig, Preemption, SchedulingReply, SchedulingRequest, Start, schedule
 from ibpool_core.sched.framework_placer import AskHints, FrameworkPlacer, leaf_fabric
-from ibpool_core.sched.jobs import ClusterView, Job, RunningJob, estimated_runtime, host_shares
-from ibpool_core.sched.placer import FreeView, LeafPlacer, Placer, min_leaf_span
+from ibpool_core.sched.jobs import ClusterView, Job, RunningJob, estimated_runtime
+from ibpool_core.sched.placer import Placer
 from ibpool_core.sched.queueing import QueuePolicy
 from ibpool_core.sched.runtime import RuntimeEstimate
 from ibpool_core.sched.sharp import SharpDecision, SharpLimits, SharpTree, SharpTrees, decide_sharp
 from ibpool_core.sched.sites import Site, SiteChoice, choose_site
+from ibpool_core.sched.waits import Wait
 from ibpool_proto.pool import GpuAssignment
 
 from .jobs import HOLDING, JobRecord
@@ -59,10 +59,6 @@ class LeafSource:
         return self.label == other.label and self.fabric is other.fabric
 
 
-# The core's reason when a cycle meets a job with no GPU free at all; it computes no reservation then.
-NO_FREE_GPUS = "no free GPUs"
-# The end of the core's reason for a job that no release of running jobs would let start.
-NEVER_FITS = "never fits the current hosts"
 
 
 class Proposal(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,7 +85,7 @@ class CyclePlan(msgspec.Struct, frozen=True, kw_only=True):
     proposals: list[Proposal] = []
     preempted: list[tuple[str, str]] = []  # (victim, for whom)
     killed: list[str] = []
-    waiting: dict[str, str] = {}
+    waiting: dict[str, Wait] = {}
     order: str = ""
     # job id -> (the site chosen for it this cycle, None: fits none it names; why)
     sites: dict[str, tuple[str | None, str]] = {}
@@ -803,7 +799,7 @@ def plan_cycle(
     order = sorted(groups, key=lambda q: (min(job.submit_time for job in groups[q]), q))
     cluster = view.cluster
     replies: list[SchedulingReply] = []
-    waiting_why: dict[str, str] = {}
+    waiting_why: dict[str, Wait] = {}
     for q in order or [""]:
         q_policy, q_config = rules.get(q, (policy, config))
         queue = groups.get(q, [])
@@ -819,15 +815,15 @@ def plan_cycle(
         )
         reply = schedule(request)
         replies.append(reply)
-        waiting_why.update(explain_head(reply, request, queue))
+        waiting_why.update(reply.waiting)
         if len(order) > 1:
             cluster, running = after(reply, request)
     reply = merged(replies)
     if isinstance(placer, FrameworkPlacer):
         # Say what the plugins found missing when no future frees it (a GPU model, a dataset's holders).
         for job_id, why in waiting_why.items():
-            if why.endswith(NEVER_FITS) and (found := placer.reasons.get(job_id)):
-                waiting_why[job_id] = f"{why} ({found})"
+            if why.code == "unresolvable" and (found := placer.reasons.get(job_id)):
+                waiting_why[job_id] = why.with_found(found)
     # The records assign() reads: the starts' (all waiting jobs) and, when there are any, the victims'.
     records = {j.job_id: j for j in (jobs if reply.preemptions or reply.kills else waiting)}
     proposals = assign(reply, view, records, index)
@@ -884,7 +880,7 @@ def merged(replies: Sequence[SchedulingReply]) -> SchedulingReply:
     starts: list[Start] = []
     preemptions: list[Preemption] = []
     kills: list[str] = []
-    waiting: dict[str, str] = {}
+    waiting: dict[str, Wait] = {}
     for r in replies:
         starts.extend(r.starts)
         preemptions.extend(r.preemptions)
@@ -893,47 +889,6 @@ def merged(replies: Sequence[SchedulingReply]) -> SchedulingReply:
     return SchedulingReply(
         order=",".join(r.order for r in replies), starts=starts, preemptions=preemptions, kills=kills, waiting=waiting
     )
-
-
-def explain_head(reply: SchedulingReply, request: SchedulingRequest, queue: Sequence[Job]) -> dict[str, str]:
-    """The reply's reasons, with an earliest estimated start for the first job told only "no free GPUs".
-
-    The core reserves for the head only when some GPU is free; a full cluster leaves the head
-    without an estimate. Here it is reserved as the core would: on the view after this cycle's
-    starts, releasing running jobs (this cycle's starts included) by their planned end.
-    """
-    waiting = dict(reply.waiting)
-    head_id = next((job_id for job_id, why in waiting.items() if why == NO_FREE_GPUS), None)
-    head = next((j for j in queue if j.id == head_id), None)
-    if head is None or reply.preemptions or reply.kills:
-        return waiting
-    by_id = {j.id: j for j in queue}
-    free = FreeView.of(request.cluster)
-    running = list(request.running)
-    for start in reply.starts:
-        free.apply(start.hosts)
-        running.append(
-            RunningJob(
-                job=by_id[start.job_id], hosts=tuple(start.hosts), started_at=request.now, planned_end=start.planned_end
-            )
-        )
-    max_leaves = None
-    if head.nodes > 1 and not (
-        head.topology == "preferred" and request.now - head.submit_time >= request.config.span_relax_after_s
-    ):
-        max_leaves = min_leaf_span(head.nodes, request.config.hosts_per_leaf)
-    placer = request.placer if request.placer is not None else LeafPlacer()
-    found = reserve(free, running, head, request.now, placer, max_leaves=max_leaves)
-    if found is not None:
-        span = max_leaves or "any number of"
-        needs = (
-            f"{head.gpus} GPUs on one host"
-            if head.nodes <= 1
-            else f"{head.nodes} hosts with {host_shares(head)[0]} free GPUs under {span} leaves"
-        )
-        start_at = dt.datetime.fromtimestamp(found[0].start_at, dt.UTC).strftime("%Y-%m-%d %H:%M")
-        waiting[head.id] = f"waiting for {needs}; earliest estimated start {start_at}"
-    return waiting
 
 
 def assign(

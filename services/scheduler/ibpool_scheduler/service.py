@@ -35,6 +35,7 @@ from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factor
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
 from ibpool_core.sched.profiles import SCHEDULER_PROFILE
 from ibpool_core.sched.queueing import QueuePolicy, make_policy
+from ibpool_core.sched.waits import WaitCode
 from ibpool_proto import Message
 from ibpool_proto.health import RequeueRequested
 from ibpool_proto.job import (
@@ -518,7 +519,8 @@ class Scheduler:
         # conflict/stale: the pool moved under the proposal; place it again on fresher state at once.
         later = None if ev.reason in RETRY_AT_ONCE else now + dt.timedelta(seconds=self.cfg.retry_after_s)
         why = f"proposal rejected ({ev.reason}): {ev.detail}"
-        await state.save_job(tx, jobs.rejected(job, why, later), now)
+        code: WaitCode | None = "over_quota" if ev.reason == "over_quota" else None
+        await state.save_job(tx, msgspec.structs.replace(jobs.rejected(job, why, later), wait_code=code), now)
         self.wake_after(tx)
 
     async def on_lost(
@@ -835,10 +837,14 @@ class Scheduler:
                 sharp_tree=p.sharp_tree,
             )
             changes[job.job_id] = (job, self.stamped(jobs.proposed(job, cmd.id, p.assignments, term, placed)), [cmd])
-        for job_id, why in plan.waiting.items():
+        for job_id, wait in plan.waiting.items():
             waiting = live.get(job_id)
             if waiting is not None and job_id not in changes:
-                again = self.stamped(msgspec.structs.replace(waiting, reason=why) if waiting.reason != why else waiting)
+                why = wait.text()
+                same = waiting.reason == why and waiting.wait_code == wait.code
+                again = self.stamped(
+                    waiting if same else msgspec.structs.replace(waiting, reason=why, wait_code=wait.code)
+                )
                 if again is not waiting:
                     changes[job_id] = (waiting, again, [])
         for job_id, (site, why) in plan.sites.items():  # the site chosen this cycle, placed or waiting

@@ -192,7 +192,7 @@ def test_proposals_in_flight_hold_their_gpus() -> None:
     assert taken_in_flight(ledger, [flying]) == {"n1": {0, 1, 2}}
     got = plan(ledger, [flying, job("second", 2, at=1)])
     assert got.proposals == []
-    assert got.waiting["second"].startswith("waiting for 2 GPUs on one host")
+    assert got.waiting["second"].text().startswith("waiting for 2 GPUs on one host")
 
 
 def test_the_loser_of_the_last_gpus_is_told_why() -> None:
@@ -200,14 +200,14 @@ def test_the_loser_of_the_last_gpus_is_told_why() -> None:
     got = plan(ledger, [job("a", 8), job("b", 8, at=1)])
     assert [p.job_id for p in got.proposals] == ["a"]
     # The whole host went to a: b is told when a is expected to end (no limit: an hour x the 1.5 margin).
-    assert got.waiting["b"] == "waiting for 8 GPUs on one host; earliest estimated start 2026-12-01 15:30"
+    assert got.waiting["b"].text() == "waiting for 8 GPUs on one host; earliest estimated start 2026-12-01 15:30"
     a, b = job("a", 6, time_limit_s=3600.0), job("b", 4, at=1)
     got = plan(ledger, [a, b])
     assert [p.job_id for p in got.proposals] == ["a"]
     # The next cycle knows where a runs and until when at the latest.
     a = jobs.proposed(a, "p1", got.proposals[0].assignments, 1)
     again = plan(ledger, [a, b], at=20)
-    assert again.waiting["b"] == "waiting for 4 GPUs on one host; earliest estimated start 2026-12-01 15:00"
+    assert again.waiting["b"].text() == "waiting for 4 GPUs on one host; earliest estimated start 2026-12-01 15:00"
 
 
 def test_a_proposal_in_flight_is_not_killed_for_its_wait() -> None:
@@ -289,7 +289,7 @@ def test_required_topology_waits_for_one_leaf() -> None:
     holder = jobs.granted(jobs.proposed(job("h", 1, 2), "p0", busy, 1), "p0", ["a2", "b2"], T0)
     got = plan(ledger, [holder, job("g", 8, 2, topology="required")])
     assert got.proposals == []
-    assert "waiting for 2 hosts with 8 free GPUs under 1 leaves" in got.waiting["g"]
+    assert "waiting for 2 hosts with 8 free GPUs under 1 leaves" in got.waiting["g"].text()
 
 
 def test_waiting_job_past_not_before_only() -> None:

@@ -106,7 +106,7 @@ def test_a_job_goes_where_its_dataset_is_and_required_gpu_model_filters() -> Non
     jobs = [job("d", 2, dataset="imagenet"), job("m", 1, at=1, gpu_model="B200")]
     plan = plan_cycle(ledger, jobs, T0, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf", placement=inputs)
     assert hosts_of(plan) == {"d": ["n3"]}
-    assert plan.waiting["m"] == (
+    assert plan.waiting["m"].text() == (
         "waiting for 1 GPUs on one host; never fits the current hosts"
         " (needs 1 host with 1 free GPU of B200; 0 in the whole fabric)"
     )

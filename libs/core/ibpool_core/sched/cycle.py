@@ -14,13 +14,16 @@ One cycle, in order:
    jobs that do not delay that reservation (see backfill.py).
 3. Preemptive policies: for up to `preempt_depth` jobs still waiting, in order, preempt the cheapest
    eligible victim set (see preemption.py) and start the job on the freed GPUs.
+4. Explaining (`config.explain`): every examined job that does not start gets a typed `waits.Wait`;
+   when no GPU was free for it, the first such job is still given its earliest estimated start
+   (reserved as step 2 would, on the view after this cycle's starts, their GPUs released at their
+   planned ends), unless the cycle preempted or killed.
 Gangs are placed whole or not at all by the placer; a gang waits for its minimal leaf span until it
 waited `span_relax_after_s` (topology "preferred"), then takes any span.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
 from typing import Literal
@@ -32,6 +35,7 @@ from .jobs import ClusterView, Job, QueueStats, RunningJob, estimated_runtime, h
 from .placer import FreeView, LeafPlacer, Placement, Placer, leaves_spanned, min_leaf_span
 from .preemption import choose_victims
 from .queueing import QueuePolicy
+from .waits import Wait
 
 BackfillMode = Literal["none", "greedy", "easy"]
 
@@ -93,22 +97,19 @@ class SchedulingRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SchedulingReply(msgspec.Struct, frozen=True, kw_only=True):
-    """What to do now. `waiting` has a reason for every examined job that does not start (when
-    `config.explain`); jobs further back were not examined this cycle."""
+    """What to do now. `waiting` has a typed reason (`waits.Wait`) for every examined job that does
+    not start (when `config.explain`); jobs further back were not examined this cycle."""
 
     order: str
     starts: list[Start] = []
     preemptions: list[Preemption] = []
     kills: list[str] = []
     reservation: Reservation | None = None
-    waiting: dict[str, str] = {}
+    waiting: dict[str, Wait] = {}
 
 
-def _clock(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M")
-
-
-def _needs(job: Job) -> str:
+def needs_of(job: Job) -> str:
+    """What a job needs, as its wait reasons say it."""
     if job.nodes <= 1:
         return f"{job.gpus} GPUs on one host"
     return f"{job.nodes} hosts with {host_shares(job)[0]} free GPUs"
@@ -123,7 +124,7 @@ class _Cycle:
         self.view = FreeView.of(request.cluster)
         self.starts: list[Start] = []
         self.started_ids: set[str] = set()
-        self.waiting: dict[str, str] = {}
+        self.waiting: dict[str, Wait] = {}
         self.kills: list[str] = []
         self.running: Sequence[RunningJob] = request.running
 
@@ -163,7 +164,7 @@ class _Cycle:
             return None
         return self.placer.place(view, job, self.max_leaves(job))
 
-    def explain(self, job: Job, why: str) -> None:
+    def explain(self, job: Job, why: Wait) -> None:
         if self.cfg.explain:
             self.waiting[job.id] = why
 
@@ -177,7 +178,7 @@ class _Cycle:
                 break
             if self.view.total_free == 0 and not self.req.policy.preemptive:
                 if cfg.explain:
-                    self.explain(job, "no free GPUs")
+                    self.explain(job, Wait(code="unschedulable", needs=needs_of(job), no_free_gpus=True))
                     continue
                 break
             if backfill is None:
@@ -187,25 +188,24 @@ class _Cycle:
                     continue
                 left.append(job)
                 if cfg.backfill == "none":
-                    self.explain(job, f"waiting for {_needs(job)}")
+                    self.explain(job, Wait(code="unschedulable", needs=needs_of(job)))
                     break
                 if cfg.backfill == "easy":
                     backfill = self.reserve_head(job)
                     if backfill is None:
                         continue
                 else:
-                    self.explain(job, f"waiting for {_needs(job)}")
+                    self.explain(job, Wait(code="unschedulable", needs=needs_of(job)))
                 continue
             if job.gpus > self.view.total_free:
                 left.append(job)
-                self.explain(job, "waiting behind the reservation of " + backfill.reservation.job_id)
+                self.explain(job, Wait(code="reservation", behind=backfill.reservation.job_id))
                 continue
             outlasts = not backfill.ends_before_shadow(job, self.now, cfg.safety_margin)
             placement = self.try_place(backfill.restricted if outlasts else self.view, job)
             if placement is None:
                 left.append(job)
-                why = "would delay the reservation of " if outlasts else "waiting behind the reservation of "
-                self.explain(job, why + backfill.reservation.job_id)
+                self.explain(job, Wait(code="reservation", behind=backfill.reservation.job_id, delays=outlasts))
                 continue
             self.start(job, placement)
             backfill.record(placement, self.view, outlasts)
@@ -222,12 +222,31 @@ class _Cycle:
             sorted_by_end=self.req.running_sorted_by_end,
         )
         if found is None:
-            self.explain(job, f"waiting for {_needs(job)}; never fits the current hosts")
+            self.explain(job, Wait(code="unresolvable", needs=needs_of(job)))
             return None
         reservation, free_at_shadow = found
         span = "" if job.nodes <= 1 else f" under {self.max_leaves(job) or 'any number of'} leaves"
-        self.explain(job, f"waiting for {_needs(job)}{span}; earliest estimated start {_clock(reservation.start_at)}")
+        self.explain(job, Wait(code="unschedulable", needs=needs_of(job), span=span, start_at=reservation.start_at))
         return Backfill(reservation, free_at_shadow, self.view)
+
+    def estimate_first_without_free_gpus(self, queue: Sequence[Job]) -> None:
+        """Step 4: the earliest estimated start of the first job told only that no GPU was free."""
+        head = next((j for j in queue if (w := self.waiting.get(j.id)) is not None and w.no_free_gpus), None)
+        if head is None:
+            return
+        by_id = {j.id: j for j in queue}
+        running = list(self.running)
+        running += [
+            RunningJob(job=by_id[s.job_id], hosts=tuple(s.hosts), started_at=self.now, planned_end=s.planned_end)
+            for s in self.starts
+        ]
+        max_leaves = self.max_leaves(head)
+        found = reserve(self.view, running, head, self.now, self.placer, max_leaves=max_leaves)
+        if found is not None:
+            span = "" if head.nodes <= 1 else f" under {max_leaves or 'any number of'} leaves"
+            self.waiting[head.id] = Wait(
+                code="unschedulable", needs=needs_of(head), span=span, start_at=found[0].start_at
+            )
 
     def preempt(self, waiting: list[Job]) -> list[Preemption]:
         policy, now = self.req.policy, self.now
@@ -284,8 +303,11 @@ def schedule(request: SchedulingRequest) -> SchedulingReply:
     order = request.policy.choose_order(request.stats)
     cycle = _Cycle(request)
     cycle.kill_overruns()
-    reservation, left = cycle.fill(ordered_queue(request, order))
+    queue = ordered_queue(request, order)
+    reservation, left = cycle.fill(queue)
     preemptions = cycle.preempt(left) if request.policy.preemptive and left else []
+    if request.config.explain and not preemptions and not cycle.kills:
+        cycle.estimate_first_without_free_gpus(queue)
     return SchedulingReply(
         order=order,
         starts=cycle.starts,
