@@ -550,3 +550,32 @@ def test_a_controller_behind_its_beats_fails_no_healthy_node_and_fails_a_dead_on
     ((t_failed, _),) = failed
     assert 4.0 + 3.0 + 4.0 <= t_failed <= 4.0 + 3.0 + 4.0 + 0.5
     assert all(getattr(e, "node_id", "n07") == "n07" for _, e in log)
+
+
+def test_many_nodes_late_at_once_fail_none_even_when_they_cross_the_window_one_by_one() -> None:
+    """A shared slowdown (an overloaded bus or publisher): after 5 s two thirds of the nodes beat only
+    every 3.6 s, each at its own phase, so later they cross the fail window a few at a time. Fewer
+    may be lost in a tick than may fail, but more of the cluster is late at once than may fail:
+    the guard holds every failure back and says so once."""
+    nodes = [f"n{i:02d}" for i in range(30)]
+    slow = nodes[10:]
+    state = decide(
+        FailoverRequest(
+            state=HealthState(), now=at(0.0), observations=[registered(n, 0.0) for n in nodes], config=CONFIG
+        )
+    ).state
+    log: list[Event] = []
+    t = 0.0
+    while t < 40.0:
+        t = round(t + 0.1, 6)
+        obs: list[Observation] = []
+        if abs(t - round(t)) < 1e-9:
+            obs += [beat(n, t) for n in (nodes if t <= 5.0 else nodes[:10])]
+        if t > 5.0:
+            obs += [beat(n, t) for i, n in enumerate(slow) if abs(((t - 5.0 - 0.1 * i) / 3.6) % 1.0) < 1e-6]
+        reply = decide(FailoverRequest(state=state, now=at(t), observations=obs, config=CONFIG))
+        state = reply.state
+        log += reply.events
+    assert not [e for e in log if isinstance(e, NodeFailed)]
+    assert len([e for e in log if isinstance(e, ClusterDegraded)]) == 1
+    assert {e.node_id for e in log if isinstance(e, NodeSuspected)} <= set(slow)  # type: ignore[attr-defined]

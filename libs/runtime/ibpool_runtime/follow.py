@@ -42,15 +42,18 @@ async def follow_latest(
     *,
     batch: int = BATCH,
     inactive_s: float = INACTIVE_S,
-    progress: Callable[[float], None] | None = None,
+    progress: Callable[[float, float], None] | None = None,
 ) -> None:
     """Call `handle` with every decoded message of `pattern`, from the newest of each subject on,
     until `stop` is set or the connection closes. `handle` must not block (it runs on the loop).
 
-    `progress(t)`, after each fetch: every message stored before `t` (POSIX seconds, wall clock)
-    has been handed to `handle`. When the consumer had nothing more pending, `t` is when the fetch
-    was asked for; while it is behind, `t` is when the last message it handed over was stored, so a
-    follower that falls behind its input knows by how much (its lag: now - t)."""
+    `progress(t, stored_late_s)`, after each fetch: every message stored before `t` (POSIX seconds,
+    wall clock) has been handed to `handle`. When the consumer had nothing more pending, `t` is
+    when the fetch was asked for; while it is behind, `t` is when the last message it handed over
+    was stored, so a follower that falls behind its input knows by how much (now - t).
+    `stored_late_s` is how long after their `occurred_at` the messages of the fetch were stored, at
+    most (0 for an empty fetch): the delay before the follower could see them at all (a publisher
+    starved of CPU, a server slow to store). A message created at c is read once t >= c + that."""
     sub = None
     while not stop.is_set():
         asked = time.time()
@@ -68,7 +71,7 @@ async def follow_latest(
             msgs = await sub.fetch(batch, timeout=0.5)
         except (nats.errors.TimeoutError, TimeoutError):
             if progress is not None and sub is not None:
-                progress(asked)  # nothing came for a whole fetch: nothing was pending when it was asked
+                progress(asked, 0.0)  # nothing came for a whole fetch: nothing was pending when it was asked
             continue
         except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
             break
@@ -77,6 +80,7 @@ async def follow_latest(
             sub = None
             await sleep_unless_stopped(stop, 0.5)
             continue
+        late = 0.0
         for m in msgs:
             try:
                 message = decode(m.data)
@@ -87,12 +91,22 @@ async def follow_latest(
             if wrong is not None:
                 log.warning("misaddressed message dropped", subject=m.subject, error=wrong)
                 continue
+            if progress is not None:
+                late = max(late, _stored_late(m, message.occurred_at.timestamp()))
             handle(message)
         if progress is not None and msgs:
-            progress(_read_until(msgs[-1], asked))
+            progress(_read_until(msgs[-1], asked), late)
     if sub is not None:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+def _stored_late(m: Msg, occurred_at: float) -> float:
+    """How long after it occurred `m` was stored (0 when unknown or when its clock runs ahead)."""
+    try:
+        return max(0.0, m.metadata.timestamp.timestamp() - occurred_at)
+    except Exception:
+        return 0.0
 
 
 def _read_until(last: Msg, asked: float) -> float:

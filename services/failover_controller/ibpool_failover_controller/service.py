@@ -68,6 +68,8 @@ POOL_NEWS = (AllocationGranted, AllocationReleased, AllocationRevoked, Allocatio
 
 # Beats fetched at once.
 BEAT_BATCH = 256
+# How long a late-stored beat keeps counting in the controller's lag (`beats_lag_s`).
+LATE_WINDOW_S = 10.0
 # Telemetry samples buffered between two ticks, at most (the oldest go first).
 TELEMETRY_BUFFER = 10_000
 # The state is written at least this often even when only heartbeat times moved.
@@ -85,9 +87,15 @@ class FailoverController:
             raise ConfigError(f"invalid failover_controller config: {e}") from None
         self.state = HealthState()
         self.beats: dict[str, NodeHeartbeat] = {}
-        # Every heartbeat stored before this wall-clock time has been read (`follow_latest`'s progress):
-        # a tick judges silence only up to there, so its own lag never fails a node.
+        # Every heartbeat stored before this wall-clock time has been read (`follow_latest`'s progress),
+        # and beats are stored up to this long after they were sent: a tick judges silence only up to
+        # what it has read, so neither its own lag nor a slow bus fails a node.
         self.beats_heard_at = self.buffer_heard_at = time.time()
+        # (when read, how late after they were sent the beats of one fetch were stored), over the last
+        # LATE_WINDOW_S: late beats come in bursts, so the delay counts for a while after each.
+        self.stored_late: deque[tuple[float, float]] = deque()
+        self.buffer_stored_late = 0.0
+        self._lag_logged = 0.0
         self.samples: deque[TelemetryReported] = deque(maxlen=TELEMETRY_BUFFER)
         self.ticks = 0
         self.deciding = False
@@ -133,8 +141,10 @@ class FailoverController:
             if isinstance(message, NodeHeartbeat | TelemetryReported):
                 self.on_beat(message)
 
-        def heard(until: float) -> None:
+        def heard(until: float, stored_late: float) -> None:
             self.beats_heard_at = max(self.beats_heard_at, until)
+            if stored_late > 0.0:
+                self.stored_late.append((time.time(), stored_late))
 
         await asyncio.gather(
             *(
@@ -151,8 +161,10 @@ class FailoverController:
         )
 
     def beats_lag_s(self) -> float:
-        """How far behind the heartbeats of the last `take_buffer` are now (0: caught up)."""
-        return max(0.0, time.time() - self.buffer_heard_at)
+        """How far behind now the heartbeats of the last `take_buffer` are: a beat sent before
+        `now - lag` has been read (0: caught up). The follower's own lag plus how late the beats it
+        read last were stored after they were sent."""
+        return max(0.0, time.time() - self.buffer_heard_at) + self.buffer_stored_late
 
     def on_beat(self, message: NodeHeartbeat | TelemetryReported) -> None:
         match message:
@@ -191,6 +203,10 @@ class FailoverController:
         self.samples.clear()
         self.beats = {}
         self.buffer_heard_at = self.beats_heard_at
+        since = time.time() - LATE_WINDOW_S
+        while self.stored_late and self.stored_late[0][0] < since:
+            self.stored_late.popleft()
+        self.buffer_stored_late = max((late for _, late in self.stored_late), default=0.0)
         return beats
 
     def give_back(self, buffered: list[Observation]) -> None:
@@ -240,6 +256,13 @@ class FailoverController:
             now = self.clock.now()
             lag = self.beats_lag_s()
             self.beats_lag.set(lag)
+            if lag > self.core.heartbeat.fail_after_s and time.monotonic() - self._lag_logged > 5.0:
+                self._lag_logged = time.monotonic()
+                log.warning(
+                    "behind the heartbeats: silence is judged only up to what was read",
+                    lag_s=round(lag, 2),
+                    stored_late_s=round(self.buffer_stored_late, 2),
+                )
             reply = decide(
                 FailoverRequest(
                     state=base, now=now, observations=[*pending, *buffered], config=self.core, beats_lag_s=lag

@@ -37,7 +37,8 @@ Verdicts and their actions:
   stored before (`now - beats_lag_s`): a controller that falls behind its input sees nodes late by
   its own lag, not by theirs, so it never suspects or fails a node on the strength of heartbeats it
   has not read yet (the silence it can vouch for is what counts).
-- Split brain: heartbeat failures are declared only while the failed nodes stay within
+- Split brain: heartbeat failures are declared only while the failed nodes and the nodes late right
+  now (suspected, whether lost yet or not) stay within
   `max(min_failed_allowed, floor(max_failed_fraction * nodes))`. Past that, nothing is failed, the
   unreachable nodes stay suspected and ClusterDegraded is raised (once); ClusterRestored when the
   count is back within the limit. Failures reported by a node itself (XID 79) are not held back.
@@ -674,17 +675,22 @@ class _Decision:
     def guard_split_brain(self, lost: list[NodeHealth]) -> None:
         failed = sum(1 for n in self.nodes.values() if n.status == "failed")
         limit = self.max_failed()
-        if lost and failed + len(lost) > limit:
-            if not self.degraded:
+        # Every node late right now counts, the lost among them: when more of the cluster is late at
+        # once than may fail, the cause is more likely shared (the bus, this controller, a slow or
+        # overloaded pipeline), also when the nodes cross the fail window one by one. The guard
+        # holds until that many are no longer late.
+        late = sorted(n.node_id for n in self.nodes.values() if n.status == "suspect")
+        if failed + max(len(late), len(lost)) > limit:
+            if lost and not self.degraded:
                 self.degraded = True
                 self.emit(
                     ClusterDegraded(
                         **self.env(self.cfg.cluster),
-                        unreachable=len(lost),
+                        unreachable=len(late),
                         failed=failed,
                         nodes=pool_size(self.nodes.values()),
                         max_failed=limit,
-                        node_ids=[n.node_id for n in lost],
+                        node_ids=late,
                     )
                 )
             return
