@@ -340,3 +340,45 @@ async def test_a_body_on_another_types_subject_or_key_is_dead_lettered_before_an
     assert any("a SubmitJob on " in r for r in reasons) and any("header ce-type" in r for r in reasons)
     assert recorder.calls == 1  # only the good one reached the handler
     assert consumer.metrics.dead_lettered.labels(consumer.sub.durable, "subject")._value.get() == 3
+
+
+async def test_a_message_carrying_jetstream_steering_headers_still_reaches_the_dlq(bus: Bus, store: Store) -> None:
+    """A poison message with `Nats-Expected-Stream` (its own stream's, so it was stored) is
+    dead-lettered with that header renamed, instead of the DLQ refusing the copy (it is not that
+    stream) and the message being dropped after its last try."""
+    await effects_table(store)
+    job = f"bad-{uuid.uuid4().hex[:8]}"
+    consumer, stop, task = await start_consumer(bus, store, Recorder(), [job], max_deliver=2, batch=4)
+    steering = {"Nats-Expected-Stream": "IBPOOL_JOB"}
+    await bus.js.publish(CancelJob.subject(job), b"{not json", headers={"Nats-Msg-Id": new_id(), **steering})
+    dlq_subject = f"ibpool.dlq.{consumer.sub.durable}"
+
+    async def dead() -> bool:
+        return len(await stream_messages(bus.js, DLQ_STREAM, dlq_subject)) == 1
+
+    await eventually(dead, what="the message in the DLQ")
+    stop.set()
+    await task
+    (letter,) = await stream_messages(bus.js, DLQ_STREAM, dlq_subject)
+    assert letter.headers["ibpool-dlq-header-Nats-Expected-Stream"] == "IBPOOL_JOB"
+    assert "Nats-Expected-Stream" not in letter.headers
+    assert not [h for h in letter.headers if h.lower().startswith("nats-expected")]
+    assert consumer.metrics.dead_letter_failures.labels(consumer.sub.durable)._value.get() == 0
+
+
+async def test_a_deleted_durable_is_made_again_and_nothing_after_its_ack_floor_is_lost(bus: Bus, store: Store) -> None:
+    await effects_table(store)
+    job = f"job-{uuid.uuid4().hex[:8]}"
+    consumer, stop, task = await start_consumer(bus, store, Recorder(), [job], batch=8)
+    await bus.publish(cancel(job))
+    await eventually(lambda: _count_is(store, job, 1), what="the first message handled")
+    await consumer.pending()  # the ack floor, as a metrics scrape reads it
+    await bus.js.delete_consumer(consumer.sub.stream_name(), consumer.sub.durable)  # as an attacker could
+    await bus.publish(cancel(job))
+    await eventually(lambda: _count_is(store, job, 2), what="the message published after the deletion handled")
+    stop.set()
+    await task
+    assert consumer.metrics.consumers_recreated.labels(consumer.sub.durable)._value.get() == 1
+    assert not consumer.missing
+    info = await bus.js.consumer_info(consumer.sub.stream_name(), consumer.sub.durable)
+    assert info.config.durable_name == consumer.sub.durable

@@ -117,7 +117,7 @@ async def test_service_endpoints_health_ready_metrics_and_404(bus: Bus, store: S
             body = await r.json()
             assert r.status == 200 and body == {
                 "ready": True,
-                "checks": {"bus": True, "store": True, "consumers": True},
+                "checks": {"bus": True, "store": True, "consumers": True, "dead_letters": True},
             }
         async with http.get(f"{svc.http_url}/metrics") as r:
             text = await r.text()

@@ -15,7 +15,7 @@ import json
 import re
 import ssl
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import nats
@@ -310,8 +310,12 @@ class Bus:
             raise AtomicBatchRefused(str(ack.get("error") or ack))
 
     async def dead_letter(self, msg: Msg, *, consumer: str, reason: str, deliveries: int) -> None:
-        """Copy a message to IBPOOL_DLQ with its original subject, headers and why it is there."""
-        headers = dict(msg.headers or {})
+        """Copy a message to IBPOOL_DLQ with its original subject, headers and why it is there.
+
+        Headers that steer JetStream (`Nats-*`: expected stream or sequence, rollup, TTL, message id,
+        batch) are not passed on as such, or a crafted one could make the DLQ refuse the copy (the
+        message then dropped after its last delivery): each goes as `ibpool-dlq-header-<name>`."""
+        headers = dlq_headers(msg.headers or {})
         try:
             seq = msg.metadata.sequence.stream
         except Exception:
@@ -335,6 +339,14 @@ class Bus:
             await asyncio.wait_for(self.nc.drain(), timeout=5)
         except (TimeoutError, nats.errors.ConnectionClosedError):
             await self.nc.close()
+
+
+def dlq_headers(original: Mapping[str, str]) -> dict[str, str]:
+    """The original headers of a dead letter, every JetStream-steering `Nats-*` one renamed."""
+    out: dict[str, str] = {}
+    for name, value in original.items():
+        out[f"ibpool-dlq-header-{name}" if name.lower().startswith("nats-") else name] = value
+    return out
 
 
 async def _log_nats_error(e: Exception) -> None:

@@ -178,17 +178,27 @@ class Consumer:
     source: str
     busy: bool = False
     running: bool = False
+    # The durable was found gone (deleted by someone): made again, ready again once it is.
+    missing: bool = False
+    # The last dead letter could not be published (the message was not acked: it comes again).
+    dlq_failing: bool = False
     _psub: Any = field(default=None, repr=False)
+    # The stream sequence below which the consumer had acked everything, when last asked (`pending`):
+    # where a durable made again starts, so what it had not acked comes again and nothing is skipped.
+    _ack_floor: int = 0
 
     def __post_init__(self) -> None:
         if self.sub.handoff is not None:
             self.sub.handoff.consumer = self
 
-    async def start(self) -> None:
+    async def start(self, from_seq: int | None = None) -> None:
+        """Create the durable (or update it in place); `from_seq`: a new one starts at that stream
+        sequence (a durable made again after it was deleted) instead of the stream's start."""
         stream = self.sub.stream_name()
         config = ConsumerConfig(
             durable_name=self.sub.durable,
-            deliver_policy=DeliverPolicy.ALL,
+            deliver_policy=DeliverPolicy.ALL if from_seq is None else DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=from_seq,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.settings.ack_wait_s,
             max_deliver=self.settings.max_deliver,
@@ -208,7 +218,31 @@ class Consumer:
 
     async def pending(self) -> int:
         info = await self.bus.js.consumer_info(self.sub.stream_name(), self.sub.durable)
+        if info.ack_floor is not None and info.ack_floor.stream_seq:
+            self._ack_floor = max(self._ack_floor, int(info.ack_floor.stream_seq))
         return int(info.num_pending or 0)
+
+    async def recreate_if_gone(self) -> bool:
+        """After a failed fetch: if the durable no longer exists (someone deleted it), make it again
+        from the last known ack floor and say so loudly; True when it was gone."""
+        try:
+            await self.pending()
+            return False
+        except nats.js.errors.NotFoundError:
+            pass
+        self.missing = True
+        log.error(
+            "durable consumer is gone; making it again",
+            consumer=self.sub.durable,
+            stream=self.sub.stream_name(),
+            from_seq=self._ack_floor + 1,
+        )
+        self.metrics.consumers_recreated.labels(self.sub.durable).inc()
+        with contextlib.suppress(Exception):
+            await self._psub.unsubscribe()
+        await self.start(from_seq=self._ack_floor + 1)
+        self.missing = False
+        return True
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and handle until `stop` is set; the batch in hand is always finished."""
@@ -223,6 +257,11 @@ class Consumer:
                     break
                 except Exception as e:
                     log.warning("fetch failed", consumer=self.sub.durable, error=str(e) or type(e).__name__)
+                    try:
+                        await self.recreate_if_gone()
+                    except Exception as again:  # the bus is away, or we may not make it: try again later
+                        self.missing = True
+                        log.error("durable consumer cannot be made again", consumer=self.sub.durable, error=str(again))
                     await asyncio.sleep(0.5)
                     continue
                 self.busy = True
@@ -399,11 +438,14 @@ class Consumer:
         log.error("dead-lettering message", consumer=self.sub.durable, subject=msg.subject, reason=reason)
         try:
             await self.bus.dead_letter(msg, consumer=self.sub.durable, reason=reason, deliveries=_deliveries(msg))
-        except Exception as e:  # DLQ unreachable: leave it for redelivery rather than lose it
-            log.error("dead-letter publish failed", error=str(e))
+        except Exception as e:  # DLQ unreachable: not acked, so it comes again; loud, and not ready meanwhile
+            self.dlq_failing = True
+            self.metrics.dead_letter_failures.labels(self.sub.durable).inc()
+            log.error("dead-letter publish failed; the message is kept", consumer=self.sub.durable, error=str(e))
             with contextlib.suppress(Exception):
                 await msg.nak(delay=5.0)
             return
+        self.dlq_failing = False
         self.metrics.dead_lettered.labels(self.sub.durable, why).inc()
         await msg.term()
 

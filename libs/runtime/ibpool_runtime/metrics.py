@@ -21,6 +21,18 @@ class ServiceMetrics:
         self.dead_lettered = Counter(
             "ibpool_events_dead_lettered", "Messages sent to IBPOOL_DLQ", ["consumer", "why"], registry=self.registry
         )
+        self.dead_letter_failures = Counter(
+            "ibpool_events_dead_letter_failures",
+            "Dead letters IBPOOL_DLQ did not take (the message was not acked)",
+            ["consumer"],
+            registry=self.registry,
+        )
+        self.consumers_recreated = Counter(
+            "ibpool_consumers_recreated",
+            "Durable consumers found deleted and made again",
+            ["consumer"],
+            registry=self.registry,
+        )
         self.duplicates = Counter(
             "ibpool_events_duplicate",
             "Redelivered events the inbox had already seen",

@@ -153,7 +153,8 @@ class Service(Generic[C]):
         return {
             "bus": self.kit.bus.connected,
             "store": await self.kit.store.ping(),
-            "consumers": all(c.running for c in self.consumers),
+            "consumers": all(c.running and not c.missing for c in self.consumers),
+            "dead_letters": not any(c.dlq_failing for c in self.consumers),
         }
 
     async def refresh_metrics(self) -> None:
