@@ -95,12 +95,15 @@ def test_gang_spans_the_fewest_leaves_when_no_leaf_holds_it() -> None:
     assert rejected.rejection is not None and rejected.rejection.reason == "would_exceed_capacity"
 
 
-def test_gang_on_a_node_the_fabric_does_not_have_is_its_own_leaf() -> None:
+def test_a_node_the_fabric_does_not_have_never_joins_a_gang() -> None:
+    """No fabric path is known to it (the scheduler's placement rule, which the allocator shares)."""
     view = fabric()
-    ledger = pool(node("h1"), node("h2"), node("stray1"), node("stray2"), *busy(4, "h2"))
-    # Only h1 of the fabric is whole; the two strays are not taken to share a leaf.
-    placed = gang_nodes(ledger, policy_placer("fgd+", view))
-    assert len(placed) == 2 and placed != {"stray1", "stray2"}
+    ledger = pool(node("h1"), node("h2"), node("stray1"), node("stray2"))
+    assert gang_nodes(ledger, policy_placer("fgd+", view)) == {"h1", "h2"}
+    # Only h1 of the fabric is whole: the two strays do not make up the gang.
+    short = pool(node("h1"), node("h2"), node("stray1"), node("stray2"), *busy(4, "h2"))
+    d = al.decide(short, request("g", "gang", gpus=2, hosts=2), T0, place=policy_placer("fgd+", view))
+    assert d.rejection is not None and d.rejection.reason == "would_exceed_capacity"
 
 
 def remote(ledger: Ledger, client: str, place: al.Placer, view: FabricView, max_hops: int, **kw: object) -> al.Decision:

@@ -5,11 +5,10 @@
 with the exact GPUs it chose:
 
 * whole, fraction, MIG: the best-scored node and option (`packing.choose`);
-* gang (N hosts x G whole GPUs): the hosts under as few fabric leaf groups as possible, the tightest
-  leaf group that holds the whole gang first (`gangs.choose_gang`), one packing node per host. The
-  leaf groups come from `fabric` (a `ibpool_core.fabric.view.FabricView`); while it knows none of the
-  candidates (no topology yet, or one that does not name them) gangs are placed by first fit. A
-  candidate the fabric does not have is a leaf group of its own;
+* gang (N hosts x G whole GPUs): the scheduler's own placement, the plugin framework with
+  `SCHEDULER_PROFILE` on the fabric's `FabricIndex` (`fabric`, a `ibpool_core.fabric.view.FabricView`):
+  the lowest tier that holds it, the tightest group there, the fewest leaf groups, hosts in rank
+  order; a candidate the fabric does not have never joins a gang. While no fabric is known, first fit;
 * remote (whole GPUs or one fraction for a client on another node; the allocator has kept the
   candidates within `max_remote_hops`): the nearest candidates first, by `fabric.hops` from the
   client, and the policy's choice among the nodes at that distance; without distances, all
@@ -34,6 +33,7 @@ what was asked of any policy.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from typing import Protocol
 
@@ -41,9 +41,11 @@ import msgspec
 
 from ibpool_proto.pool import GpuAssignment, ResourceRequest
 
+from ..fabric.view import FabricState
+from ..sched import framework as fw
+from ..sched.profiles import SCHEDULER_PROFILE
 from . import mig
 from .fragmentation import WorkloadMix
-from .gangs import choose_gang
 from .ledger import WHOLE, Gpu, Ledger, Node
 from .ledger_packing import Members, pack_ledger
 from .packing import PackingCluster, PackingError, PackRequest, ScorePlugin, choose
@@ -52,10 +54,17 @@ from .policies import make_policy
 from .pool_fragmentation import PoolFragmentation, measure_fragmentation
 
 _COVERED = ("whole", "fraction", "mig")
+# Gang placement has no Permit plugin that waits, so the framework's clock is never read.
+_NO_TIME = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 class FabricLookup(Protocol):
-    """What the placer asks of the fabric (`ibpool_core.fabric.view.FabricView` answers both)."""
+    """What the placer asks of the fabric (`ibpool_core.fabric.view.FabricView` answers all)."""
+
+    @property
+    def state(self) -> FabricState | None:
+        """The fabric in force (its index), None while none is known."""
+        ...
 
     def leaf_group(self, node_id: str) -> str | None:
         """The leaf group of the node, None when unknown."""
@@ -74,6 +83,7 @@ class PolicyPlacer:
         self.policy: ScorePlugin = make_policy(name)
         self.fabric = fabric
         self.__name__ = f"policy_placer[{name}]"
+        self._framework: fw.Framework | None = None
         own = getattr(self.policy, "mix", None)
         # The mix fgd and fgd+ learn; the other policies learn none, so one is kept beside them.
         self.mix: WorkloadMix = own if isinstance(own, WorkloadMix) else WorkloadMix()
@@ -128,34 +138,40 @@ class PolicyPlacer:
         return answer
 
     def _gang(self, view: Ledger, want: PlacementRequest) -> list[GpuAssignment] | None:
-        fabric = self.fabric
-        leaves = {n: fabric.leaf_group(n) for n in want.nodes} if fabric is not None else {}
-        if not any(leaves.values()):
+        """N hosts x G whole GPUs by the scheduler's own placement (the plugin framework with
+        `SCHEDULER_PROFILE` on the fabric's `FabricIndex`: the tightest tier, fewest leaf groups, rank
+        order); first fit while no fabric is known. A candidate the fabric does not have is a group
+        of its own (never a gang member)."""
+        state = self.fabric.state if self.fabric is not None else None
+        if state is None:
             return first_fit(view, want)
         r = want.request
-        try:
-            request = _pack_request(want)
-        except PackingError:
-            return first_fit(view, want)
-        if not want.excluded_models:
-            self._observe(request)
-        built = _build(view, want, leaf=lambda n: leaves.get(n) or f"?{n}")
-        if built is None:
-            return first_fit(view, want)
-        cluster, members = built
-        chosen = choose_gang(cluster, self.policy, request, r.hosts)
-        if chosen is None:
-            return first_fit(view, want)
-        if len({members[n][0].node_id for n, _ in chosen}) != r.hosts:
-            return first_fit(view, want)
+        free: dict[str, list[Gpu]] = {}
+        hosts: list[fw.HostState] = []
+        for node_id in want.nodes:
+            node = view.nodes[node_id]
+            if node.free_cpu_milli < want.cpu_milli or node.free_memory_mib < want.host_memory_mib:
+                continue
+            usable = [g for g in node.gpus if _usable(g, want) and g.fits_whole()]
+            if len(usable) < r.gpus:
+                continue
+            free[node_id] = usable
+            hosts.append(
+                fw.HostState(name=node_id, gpu_model="", total_gpus=len(node.gpus), free_gpus=len(usable))
+            )
+        if len(hosts) < r.hosts:
+            return None
+        if self._framework is None:
+            self._framework = fw.Framework(fw.build_profile(SCHEDULER_PROFILE))
+        cluster = fw.ClusterView(state.index, hosts, off_fabric=True)
+        ask = fw.PlacementAsk(job_id="gang", gpus_per_node=r.gpus, nodes=r.hosts)
+        result = self._framework.place(ask, cluster, _NO_TIME)
+        if result.status != "admitted":
+            return None
         answer: list[GpuAssignment] = []
-        for n, option in chosen:
-            node, gpus = members[n]
-            placement = cluster.allocate(n, request, option)
-            here = [_assignment(node, gpus[i], r) for i in placement.gpus]
-            if not all(_fits(node, gpus[i], a, want) for i, a in zip(placement.gpus, here, strict=True)):
-                return first_fit(view, want)
-            answer += here
+        for node_id in result.hosts:  # rank order: the allocator keeps it in the grants
+            node = view.nodes[node_id]
+            answer += [_assignment(node, g, r) for g in free[node_id][: r.gpus]]
         return answer
 
     def _remote(self, view: Ledger, want: PlacementRequest) -> list[GpuAssignment] | None:
