@@ -142,6 +142,11 @@ class PolicyPlacer:
         `SCHEDULER_PROFILE` on the fabric's `FabricIndex`: the tightest tier, fewest leaf groups, rank
         order); first fit while no fabric is known. A candidate the fabric does not have is a group
         of its own (never a gang member)."""
+        if not want.excluded_models:  # the workload mix learns every shape asked of the pool
+            try:
+                self._observe(_pack_request(want))
+            except PackingError:
+                pass
         state = self.fabric.state if self.fabric is not None else None
         if state is None:
             return first_fit(view, want)
