@@ -2,12 +2,17 @@
 
     ibpool sim --trace philly --nodes 80 --policy all [--limit N] [--failures K --seed N]
                [--placement leaf|framework [--sharp-leaves SHARE]]
+    ibpool sim --trace philly --fabric SPEC|FILE [--sharp-per link|switch] --policy all
     ibpool sim --trace philly --nodes 80 --limit 10000 --two-sites [--exact-runtimes]
                [--plot FILE.png] [--format table|json] [--jobs P]
 
 `--trace` is `philly` (../shared/data/traces/philly/philly.csv) or the path of a generic CSV
-(traces.load_generic_jobs). The run is deterministic; `--seed` only chooses the `--failures`
-injected host failures. Exit codes: 0 ok, 1 usage error, 2 input error (unreadable trace).
+(traces.load_generic_jobs). `--fabric` runs on a real fabric: a generator spec
+(`fat_tree_2tier:hosts=64,radix=12,oversubscription=2,sharp=true`, `rail_optimised:hosts=64,su_size=8`)
+or a topology file in any format `ibpool topo convert` reads; its hosts are the cluster, placement
+is the scheduler's framework on it, SHARP trees are bounded (`--sharp-per`). The run is
+deterministic; `--seed` only chooses the `--failures` injected host failures. Exit codes: 0 ok,
+1 usage error, 2 input error (unreadable trace or fabric).
 Method, cost model and results: docs/scheduling.md, docs/benchmarks.md.
 """
 
@@ -26,7 +31,9 @@ import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ibpool_sim.cluster_sim import SimResult
+from ibpool_core.fabric.model import FabricError
+from ibpool_core.sched.sharp import SharpLimits
+from ibpool_sim.cluster_sim import SimConfig, SimFabric, SimResult, load_fabric
 from ibpool_sim.sched_lineup import LineupEntry, RunOptions, check_floors, random_failures, run_entry, select
 from ibpool_sim.shared_data import locate
 from ibpool_sim.sites_sim import STRATEGIES, TwoSiteConfig, simulate_two_sites
@@ -67,6 +74,17 @@ def _parser() -> argparse.ArgumentParser:
         choices=["leaf", "framework"],
         default="leaf",
         help="leaf: the core's best-fit leaf placer; framework: the scheduler service's plugin profile",
+    )
+    p.add_argument(
+        "--fabric",
+        default=None,
+        help="a real fabric: generator spec or topology file (its hosts replace --nodes; framework placement)",
+    )
+    p.add_argument(
+        "--sharp-per",
+        choices=["link", "switch"],
+        default="link",
+        help="with --fabric: SHARP trees bounded per cable (Quantum-2) or per switch (Quantum HDR)",
     )
     p.add_argument(
         "--sharp-leaves",
@@ -125,17 +143,19 @@ def _hours(seconds: float) -> str:
     return f"{seconds:,.0f}"
 
 
-def format_table(summaries: list[dict[str, Any]], floors: list[Any]) -> str:
+def format_table(summaries: list[dict[str, Any]], floors: list[Any], tiers: bool = False) -> str:
+    """The markdown table; `tiers`: a column for the share of gangs at the lowest tier the fabric allows."""
     head = (
         "| policy | avg JCT s | median JCT s | p99 JCT s | avg queueing s | utilisation | makespan d |"
-        " preemptions | min leaf span | SHARP | CPU s | wall s |"
+        " preemptions | min leaf span |" + (" min tier |" if tiers else "") + " SHARP | CPU s | wall s |"
     )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if tiers else "") + "---:|---:|---:|"]
     for s in summaries:
+        tier = f" {s['min_tier_share']:.1%} |" if tiers else ""
         lines.append(
             f"| {s['policy']} | {_hours(s['avg_jct_s'])} | {_hours(s['median_jct_s'])} | {_hours(s['p99_jct_s'])} |"
             f" {_hours(s['avg_queue_s'])} | {s['utilisation']:.1%} | {s['makespan_s'] / 86400:.1f} |"
-            f" {s['preemptions']} | {s['min_span_share']:.1%} | {s['sharp_share']:.1%} | {s['cpu_s']:.1f} |"
+            f" {s['preemptions']} | {s['min_span_share']:.1%} |{tier} {s['sharp_share']:.1%} | {s['cpu_s']:.1f} |"
             f" {s['wall_s']:.1f} |"
         )
     for f in floors:
@@ -219,6 +239,16 @@ def main(argv: Sequence[str]) -> int:
         return 2
     if args.two_sites:
         return two_sites(trace, args)
+    if args.fabric is not None:
+        try:
+            fabric = SimFabric(load_fabric(args.fabric), SimConfig())
+        except (ValueError, FabricError) as e:
+            print(f"ibpool sim: --fabric: {e}", file=sys.stderr)
+            return 2
+        args.nodes, args.placement = len(fabric.names), "framework"
+        hosts_per_leaf = fabric.hosts_per_leaf
+    else:
+        hosts_per_leaf = 8
     horizon = max((t.submit_s for t in trace), default=0.0)
     failures = random_failures(args.seed, args.failures, args.nodes, horizon) if args.failures else []
     options = RunOptions(
@@ -227,6 +257,8 @@ def main(argv: Sequence[str]) -> int:
         span_relax_s=math.inf if args.span_relax_h is None else args.span_relax_h * 3600.0,
         placement=args.placement,
         sharp_leaf_share=args.sharp_leaves,
+        fabric=args.fabric,
+        sharp_limits=SharpLimits(per=args.sharp_per),
     )
     try:
         results = run_all(entries, trace, options, args.jobs, quiet=args.format == "json")
@@ -241,7 +273,9 @@ def main(argv: Sequence[str]) -> int:
             "jobs": len(trace),
             "nodes": args.nodes,
             "gpus_per_node": 8,
-            "hosts_per_leaf": 8,
+            "hosts_per_leaf": hosts_per_leaf,
+            "fabric": args.fabric,
+            "sharp_per": args.sharp_per if args.fabric else None,
             "failures": len(failures),
             "span_relax_h": args.span_relax_h,
             "placement": args.placement,
@@ -253,11 +287,13 @@ def main(argv: Sequence[str]) -> int:
         print(json.dumps(out, indent=2))
     else:
         sharp = f", SHARP on {args.sharp_leaves:.0%} of the leaves" if args.sharp_leaves else ""
-        print(
-            f"{args.trace}: {len(trace)} jobs on {args.nodes} nodes x 8 GPUs (8 nodes per leaf),"
-            f" {args.placement} placement{sharp}"
+        where = (
+            f"the fabric {args.fabric} (leaf groups of up to {hosts_per_leaf}; SHARP trees per {args.sharp_per})"
+            if args.fabric
+            else f"{args.nodes} nodes x 8 GPUs (8 nodes per leaf)"
         )
-        print(format_table(summaries, floors))
+        print(f"{args.trace}: {len(trace)} jobs on {where}, {args.placement} placement{sharp}")
+        print(format_table(summaries, floors, tiers=args.fabric is not None))
     if args.plot is not None:
         plot_cdf(results, args.plot, f"JCT CDF, {args.trace} ({len(trace)} jobs), {args.nodes} nodes x 8 GPUs")
     return 0

@@ -19,7 +19,7 @@ def test_sim_prints_every_policy_and_the_floors_as_json(capsys: pytest.CaptureFi
     out = json.loads(capsys.readouterr().out)
     assert out["jobs"] == 400
     labels = [p["policy"] for p in out["policies"]]
-    assert labels[:2] == ["fifo", "fifo+easy"] and "oracle-srtf" in labels and "dynamic" in labels
+    assert labels[:3] == ["fifo", "fifo+easy-exact", "fifo+easy"] and "oracle-srtf" in labels and "dynamic" in labels
     assert all(p["jobs"] == 400 for p in out["policies"])
     assert {f["name"].split(" ", 1)[1] for f in out["floors"]} >= {"avg JCT / oracle-sjf", "avg JCT / fifo+easy"}
     assert plot.stat().st_size > 10_000

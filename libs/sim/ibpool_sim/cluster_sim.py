@@ -25,6 +25,16 @@ A preempted job is charged `checkpoint_restore_s` (default 60 s) when it restart
 where it stopped; a job on a failing host restarts from its last start (no checkpoint), plus the
 restore cost.
 
+A real fabric (`fabric`: a generator spec such as `fat_tree_2tier:hosts=64,radix=16` or
+`rail_optimised:hosts=80,su_size=8`, or a topology file in any format `ibpool topo convert` reads):
+the hosts are the fabric's, the leaves its leaf groups, placement the framework on its `FabricIndex`
+(tiers, rails, SHARP-capable switches), and SHARP trees are bounded (`sharp_limits`,
+`ibpool_core.sched.sharp.SharpTrees`, held by a job until it ends). The cost model then reads the
+fabric: a gang's ring runs at the bottleneck bandwidth between consecutive ranks
+(`FabricIndex.bottleneck_gbps`, rank order as placed), against the bandwidth of one host's adapters
+at its best placement; with SHARP the ring's 2(n - 1)/n becomes 1. Each multi-node start also
+records the tier it landed at and the lowest tier any group of the fabric could hold it at.
+
 Placement: `placement="leaf"` is the core's `LeafPlacer` (best fit, gangs on the fewest leaves);
 `"framework"` is the plugin framework with the scheduler service's own profile
 (`ibpool_core.sched.profiles.SCHEDULER_PROFILE`: fits, health, GPU model, data locality filters;
@@ -51,6 +61,10 @@ from typing import Any
 
 import msgspec
 
+from ibpool_core.fabric.formats import guess_format, import_topology
+from ibpool_core.fabric.generators import GENERATORS, generate
+from ibpool_core.fabric.index import FabricIndex
+from ibpool_core.fabric.model import Topology
 from ibpool_core.sched import framework as fw
 from ibpool_core.sched.cycle import CycleConfig, SchedulingRequest, schedule
 from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors
@@ -59,6 +73,7 @@ from ibpool_core.sched.jobs import ClusterView, Job, QueueStats, RunningJob
 from ibpool_core.sched.profiles import SCHEDULER_PROFILE
 from ibpool_core.sched.queueing import LeastAttainedService, QueuePolicy, SortKey, make_policy
 from ibpool_core.sched.runtime import JobFeatures, RecentMedianEstimator, RuntimeEstimator, RuntimeHistory
+from ibpool_core.sched.sharp import SharpDecision, SharpLimits, SharpTree, SharpTrees
 
 from .traces import TraceJob
 
@@ -115,6 +130,12 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     sharp_leaf_share: float = 0.0
     # Hosts a single-host job is scored on (the service's `placement_sample`); 0: all.
     placement_sample: int = 16
+    # A real fabric (module docstring): a generator spec or a topology file; None: `hosts_per_leaf`
+    # hosts per leaf under one spine. With a fabric, placement is the framework and `nodes` its hosts.
+    fabric: str | None = None
+    sharp_limits: SharpLimits = SharpLimits()
+    # Runtimes known exactly at submit (the EASY reference baseline): the cycle plans with the trace's duration.
+    exact_runtimes: bool = False
 
 
 class JobOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -130,6 +151,10 @@ class JobOutcome(msgspec.Struct, frozen=True, kw_only=True):
     min_leaves: int
     killed: bool = False
     sharp: bool = False
+    # With a fabric: the tier of the smallest switch group holding the gang, and the lowest tier any
+    # group of the fabric holds a gang of its size at (0 for a single host).
+    tier: int = 0
+    min_tier: int = 0
 
 
 class SimResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,6 +168,8 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     multi_node_starts: int
     minimal_span_starts: int
     sharp_starts: int = 0
+    # With a fabric: multi-node starts at the lowest tier the fabric could give them.
+    minimal_tier_starts: int = 0
 
     @property
     def makespan_s(self) -> float:
@@ -168,6 +195,7 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
             "preemptions": sum(o.preemptions for o in self.outcomes),
             "min_span_share": self.minimal_span_starts / self.multi_node_starts if self.multi_node_starts else 1.0,
             "sharp_share": self.sharp_starts / self.multi_node_starts if self.multi_node_starts else 0.0,
+            "min_tier_share": self.minimal_tier_starts / self.multi_node_starts if self.multi_node_starts else 1.0,
             "cycles": self.cycles,
             "wall_s": self.wall_s,
             "cpu_s": self.cpu_s,
@@ -181,6 +209,7 @@ class _Active(msgspec.Struct, kw_only=True):
     restore_s: float
     leaves: int
     min_leaves: int
+    sharp_tree: SharpTree | None = None
 
 
 class _Progress(msgspec.Struct, kw_only=True):
@@ -193,6 +222,8 @@ class _Progress(msgspec.Struct, kw_only=True):
     leaves: int = 0
     min_leaves: int = 1
     sharp: bool = False
+    tier: int = 0
+    min_tier: int = 0
 
 
 class _SortedQueues:
@@ -257,14 +288,23 @@ def simulate(
     estimator = estimator if estimator is not None else RecentMedianEstimator()
     policy = policy if policy is not None else make_sim_policy(config, trace)
     cost = config.cost
+    real = SimFabric(load_fabric(config.fabric), config) if config.fabric is not None else None
+    if real is not None:
+        config = msgspec.structs.replace(
+            config, nodes=len(real.names), hosts_per_leaf=real.hosts_per_leaf, placement="framework"
+        )
     cycle_cfg = msgspec.structs.replace(config.cycle, hosts_per_leaf=config.hosts_per_leaf, explain=False)
     free = [config.gpus_per_node] * config.nodes
     cluster = ClusterView(
         free=free,
         capacity=[config.gpus_per_node] * config.nodes,
-        leaf_of=[h // config.hosts_per_leaf for h in range(config.nodes)],
+        leaf_of=real.leaf_of if real is not None else [h // config.hosts_per_leaf for h in range(config.nodes)],
     )
-    placer = framework_placer(config) if config.placement == "framework" else None
+    placer: FrameworkPlacer | None = None
+    if real is not None:
+        placer = real.placer
+    elif config.placement == "framework":
+        placer = framework_placer(config)
     total_gpus = config.gpus_per_node * config.nodes
     too_big = [t.id for t in trace if gang_nodes(t.gpus, config.gpus_per_node) > config.nodes]
     if too_big:
@@ -297,7 +337,7 @@ def simulate(
     down: set[int] = set()
     outcomes: list[JobOutcome] = []
     busy_gpu_s = 0.0
-    cycles = multi_node_starts = minimal_span_starts = sharp_starts = 0
+    cycles = multi_node_starts = minimal_span_starts = sharp_starts = minimal_tier_starts = 0
     waiting_gpus = 0
     oldest: list[tuple[float, str]] = []  # (submit, id) of waiting jobs; lazily cleaned
     recent_waits: deque[float] = deque(maxlen=256)
@@ -331,6 +371,8 @@ def simulate(
             if host not in down:
                 free[host] += gpus
         busy_gpu_s += act.run.job.gpus * (now - act.run.started_at)
+        if act.sharp_tree is not None and real is not None:
+            real.trees.release(act.sharp_tree)
         return act
 
     def requeue(job_id: str, now: float, *, checkpointed: bool) -> None:
@@ -367,6 +409,8 @@ def simulate(
                 min_leaves=prog.min_leaves,
                 killed=killed,
                 sharp=prog.sharp,
+                tier=prog.tier,
+                min_tier=prog.min_tier,
             )
         )
         if not killed:
@@ -380,21 +424,35 @@ def simulate(
         job_id: str, hosts: list[tuple[int, int]], leaves: int, min_leaves: int, planned_end: float, now: float
     ) -> None:
         nonlocal waiting_gpus, multi_node_starts, minimal_span_starts, sharp_starts, starts_since_p90
+        nonlocal minimal_tier_starts
         job = queues.remove(job_id)
         placed = placer.results.pop(job_id, None) if placer is not None else None
         sharp = placed is not None and placed.sharp and job.nodes > 1
+        tree: SharpTree | None = None
+        tier = min_tier = 0
+        stretch: float | None = None
+        if real is not None and job.nodes > 1:
+            ranked = real.ranked([h for h, _ in hosts], placed)
+            decision = SharpDecision(enabled=sharp, reason="")
+            if sharp:
+                decision = real.trees.reserve(ranked, decision)
+            sharp, tree = decision.enabled, decision.tree
+            tier, min_tier = real.tier(ranked), real.view.lowest_level_holding(job.nodes)
+            minimal_tier_starts += tier <= min_tier
+            stretch = real.stretch(ranked, sharp, cost.comm_fraction)
         waiting_gpus -= job.gpus
         prog = progress_of[job_id]
         if prog.first_start_s is None:
             prog.first_start_s = now
             recent_waits.append(now - job.submit_time)
             starts_since_p90 += 1
-        prog.leaves, prog.min_leaves, prog.sharp = leaves, min_leaves, sharp
+        prog.leaves, prog.min_leaves, prog.sharp, prog.tier, prog.min_tier = leaves, min_leaves, sharp, tier, min_tier
         if job.nodes > 1:
             multi_node_starts += 1
             minimal_span_starts += leaves <= min_leaves
             sharp_starts += sharp
-        stretch = cost.stretch(job.nodes, leaves, min_leaves, sharp)
+        if stretch is None:
+            stretch = cost.stretch(job.nodes, leaves, min_leaves, sharp)
         restore = cost.checkpoint_restore_s if prog.restarts else 0.0
         run = RunningJob(job=job, hosts=tuple(hosts), started_at=now, planned_end=planned_end)
         i = bisect.bisect_left(running_keys, (planned_end, job_id))
@@ -407,6 +465,7 @@ def simulate(
             restore_s=restore,
             leaves=leaves,
             min_leaves=min_leaves,
+            sharp_tree=tree,
         )
         for host, gpus in hosts:
             free[host] -= gpus
@@ -454,6 +513,7 @@ def simulate(
                         time_limit_s=t.time_limit_s,
                         predicted=estimator.predict(features(t)),
                         true_runtime_s=t.duration_s,
+                        requested_runtime_s=t.duration_s if config.exact_runtimes else None,
                     )
                 )
                 cycle_wanted = True
@@ -539,7 +599,88 @@ def simulate(
         multi_node_starts=multi_node_starts,
         minimal_span_starts=minimal_span_starts,
         sharp_starts=sharp_starts,
+        minimal_tier_starts=minimal_tier_starts,
     )
+
+
+def load_fabric(spec: str) -> Topology:
+    """A generator spec (`kind:key=value,...`, kinds of `ibpool_core.fabric.generators`) or the path
+    of a topology file in any import format (guessed); ValueError naming what is wrong."""
+    if spec.partition(":")[0] in GENERATORS:
+        return generate(spec)
+    try:
+        text = open(spec, encoding="utf-8").read()
+    except OSError as e:
+        raise ValueError(
+            f"fabric {spec!r}: not a generator spec ({', '.join(GENERATORS)}) nor a readable file: {e}"
+        ) from None
+    return import_topology(guess_format(spec, text), text, file=spec, name=spec)
+
+
+class SimFabric:
+    """The simulated cluster on a real fabric: its hosts (sorted names, index = host index), leaf
+    groups, the framework placer on its index, the SHARP trees in use and the cost of a ring."""
+
+    def __init__(self, topology: Topology, config: SimConfig) -> None:
+        index = FabricIndex(topology)
+        self.index = index
+        self.names = [h for h in index.hosts if index.rails(h)]
+        if not self.names:
+            raise ValueError("the fabric has no host cabled to a switch")
+        hosts = [
+            fw.HostState(name=n, gpu_model="", total_gpus=config.gpus_per_node, free_gpus=config.gpus_per_node)
+            for n in self.names
+        ]
+        self.view = fw.ClusterView(index, hosts)
+        self.leaf_of = [self.view.group_of[n] for n in self.names]
+        self.hosts_per_leaf = max(len(g) for g in self.view.group_hosts)
+        self.placer = FrameworkPlacer(
+            fw.Framework(fw.build_profile(SCHEDULER_PROFILE)),
+            self.view,
+            self.names,
+            {},
+            dt.datetime(2017, 1, 1, tzinfo=dt.UTC),
+            sample=config.placement_sample,
+        )
+        self.trees = SharpTrees(index, config.sharp_limits)
+        # The bandwidth a ring inside one leaf group runs at (the best placement's).
+        group = max(self.view.group_hosts, key=len)
+        self.best_gbps = (index.bottleneck_gbps(group[0], group[1]) if len(group) > 1 else None) or 1.0
+        # (level, index) of a subtree -> its bisection bandwidth per host (Gb/s)
+        self.bisection_per_host: dict[tuple[int, int], float] = {}
+
+    def ranked(self, hosts: list[int], placed: fw.PlacementResult | None) -> list[str]:
+        names = [self.names[h] for h in hosts]
+        if placed is not None and sorted(placed.hosts) == sorted(names):
+            return list(placed.hosts)
+        return sorted(names, key=self.view.rank_key)
+
+    def tier(self, ranked: list[str]) -> int:
+        sub = self.index.covering_subtree(ranked)
+        return sub.level if sub is not None else self.index.levels + 1
+
+    def stretch(self, ranked: list[str], sharp: bool, comm_fraction: float) -> float:
+        """How much longer than the trace's runtime (its best placement without SHARP) the gang runs:
+        its ring at the slowest link between consecutive ranks, and at most the per-host share of
+        its covering subtree's bisection (an oversubscribed tier halves it at 2:1); with SHARP,
+        S / B instead of the ring's 2(n - 1)/n * S / B."""
+        n = len(ranked)
+        slowest = min(
+            (self.index.bottleneck_gbps(a, b) or 0.0 for a, b in zip(ranked, ranked[1:] + ranked[:1], strict=True)),
+            default=self.best_gbps,
+        )
+        covering = self.index.covering_subtree(ranked)
+        if covering is not None and len(covering.hosts) > 1:
+            cut = self.bisection_per_host.get((covering.level, covering.index))
+            if cut is None:
+                whole = self.index.bisection_gbps(covering)
+                cut = whole / (len(covering.hosts) / 2) if whole else math.inf
+                self.bisection_per_host[(covering.level, covering.index)] = cut
+            slowest = min(slowest, cut)
+        ratio = self.best_gbps / max(slowest, 1e-9)
+        if sharp:
+            ratio *= n / (2 * (n - 1))
+        return (1.0 - comm_fraction) + comm_fraction * ratio
 
 
 def host_name(h: int) -> str:

@@ -1,8 +1,11 @@
 """The policies `ibpool sim --policy all` compares on one trace, and the floors of issue 6 checked on them.
 
-Every entry is (label, queue policy, backfill mode). Baselines: `fifo` (strict order), `fifo+easy`
-(EASY backfill on predicted runtimes), `oracle-sjf` (true durations, non-preemptive, starts any job
-that fits in order) and `oracle-srtf` (true remaining time, preemptive). The ibpool policies use the
+Every entry is (label, queue policy, backfill mode). Baselines: `fifo` (strict order),
+`fifo+easy-exact` (EASY as the literature runs it: exact runtimes, the whole queue scanned),
+`fifo+easy` (EASY as ibpool runs it: p90 predictions x 1.5, the whole queue scanned), `oracle-sjf`
+(true durations, non-preemptive, starts any job that fits in order) and `oracle-srtf` (true
+remaining time, preemptive). ibpool's own policies scan 128 queue positions per cycle (the
+service's `scan_depth`). The ibpool policies use the
 online `RecentMedianEstimator` (and `gittins-learned` its `RuntimeHistory`, fed as jobs end) and no
 future knowledge.
 """
@@ -17,12 +20,17 @@ from typing import Any
 import msgspec
 
 from ibpool_core.sched.cycle import BackfillMode, CycleConfig
+from ibpool_core.sched.sharp import SharpLimits
 
 from .cluster_sim import HostFailure, SimConfig, SimResult, simulate
 from .traces import TraceJob
 
 # `gittins-learned`'s queues: seconds of service, 600 s then doubling from 1 h to 256 h (docs/scheduling.md).
 LEARNED_GITTINS_THRESHOLDS_S = [600.0, *(3600.0 * 2**k for k in range(9))]
+
+
+# A scan depth that is the whole queue (no trace has this many jobs waiting).
+WHOLE_QUEUE = 1 << 30
 
 
 class LineupEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,11 +40,22 @@ class LineupEntry(msgspec.Struct, frozen=True, kw_only=True):
     baseline: bool = False
     oracle: bool = False
     params: dict[str, Any] = {}  # the queue policy's parameters (queueing.make_policy)
+    scan_depth: int = 128  # queue positions examined per cycle
+    exact_runtimes: bool = False  # the cycle plans with the trace's durations (a baseline's knowledge)
 
 
 LINEUP: tuple[LineupEntry, ...] = (
     LineupEntry(label="fifo", policy="fifo", backfill="none", baseline=True),
-    LineupEntry(label="fifo+easy", policy="fifo", backfill="easy", baseline=True),
+    LineupEntry(
+        label="fifo+easy-exact",
+        policy="fifo",
+        backfill="easy",
+        baseline=True,
+        oracle=True,
+        scan_depth=WHOLE_QUEUE,
+        exact_runtimes=True,
+    ),
+    LineupEntry(label="fifo+easy", policy="fifo", backfill="easy", baseline=True, scan_depth=WHOLE_QUEUE),
     LineupEntry(label="sjf", policy="sjf", backfill="easy"),
     LineupEntry(label="priority", policy="priority", backfill="easy"),
     LineupEntry(label="predictive", policy="predictive", backfill="easy"),
@@ -75,13 +94,16 @@ def random_failures(seed: int, count: int, nodes: int, horizon_s: float, down_s:
 
 
 class RunOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """What every policy of one run shares: the cluster, injected failures, gang span relaxation, placement."""
+    """What every policy of one run shares: the cluster, injected failures, gang span relaxation,
+    placement; `fabric` a real fabric (cluster_sim.SimConfig.fabric) with its SHARP limits."""
 
     nodes: int = 80
     failures: tuple[HostFailure, ...] = ()
     span_relax_s: float = math.inf  # by default gangs wait for their minimal leaf span
     placement: str = "leaf"  # "leaf" or "framework" (cluster_sim.SimConfig.placement)
     sharp_leaf_share: float = 0.0
+    fabric: str | None = None
+    sharp_limits: SharpLimits = SharpLimits()
 
 
 def config_for(entry: LineupEntry, options: RunOptions) -> SimConfig:
@@ -90,11 +112,16 @@ def config_for(entry: LineupEntry, options: RunOptions) -> SimConfig:
         nodes=options.nodes,
         policy=entry.policy,
         policy_params=dict(entry.params),
-        cycle=CycleConfig(backfill=entry.backfill, span_relax_after_s=options.span_relax_s),
+        cycle=CycleConfig(
+            backfill=entry.backfill, span_relax_after_s=options.span_relax_s, scan_depth=entry.scan_depth
+        ),
         failures=list(options.failures),
         label=entry.label,
         placement=options.placement,
         sharp_leaf_share=options.sharp_leaf_share,
+        fabric=options.fabric,
+        sharp_limits=options.sharp_limits,
+        exact_runtimes=entry.exact_runtimes,
     )
 
 

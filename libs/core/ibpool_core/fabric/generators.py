@@ -472,7 +472,8 @@ GENERATORS: dict[str, Callable[..., Topology]] = {
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, int | float | str]]:
-    """`rail_optimised:hosts=16,rails=8` -> ("rail_optimised", {"hosts": 16, "rails": 8})."""
+    """`rail_optimised:hosts=16,rails=8` -> ("rail_optimised", {"hosts": 16, "rails": 8});
+    `true`/`false` are bools (`fat_tree_2tier:hosts=64,sharp=true`)."""
     kind, _, params = spec.strip().partition(":")
     if kind not in GENERATORS:
         raise ValueError(f"unknown generator {kind!r}; known: {', '.join(GENERATORS)}")
@@ -482,6 +483,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, int | float | str]]:
         if not eq or not key:
             raise ValueError(f"generator parameter {item!r} is not key=value")
         value: int | float | str = raw
+        if raw.lower() in ("true", "false"):  # a flag (`sharp=true`): a bool, never a truthy string
+            kwargs[key.strip()] = raw.lower() == "true"
+            continue
         for convert in (int, float):
             try:
                 value = convert(raw)

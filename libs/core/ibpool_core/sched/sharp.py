@@ -135,12 +135,17 @@ class SharpTrees:
         for tree in held:
             self._add(tree)
 
-    def _add(self, tree: SharpTree) -> None:
-        self.trees += tree.trees
+    def _add(self, tree: SharpTree, step: int = 1) -> None:
+        self.trees += step * tree.trees
         for sw in tree.switches:
-            self.switch_use[sw] = self.switch_use.get(sw, 0) + 1
+            self.switch_use[sw] = self.switch_use.get(sw, 0) + step
         for c in tree.cables:
-            self.cable_use[c] = self.cable_use.get(c, 0) + 1
+            self.cable_use[c] = self.cable_use.get(c, 0) + step
+
+    def release(self, tree: SharpTree) -> None:
+        """Give back the trees of a job that ended (a caller that keeps one `SharpTrees` over time,
+        as the simulator does; the service counts the live jobs' trees anew every cycle)."""
+        self._add(tree, -1)
 
     def reserve(self, hosts: Sequence[str], decision: SharpDecision) -> SharpDecision:
         """`decision` with the trees for the gang on `hosts` reserved, or SHARP off saying why."""
