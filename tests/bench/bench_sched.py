@@ -559,9 +559,9 @@ def cycle_only(args: argparse.Namespace) -> dict[str, Any]:
     until then), as the allocator would. Times the cycles only (process CPU and wall)."""
     from ibpool_core.pool import allocate as al
     from ibpool_core.pool.ledger import Ledger
+    from ibpool_core.sched import records as job_states
+    from ibpool_core.sched.records import JobRecord
     from ibpool_runtime.clock import SystemClock
-    from ibpool_scheduler import jobs as job_states
-    from ibpool_scheduler.jobs import JobRecord
     from ibpool_scheduler.plan import plan_cycle
     from ibpool_scheduler.state import tally_of
 

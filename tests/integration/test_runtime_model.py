@@ -8,12 +8,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from ibpool_core.sched import records as jobs
+from ibpool_core.sched.records import JobRecord
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.devstack import StackInfo
 from ibpool_runtime.store import Store
-from ibpool_scheduler import jobs
 from ibpool_scheduler import state as sched_state
-from ibpool_scheduler.jobs import JobRecord
 from tests.integration.helpers import eventually
 from tests.integration.test_scheduler import call, job_id, job_state, pool_of, running_scheduler, until_leading
 

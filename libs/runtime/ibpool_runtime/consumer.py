@@ -227,6 +227,7 @@ class Consumer:
         from the last known ack floor and say so loudly; True when it was gone."""
         try:
             await self.pending()
+            self.missing = False
             return False
         except nats.js.errors.NotFoundError:
             pass
@@ -259,11 +260,14 @@ class Consumer:
                     log.warning("fetch failed", consumer=self.sub.durable, error=str(e) or type(e).__name__)
                     try:
                         await self.recreate_if_gone()
-                    except Exception as again:  # the bus is away, or we may not make it: try again later
-                        self.missing = True
-                        log.error("durable consumer cannot be made again", consumer=self.sub.durable, error=str(again))
+                    except Exception as again:  # the bus is away (not known to be gone), or it may not be made
+                        if self.missing:
+                            log.error(
+                                "durable consumer not made again yet", consumer=self.sub.durable, error=str(again)
+                            )
                     await asyncio.sleep(0.5)
                     continue
+                self.missing = False
                 self.busy = True
                 try:
                     await self.process(msgs)

@@ -10,6 +10,7 @@ import msgspec
 from aiohttp import web
 
 from ibpool_core.fabric.view import FabricAbout
+from ibpool_core.sched.records import LIVE, JobPlacement, JobRecord, JobState, RuntimePrediction, env_problem
 from ibpool_core.sched.waits import WaitCode
 from ibpool_proto import new_id
 from ibpool_proto.job import JobSpec, TopologyConstraint
@@ -17,7 +18,6 @@ from ibpool_proto.pool import GpuAssignment, MemberFailure, ResourceRequest, Wor
 from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
 
 from . import state
-from .jobs import LIVE, JobPlacement, JobRecord, JobState, RuntimePrediction, env_problem
 from .predictor import ModelStatus, status_of
 from .service import Scheduler
 

@@ -24,13 +24,12 @@ from ibpool_core.sched.framework_placer import AskHints, FrameworkPlacer, leaf_f
 from ibpool_core.sched.jobs import ClusterView, Job, RunningJob, estimated_runtime
 from ibpool_core.sched.placer import Placer
 from ibpool_core.sched.queueing import QueuePolicy
+from ibpool_core.sched.records import HOLDING, JobRecord
 from ibpool_core.sched.runtime import RuntimeEstimate
 from ibpool_core.sched.sharp import SharpDecision, SharpLimits, SharpTree, SharpTrees, decide_sharp
 from ibpool_core.sched.sites import Site, SiteChoice, choose_site
 from ibpool_core.sched.waits import Wait
 from ibpool_proto.pool import GpuAssignment
-
-from .jobs import HOLDING, JobRecord
 
 UNLABELLED_LEAF = ""
 # The leaf of a node the published fabric does not have: a group of its own (single-host work only).

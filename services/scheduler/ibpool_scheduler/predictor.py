@@ -46,6 +46,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from ibpool_core.clock import Clock
 from ibpool_core.sched.queueing import LearnedGittins, QueuePolicy
+from ibpool_core.sched.records import JobRecord, RuntimePrediction
 from ibpool_core.sched.runtime import JobFeatures, RuntimeEstimate, RuntimeHistory
 from ibpool_predict.estimator import EstimatorConfig, LearnedEstimator, Retrainer
 from ibpool_predict.model import (
@@ -60,7 +61,6 @@ from ibpool_runtime.logs import get_logger
 
 from . import state
 from .config import SchedulerConfig
-from .jobs import JobRecord, RuntimePrediction
 
 log = get_logger(__name__)
 

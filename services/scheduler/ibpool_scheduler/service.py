@@ -3,7 +3,8 @@
 Handlers (every replica, durable transactional consumers) keep the job records in step with what
 happened: submissions and cancellations, the allocator's answers (granted, rejected), lost
 allocations (revoked, expired, requeue requested by the failover controller) and the node agents'
-starts and exits. They never decide where a job goes.
+starts and exits. They decide nothing: each locks the job's row, asks the core
+(`ibpool_core.sched.lifecycle.decide`), saves the record it returns and queues its events.
 
 The cycle (the elected leader only) reads the live jobs, builds the pool from its ledger replica
 (`ibpool_runtime.ledger_replica`), decides with `ibpool_core.sched.cycle.schedule` (`plan.py`) and writes, in one
@@ -30,22 +31,20 @@ from prometheus_client import Counter, Histogram
 
 from ibpool_core.clock import Clock
 from ibpool_core.fabric.view import FabricView
+from ibpool_core.sched import lifecycle
+from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
 from ibpool_core.sched.profiles import SCHEDULER_PROFILE
 from ibpool_core.sched.queueing import QueuePolicy, make_policy
-from ibpool_core.sched.waits import WaitCode
+from ibpool_core.sched.records import JobRecord
 from ibpool_proto import Message
 from ibpool_proto.health import RequeueRequested
 from ibpool_proto.job import (
     CancelJob,
     JobExited,
-    JobFinished,
-    JobPreempted,
     JobQueued,
-    JobRequeued,
-    JobScheduled,
     JobSpec,
     JobStarted,
     SubmitJob,
@@ -58,7 +57,6 @@ from ibpool_proto.pool import (
     PlacementItem,
     ProposePlacement,
     ProposePlacements,
-    ReleaseAllocation,
     RenewLease,
 )
 from ibpool_runtime.config import ConfigError
@@ -70,9 +68,8 @@ from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit
 from ibpool_runtime.store import Transaction
 
-from . import jobs, members, state
+from . import members, state
 from .config import SchedulerConfig
-from .jobs import JobRecord
 from .node_feed import NodeFeed, telemetry_of
 from .plan import CyclePlan, LeafSource, PlacementInputs, PlanCache, QueueRule, plan_cycle
 from .predictor import RuntimePredictor, estimates_of, settings_of
@@ -84,7 +81,6 @@ POOL_NEWS = (AllocationGranted, AllocationRejected, AllocationRevoked, Allocatio
 HEALTH_NEWS = (RequeueRequested,)
 # The scheduler's consumers (durable `<durable_prefix>-<name>`) and what each takes.
 NEWS: dict[str, tuple[type[Message], ...]] = {"jobs": JOB_NEWS, "pool": POOL_NEWS, "health": HEALTH_NEWS}
-RETRY_AT_ONCE = ("conflict", "stale")
 # A job holds its SHARP trees from its proposal until it ends or goes back to the queue.
 HOLDS_SHARP = ("proposed", "scheduled", "running")
 # `Transaction.scratch` key: this transaction is a cycle's, handling job news before it plans.
@@ -117,11 +113,6 @@ class Every:
 
     def now(self) -> None:
         self._last = -math.inf
-
-
-def release_id(allocation_id: str) -> str:
-    """One id for every release of an allocation: the outbox and JetStream keep one of them."""
-    return f"{allocation_id}-release"
 
 
 def seeded_usage(
@@ -230,6 +221,9 @@ class Scheduler:
         self.feed = LedgerReplica(kit.bus, pool_from_seq)
         # Terms are only comparable within one election, so the fencing group defaults to its key.
         self.group = cfg.scheduler_group or cfg.leader_key
+        self.lifecycle = lifecycle.LifecycleConfig(
+            source=kit.source, max_attempts=cfg.max_attempts, retry_after_s=cfg.retry_after_s
+        )
         self.leadership: Leadership | None = None
         if cfg.leader_election:
             self.leadership = Leadership(kit.bus, cfg.leader_key, kit.source, cfg.leader_ttl_s, cfg.stream_replicas)
@@ -330,38 +324,31 @@ class Scheduler:
         return not self.cfg.queues or queue in self.cfg.queues
 
     async def on_news(self, message: object, ctx: HandlerContext) -> None:
+        """Lock the job's row, let the core decide what the news does to it (`lifecycle.decide`),
+        save that and queue its events. A submission is accepted (`accept`)."""
         assert ctx.tx is not None
-        tx, now = ctx.tx, self.clock.now()
-        match message:
-            case SubmitJob():
-                accepted = await self.accept(tx, message.job_id, message.spec)
-                if isinstance(accepted, str):
-                    log.info("submission not accepted", job_id=message.job_id, why=accepted)
-            case CancelJob():
-                await self.cancel(tx, message.job_id, message.reason)
-            case JobStarted():
-                await self.on_started(tx, message, now)
-            case JobExited():
-                await self.on_exited(tx, message, now)
-            case AllocationGranted():
-                await self.on_granted(tx, message, now)
-            case AllocationRejected():
-                await self.on_rejected(tx, message, now)
-            case AllocationRevoked():
-                why = f"allocation revoked: {message.reason}"
-                await self.on_lost(tx, message.job_id, message.allocation_id, why, node_id=message.node_id)
-            case AllocationExpired():
-                await self.on_lost(tx, message.job_id, message.allocation_id, "allocation lease expired")
-            case RequeueRequested():
-                not_before = now + dt.timedelta(seconds=message.retry_after_s) if message.retry_after_s > 0 else None
-                await self.on_lost(
-                    tx,
-                    message.job_id,
-                    message.allocation_id,
-                    f"requeue requested: {message.reason}",
-                    not_before,
-                    message.node_id,
-                )
+        if isinstance(message, SubmitJob):
+            accepted = await self.accept(ctx.tx, message.job_id, message.spec)
+            if isinstance(accepted, str):
+                log.info("submission not accepted", job_id=message.job_id, why=accepted)
+            return
+        assert isinstance(message, lifecycle.News)
+        job = await state.lock_job(ctx.tx, message.job_id)
+        await self.apply(ctx.tx, lifecycle.decide(job, message, self.clock.now(), self.lifecycle), message.job_id)
+
+    async def apply(self, tx: Transaction, t: lifecycle.Transition, job_id: str) -> None:
+        """Save what a transition changed and queue its events (one transaction), count it, log its
+        note, and wake the cycle once it commits when it asks to."""
+        if t.job is not None:
+            await state.save_job(tx, t.job, self.clock.now())
+        if t.events:
+            await tx.outbox(*t.events)
+        for counter, label in t.counts:
+            (self.answers if counter == "answers" else self.requeues).labels(label).inc()
+        if t.note:
+            log.info(t.note, job_id=job_id)
+        if t.wake:
+            self.wake_after(tx)
 
     async def prepare(self, batch: list[Message], tx: Transaction) -> None:
         """One statement for what the batch's handlers would each do alone: insert the submissions
@@ -425,167 +412,10 @@ class Scheduler:
     async def cancel(self, tx: Transaction, job_id: str, reason: str) -> JobRecord | None:
         """End a live job (its allocation released); an ended job is returned unchanged."""
         job = await state.lock_job(tx, job_id)
-        if job is None or not job.live:
-            return job
-        now = self.clock.now()
-        if job.holding and job.allocation_id is not None:
-            await tx.outbox(self.release(job.allocation_id, f"job {job_id} cancelled"))
-        done = jobs.finished(job, "cancelled", reason, now)
-        await state.save_job(tx, done, now)
-        await tx.outbox(self.finished_event(done))
-        self.wake_after(tx)
-        return done
-
-    async def current(self, tx: Transaction, job_id: str, allocation_id: str, now: dt.datetime) -> JobRecord | None:
-        """The job, locked, if `allocation_id` is its allocation. An agent's news of a proposal still
-        marked proposed means it was granted (the grant's own news is on another consumer, maybe later)."""
-        job = await state.lock_job(tx, job_id)
-        if job is not None and job.state == "proposed" and job.proposal_id == allocation_id:
-            return await self.mark_granted(tx, job, allocation_id, sorted({a.node_id for a in job.proposal}), now)
-        return job if job is not None and job.holding and job.allocation_id == allocation_id else None
-
-    async def on_started(self, tx: Transaction, ev: JobStarted, now: dt.datetime) -> None:
-        job = await self.current(tx, ev.job_id, ev.allocation_id, now)
-        if job is None or job.state != "scheduled":
-            return
-        await state.save_job(tx, msgspec.structs.replace(job, state="running", started_at=ev.occurred_at), now)
-
-    async def on_exited(self, tx: Transaction, ev: JobExited, now: dt.datetime) -> None:
-        job = await self.current(tx, ev.job_id, ev.allocation_id, now) if ev.reason != "revoked" else None
-        if job is None:
-            return  # not ours, not current, or revoked (the revocation requeues it)
-        if members.replaceable(job) and await members.on_member_exit(self, tx, job, ev, now):
-            return  # a replaced member's late exit, or a hardware exit: the member is replaced
-        exited = sorted({*job.exited_nodes, ev.node_id})
-        if ev.reason == "completed" and len(exited) < len(job.nodes):
-            await state.save_job(tx, msgspec.structs.replace(job, exited_nodes=exited), now)
-            return  # a gang is done when all its members are
-        started = job.started_at or job.scheduled_at or now
-        runtime = ev.runtime_s or (now - started).total_seconds()
-        why = "completed" if ev.reason == "completed" else f"{ev.reason} on {ev.node_id}: {ev.detail}".rstrip(": ")
-        done = jobs.finished(
-            job, "completed" if ev.reason == "completed" else "failed", why, now, ev.exit_code, runtime
-        )
-        done = msgspec.structs.replace(done, exited_nodes=exited)
-        await state.save_job(tx, done, now)
-        await tx.outbox(self.finished_event(done), self.release(ev.allocation_id, f"job {job.job_id} exited"))
-        self.wake_after(tx)
-
-    async def on_granted(self, tx: Transaction, ev: AllocationGranted, now: dt.datetime) -> None:
-        job = await state.lock_job(tx, ev.job_id)
-        if job is not None and ev.replaces is not None:
-            await members.on_granted(self, tx, job, ev, now)  # a replaced gang member
-            return
-        if job is None or job.allocation_id == ev.allocation_id:
-            return  # not ours, or another member of a gang already granted
-        if job.state == "proposed" and job.proposal_id == ev.allocation_id:
-            await self.mark_granted(tx, job, ev.allocation_id, list(ev.nodes) or [ev.node_id], now)
-            return
-        # A grant the job no longer wants (cancelled meanwhile, or placed by another proposal): give it back.
-        log.warning("stray grant released", job_id=job.job_id, allocation_id=ev.allocation_id, state=job.state)
-        await tx.outbox(self.release(ev.allocation_id, f"job {job.job_id} does not hold allocation {ev.allocation_id}"))
-
-    async def mark_granted(
-        self, tx: Transaction, job: JobRecord, allocation_id: str, nodes: list[str], now: dt.datetime
-    ) -> JobRecord:
-        self.answers.labels("granted").inc()
-        done = jobs.granted(job, allocation_id, nodes, now)
-        await state.save_job(tx, done, now)
-        await tx.outbox(
-            JobScheduled(
-                source=self.kit.source,
-                key=job.job_id,
-                job_id=job.job_id,
-                allocation_id=allocation_id,
-                tenant=job.tenant,
-                queue=job.queue,
-                nodes=done.nodes,
-                assignments=done.assignments,
-                waited_s=max(0.0, (now - job.queued_at).total_seconds()),
-                attempt=job.attempt,
-                scheduler_term=job.proposal_term,
-            )
-        )
-        return done
-
-    async def on_rejected(self, tx: Transaction, ev: AllocationRejected, now: dt.datetime) -> None:
-        job = await state.lock_job(tx, ev.job_id)
-        if job is not None and job.replace_id is not None and job.replace_id == ev.command_id:
-            await members.on_rejected(self, tx, job, ev, now)  # a replacement of a gang member refused
-            return
-        if job is None or job.state != "proposed" or job.proposal_id != ev.command_id:
-            return
-        self.answers.labels(ev.reason).inc()
-        # conflict/stale: the pool moved under the proposal; place it again on fresher state at once.
-        later = None if ev.reason in RETRY_AT_ONCE else now + dt.timedelta(seconds=self.cfg.retry_after_s)
-        why = f"proposal rejected ({ev.reason}): {ev.detail}"
-        code: WaitCode | None = "over_quota" if ev.reason == "over_quota" else None
-        await state.save_job(tx, msgspec.structs.replace(jobs.rejected(job, why, later), wait_code=code), now)
-        self.wake_after(tx)
-
-    async def on_lost(
-        self,
-        tx: Transaction,
-        job_id: str,
-        allocation_id: str,
-        why: str,
-        not_before: dt.datetime | None = None,
-        node_id: str | None = None,
-    ) -> None:
-        """The job's allocation is gone or must go: requeue it in its place (or fail it after max_attempts).
-        A gang that declared `replace` and lost the member on `node_id` has that member replaced instead
-        (members.py)."""
-        job = await state.lock_job(tx, job_id)
-        if job is None or not job.holding or job.allocation_id != allocation_id:
-            return
-        now = self.clock.now()
-        if node_id is not None and members.replaceable(job):
-            await members.member_lost(self, tx, job, node_id, why, now, not_before)
-            return
-        self.requeues.labels(why.split(":", 1)[0]).inc()
-        await tx.outbox(self.release(allocation_id, f"job {job_id} requeued"))
-        if job.attempt + 1 > self.cfg.max_attempts:
-            done = jobs.finished(job, "failed", f"requeued {job.attempt} times; then {why}", now)
-            await state.save_job(tx, done, now)
-            await tx.outbox(self.finished_event(done))
-            return
-        again = jobs.requeued(job, why, now, not_before)
-        await state.save_job(tx, again, now)
-        await tx.outbox(
-            JobRequeued(
-                source=self.kit.source,
-                key=job_id,
-                job_id=job_id,
-                allocation_id=allocation_id,
-                reason=why,
-                attempt=again.attempt,
-                not_before=not_before,
-            )
-        )
-        self.wake_after(tx)
-
-    def release(self, allocation_id: str, why: str) -> ReleaseAllocation:
-        return ReleaseAllocation(
-            id=release_id(allocation_id),
-            source=self.kit.source,
-            key=allocation_id,
-            allocation_id=allocation_id,
-            reason=why,
-        )
-
-    def finished_event(self, job: JobRecord) -> JobFinished:
-        assert job.state in ("completed", "failed", "cancelled", "killed")
-        return JobFinished(
-            source=self.kit.source,
-            key=job.job_id,
-            job_id=job.job_id,
-            state=job.state,
-            reason=job.reason,
-            allocation_id=job.allocation_id,
-            exit_code=job.exit_code,
-            runtime_s=job.runtime_s,
-            attempt=job.attempt,
-        )
+        news = CancelJob(source=self.kit.source, key=job_id, job_id=job_id, reason=reason)
+        t = lifecycle.decide(job, news, self.clock.now(), self.lifecycle)
+        await self.apply(tx, t, job_id)
+        return t.job if t.job is not None else job
 
     # -- the cycle ------------------------------------------------------------------------------
 
@@ -778,39 +608,13 @@ class Scheduler:
         """The cycle's job changes, each only if the row is still what the cycle read, and their events."""
         changes: dict[str, tuple[JobRecord, JobRecord, list[Message]]] = {}
         for victim_id, for_id in plan.preempted:
-            victim = live[victim_id]
-            assert victim.allocation_id is not None
-            again = jobs.requeued(victim, f"preempted for {for_id}", now, None)
-            changes[victim_id] = (
-                victim,
-                again,
-                [
-                    JobPreempted(
-                        source=self.kit.source,
-                        key=victim_id,
-                        job_id=victim_id,
-                        allocation_id=victim.allocation_id,
-                        for_job_id=for_id,
-                        reason=f"priority: {for_id} ranks before it",
-                    ),
-                    self.release(victim.allocation_id, f"job {victim_id} preempted for {for_id}"),
-                    JobRequeued(
-                        source=self.kit.source,
-                        key=victim_id,
-                        job_id=victim_id,
-                        allocation_id=victim.allocation_id,
-                        reason=f"preempted for {for_id}",
-                        attempt=again.attempt,
-                    ),
-                ],
-            )
+            t = lifecycle.preempt(live[victim_id], for_id, now, self.lifecycle)
+            assert t.job is not None
+            changes[victim_id] = (live[victim_id], t.job, t.events)
         for killed_id in plan.killed:
-            victim = live[killed_id]
-            done = jobs.finished(victim, "killed", f"ran past its time limit of {victim.time_limit_s} s", now)
-            events: list[Message] = [self.finished_event(done)]
-            if victim.allocation_id is not None:
-                events.insert(0, self.release(victim.allocation_id, f"job {killed_id} overran its time limit"))
-            changes[killed_id] = (victim, done, events)
+            t = lifecycle.kill(live[killed_id], now, self.lifecycle)
+            assert t.job is not None
+            changes[killed_id] = (live[killed_id], t.job, t.events)
         for p in plan.proposals:
             job = live[p.job_id]
             cmd = ProposePlacement(

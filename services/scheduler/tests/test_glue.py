@@ -9,8 +9,11 @@ import pytest
 
 from ibpool_core.pool import allocate as al
 from ibpool_core.pool.ledger import Ledger
+from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
+from ibpool_core.sched.lifecycle import release_id
 from ibpool_core.sched.queueing import make_policy
+from ibpool_core.sched.records import JobRecord
 from ibpool_proto.job import JobSpec
 from ibpool_proto.node import GpuInfo, NodeRegistered
 from ibpool_proto.pool import GpuAssignment, ProposePlacement, ResourceRequest
@@ -19,10 +22,8 @@ from ibpool_runtime.config import ConfigError, load_config
 from ibpool_runtime.http import BadBody
 from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit
-from ibpool_scheduler import jobs
 from ibpool_scheduler.api import JobBody, spec_of
 from ibpool_scheduler.config import SchedulerConfig
-from ibpool_scheduler.jobs import JobRecord
 from ibpool_scheduler.plan import (
     CyclePlan,
     FreeCache,
@@ -33,7 +34,7 @@ from ibpool_scheduler.plan import (
     plan_cycle,
     taken_in_flight,
 )
-from ibpool_scheduler.service import Scheduler, record_from_spec, release_id
+from ibpool_scheduler.service import Scheduler, record_from_spec
 
 T0 = dt.datetime(2026, 12, 1, 14, 0, tzinfo=dt.UTC)
 MODEL = "NVIDIA H100 80GB HBM3"

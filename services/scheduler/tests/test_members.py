@@ -113,7 +113,7 @@ def test_a_member_of_a_site_bound_gang_is_replaced_only_at_its_site() -> None:
 
 
 def test_sharp_stays_on_for_a_replacement_under_the_gangs_leaves_only() -> None:
-    from ibpool_scheduler.jobs import JobPlacement
+    from ibpool_core.sched.records import JobPlacement
     from ibpool_scheduler.members import sharp_after_replacement
 
     ledger = gang_ledger()

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from ibpool_core.fabric.view import FabricView
+from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.fairshare import fairshare_factors
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
@@ -22,7 +23,6 @@ from ibpool_runtime.config import BaseConfig, ConfigError, load_config
 from ibpool_runtime.fabric_feed import FabricFeed
 from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit
-from ibpool_scheduler import jobs
 from ibpool_scheduler.api import queue_views
 from ibpool_scheduler.config import SchedulerConfig
 from ibpool_scheduler.node_feed import NodeFeed, link_guids, telemetry_of

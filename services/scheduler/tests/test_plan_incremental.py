@@ -12,13 +12,13 @@ import msgspec
 
 from ibpool_core.pool import allocate as al
 from ibpool_core.pool.ledger import Ledger
+from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
 from ibpool_core.sched.queueing import make_policy
+from ibpool_core.sched.records import JobRecord
 from ibpool_proto.health import Cordoned, NodeFailed, Uncordoned
 from ibpool_proto.pool import GpuAssignment, ProposePlacement, ReleaseAllocation
-from ibpool_scheduler import jobs
-from ibpool_scheduler.jobs import JobRecord
 from ibpool_scheduler.plan import (
     InFlight,
     LeafSource,

@@ -8,16 +8,16 @@ import msgspec
 import pytest
 
 from ibpool_core.sched import framework as fw
+from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.framework import Framework, build_profile
 from ibpool_core.sched.framework_placer import FrameworkPlacer, leaf_fabric
 from ibpool_core.sched.queueing import make_policy
+from ibpool_core.sched.records import JobPlacement, JobRecord
 from ibpool_core.sched.sharp import SHARP_NCCL_ENV, SharpTree
 from ibpool_proto.node import NodeRegistered
 from ibpool_proto.pool import GpuAssignment, WorkloadSpec
-from ibpool_scheduler import jobs
 from ibpool_scheduler.api import job_view
-from ibpool_scheduler.jobs import JobPlacement, JobRecord
 from ibpool_scheduler.plan import (
     LEAF_PLACER_NO_SHARP,
     SINGLE_HOST_NO_SHARP,

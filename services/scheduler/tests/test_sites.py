@@ -9,9 +9,9 @@ import msgspec
 
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.queueing import make_policy
+from ibpool_core.sched.records import JobRecord
 from ibpool_proto.job import JobSpec
 from ibpool_proto.pool import GpuAssignment, ResourceRequest
-from ibpool_scheduler.jobs import JobRecord
 from ibpool_scheduler.plan import PlacementInputs, plan_cycle
 from ibpool_scheduler.service import record_from_spec
 

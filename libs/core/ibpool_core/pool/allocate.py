@@ -75,8 +75,6 @@ lifts a node's. NodeRecovered clears failed. A rail cordon does not concern the 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import uuid
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypedDict
 
@@ -108,6 +106,7 @@ from ibpool_proto.pool import (
 )
 
 from ..fabric.view import NoFabric
+from ..ids import event_id
 from . import mig, quotas
 from .enforcement import DeviceShare, enforcement_for
 from .ledger import WHOLE, Allocation, Gpu, GpuGrant, Ledger, Node, apply, pool_gpus
@@ -246,15 +245,6 @@ def handle(
     decision = decide(ledger, command, now, place=place, hops=hops, config=config)
     apply(ledger, decision.events)
     return decision
-
-
-def event_id(now: dt.datetime, cause: str, n: int) -> str:
-    """A UUIDv7 with `now` as its time and the rest taken from (cause, n): the same input, the same ids."""
-    ms = int(now.timestamp() * 1000) & ((1 << 48) - 1)
-    h = hashlib.sha256(f"{cause}/{n}".encode()).digest()
-    rand_a = int.from_bytes(h[:2]) & 0xFFF
-    rand_b = int.from_bytes(h[2:10]) & ((1 << 62) - 1)
-    return str(uuid.UUID(int=(ms << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b))
 
 
 class _Envelope(TypedDict):
