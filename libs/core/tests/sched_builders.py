@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from ibpool_core.sched.cycle import CycleConfig, SchedulingReply, SchedulingRequest, schedule
-from ibpool_core.sched.jobs import ClusterView, Job, RunningJob
+from ibpool_core.sched.jobs import FreeCapacity, Job, RunningJob
 from ibpool_core.sched.queueing import QueuePolicy, make_policy
 from ibpool_core.sched.runtime import RuntimeEstimate
 
 
-def cluster(hosts: int, *, per_leaf: int = 4, gpus: int = 8, busy: dict[int, int] | None = None) -> ClusterView:
+def cluster(hosts: int, *, per_leaf: int = 4, gpus: int = 8, busy: dict[int, int] | None = None) -> FreeCapacity:
     busy = busy or {}
-    return ClusterView(
+    return FreeCapacity(
         free=[gpus - busy.get(h, 0) for h in range(hosts)],
         capacity=[gpus] * hosts,
         leaf_of=[h // per_leaf for h in range(hosts)],
@@ -55,7 +55,7 @@ def running(j: Job, hosts: list[tuple[int, int]], *, started: float = 0.0, end: 
 
 def run_cycle(
     queue: list[Job],
-    view: ClusterView,
+    view: FreeCapacity,
     *,
     policy: str | QueuePolicy = "fifo",
     now: float = 100.0,

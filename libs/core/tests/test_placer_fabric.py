@@ -38,7 +38,7 @@ def busy(ledger_nodes: int, *node_ids: str) -> list[al.Input]:
     return [propose(f"busy-{n}", a(n, 0), version=ledger_nodes) for n in node_ids]
 
 
-def gang_nodes(ledger: Ledger, place: al.Placer, hosts: int = 2) -> set[str]:
+def gang_nodes(ledger: Ledger, place: al.GpuPlacer, hosts: int = 2) -> set[str]:
     d = al.decide(ledger, request("g", "gang", gpus=2, hosts=hosts), T0, place=place)
     assert d.rejection is None, d.rejection
     return {g.node_id for g in d.granted}
@@ -106,7 +106,9 @@ def test_a_node_the_fabric_does_not_have_never_joins_a_gang() -> None:
     assert d.rejection is not None and d.rejection.reason == "would_exceed_capacity"
 
 
-def remote(ledger: Ledger, client: str, place: al.Placer, view: FabricView, max_hops: int, **kw: object) -> al.Decision:
+def remote(
+    ledger: Ledger, client: str, place: al.GpuPlacer, view: FabricView, max_hops: int, **kw: object
+) -> al.Decision:
     cmd = request("r", "remote", client=client, **({"milli": 300} | kw))
     return al.decide(ledger, cmd, T0, place=place, hops=view.hops, config=al.AllocatorConfig(max_remote_hops=max_hops))
 

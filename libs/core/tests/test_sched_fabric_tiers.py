@@ -18,8 +18,7 @@ from ibpool_core.fabric.index import FabricIndex
 from ibpool_core.sched.cycle import CycleConfig, SchedulingReply, SchedulingRequest, schedule
 from ibpool_core.sched.framework import ClusterView, Framework, HostState, build_profile, tier_name
 from ibpool_core.sched.framework_placer import FrameworkPlacer
-from ibpool_core.sched.jobs import ClusterView as FreeCluster
-from ibpool_core.sched.jobs import Job, TopologyConstraint
+from ibpool_core.sched.jobs import FreeCapacity, Job, TopologyConstraint
 from ibpool_core.sched.profiles import SCHEDULER_PROFILE
 from ibpool_core.sched.queueing import make_policy
 
@@ -48,7 +47,7 @@ def cycle(
     view = ClusterView(FABRIC, states, off_fabric=True)
     placer = FrameworkPlacer(Framework(build_profile(SCHEDULER_PROFILE)), view, names, {}, NOW)
     group = {n: g for g, hs in enumerate(view.group_hosts) for n in hs}
-    cluster = FreeCluster(
+    cluster = FreeCapacity(
         free=[s.free_gpus for s in states], capacity=[8] * len(names), leaf_of=[group[n] for n in names]
     )
     request = SchedulingRequest(

@@ -23,8 +23,7 @@ from ibpool_core.sched.framework import (
     build_profile,
 )
 from ibpool_core.sched.framework_placer import AskHints, FrameworkPlacer, leaf_fabric
-from ibpool_core.sched.jobs import ClusterView as FreeCluster
-from ibpool_core.sched.jobs import Job, RunningJob
+from ibpool_core.sched.jobs import FreeCapacity, Job, RunningJob
 from ibpool_core.sched.plugins import default_registry
 from ibpool_core.sched.profiles import SCHEDULER_PROFILE
 from ibpool_core.sched.queueing import make_policy
@@ -135,7 +134,7 @@ def run(seed: int, fast: bool, sample: int) -> list[tuple[Any, ...]]:
             now=1000.0 * cycle,
             queue=queue,
             running=running,
-            cluster=FreeCluster(free=list(world.free), capacity=[8] * len(world.names), leaf_of=leaf_of),
+            cluster=FreeCapacity(free=list(world.free), capacity=[8] * len(world.names), leaf_of=leaf_of),
             policy=make_policy("fifo"),
             config=CycleConfig(backfill=rng.choice(("easy", "greedy")), hosts_per_leaf=8, explain=True),
             placer=placer,

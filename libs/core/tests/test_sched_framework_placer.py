@@ -10,8 +10,7 @@ import pytest
 from ibpool_core.sched.cycle import CycleConfig, SchedulingRequest, schedule
 from ibpool_core.sched.framework import ClusterView, Framework, HostState, Telemetry, build_profile
 from ibpool_core.sched.framework_placer import AskHints, FrameworkPlacer, leaf_fabric
-from ibpool_core.sched.jobs import ClusterView as FreeCluster
-from ibpool_core.sched.jobs import Job
+from ibpool_core.sched.jobs import FreeCapacity, Job
 from ibpool_core.sched.placer import FreeView
 from ibpool_core.sched.queueing import make_policy
 
@@ -115,7 +114,7 @@ def test_the_cycle_runs_with_the_framework_placer() -> None:
         now=0.0,
         queue=[job("j1", 4), job("j2", 4), job("j3", 8)],
         running=[],
-        cluster=FreeCluster(free=list(fv.free), capacity=[8, 8], leaf_of=list(fv.leaf_of)),
+        cluster=FreeCapacity(free=list(fv.free), capacity=[8, 8], leaf_of=list(fv.leaf_of)),
         policy=make_policy("fifo"),
         config=CycleConfig(),
         placer=placer,

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from ibpool_core.sched.jobs import ClusterView, Job, RunningJob
+from ibpool_core.sched.jobs import FreeCapacity, Job, RunningJob
 from ibpool_core.sched.sites import Site, choose_site, estimate_start
 
 
-def cluster(hosts: int, gpus: int = 8) -> ClusterView:
-    return ClusterView(free=[gpus] * hosts, capacity=[gpus] * hosts, leaf_of=[0] * hosts)
+def cluster(hosts: int, gpus: int = 8) -> FreeCapacity:
+    return FreeCapacity(free=[gpus] * hosts, capacity=[gpus] * hosts, leaf_of=[0] * hosts)
 
 
 def job(job_id: str, gpus: int, runtime: float = 100.0, nodes: int = 1, submit: float = 0.0) -> Job:
     return Job(id=job_id, tenant="t", gpus=gpus, nodes=nodes, submit_time=submit, requested_runtime_s=runtime)
 
 
-def busy(hosts: int, until: float) -> tuple[ClusterView, list[RunningJob]]:
-    c = ClusterView(free=[0] * hosts, capacity=[8] * hosts, leaf_of=[0] * hosts)
+def busy(hosts: int, until: float) -> tuple[FreeCapacity, list[RunningJob]]:
+    c = FreeCapacity(free=[0] * hosts, capacity=[8] * hosts, leaf_of=[0] * hosts)
     running = [
         RunningJob(job=job(f"r{h}", 8), hosts=((h, 8),), started_at=0.0, planned_end=until) for h in range(hosts)
     ]

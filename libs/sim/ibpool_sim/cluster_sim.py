@@ -69,7 +69,7 @@ from ibpool_core.sched import framework as fw
 from ibpool_core.sched.cycle import CycleConfig, SchedulingRequest, schedule
 from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors
 from ibpool_core.sched.framework_placer import FrameworkPlacer, leaf_fabric
-from ibpool_core.sched.jobs import ClusterView, Job, QueueStats, RunningJob
+from ibpool_core.sched.jobs import FreeCapacity, Job, QueueStats, RunningJob
 from ibpool_core.sched.profiles import SCHEDULER_PROFILE
 from ibpool_core.sched.queueing import LeastAttainedService, QueuePolicy, SortKey, make_policy
 from ibpool_core.sched.runtime import JobFeatures, RecentMedianEstimator, RuntimeEstimator, RuntimeHistory
@@ -295,7 +295,7 @@ def simulate(
         )
     cycle_cfg = msgspec.structs.replace(config.cycle, hosts_per_leaf=config.hosts_per_leaf, explain=False)
     free = [config.gpus_per_node] * config.nodes
-    cluster = ClusterView(
+    cluster = FreeCapacity(
         free=free,
         capacity=[config.gpus_per_node] * config.nodes,
         leaf_of=real.leaf_of if real is not None else [h // config.hosts_per_leaf for h in range(config.nodes)],

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import msgspec
 
 from ibpool_core.sched.cycle import CycleConfig, SchedulingRequest, schedule
-from ibpool_core.sched.jobs import ClusterView, Job, RunningJob
+from ibpool_core.sched.jobs import FreeCapacity, Job, RunningJob
 from ibpool_core.sched.queueing import make_policy
 from ibpool_core.sched.runtime import JobFeatures, RecentMedianEstimator
 from ibpool_core.sched.sites import Site, choose_site
@@ -105,7 +105,7 @@ def simulate_two_sites(trace: Sequence[TraceJob], strategy: str, config: TwoSite
         views = [
             Site(
                 name=s,
-                cluster=ClusterView(free=list(free[s]), capacity=capacity[s], leaf_of=leaf_of[s]),
+                cluster=FreeCapacity(free=list(free[s]), capacity=capacity[s], leaf_of=leaf_of[s]),
                 running=running[s],
                 queue=queue[s],
                 datasets=holds[s],
@@ -154,7 +154,7 @@ def simulate_two_sites(trace: Sequence[TraceJob], strategy: str, config: TwoSite
                     now=now,
                     queue=queue[s],
                     running=running[s],
-                    cluster=ClusterView(free=free[s], capacity=capacity[s], leaf_of=leaf_of[s]),
+                    cluster=FreeCapacity(free=free[s], capacity=capacity[s], leaf_of=leaf_of[s]),
                     policy=policy,
                     config=cycle,
                 )

@@ -60,7 +60,7 @@ class OperatorResult(msgspec.Struct, frozen=True, kw_only=True):
     event_ids: list[str]
 
 
-class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
+class ClusterSummary(msgspec.Struct, frozen=True, kw_only=True):
     nodes: dict[str, int]
     degraded: bool
     max_failed: int
@@ -213,14 +213,14 @@ def routes(controller: FailoverController) -> web.RouteTableDef:
         return json_response(rows)
 
     @r.get("/health/cluster")
-    @documented("The cluster summary", {200: ClusterView})
+    @documented("The cluster summary", {200: ClusterSummary})
     async def cluster(_: web.Request) -> web.Response:
         s = controller.state
         counts: dict[str, int] = {status: 0 for status in STATUSES}
         for n in s.nodes.values():
             counts[n.status] += 1
         return json_response(
-            ClusterView(
+            ClusterSummary(
                 nodes=counts,
                 degraded=s.degraded,
                 max_failed=max_failed_nodes(s.nodes.values(), controller.core),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ibpool_core.clock import Clock
 from ibpool_core.fabric.view import FabricView
 from ibpool_core.pool.allocate import Hops
-from ibpool_core.pool.placement import Placer
+from ibpool_core.pool.placement import GpuPlacer
 from ibpool_core.pool.policy_placer import policy_placer
 from ibpool_runtime.clock import SystemClock
 from ibpool_runtime.config import ConfigError
@@ -21,7 +21,7 @@ log = get_logger(__name__)
 
 
 async def bootstrap(
-    kit: Kit[PoolAllocatorConfig], clock: Clock | None = None, place: Placer | None = None, hops: Hops | None = None
+    kit: Kit[PoolAllocatorConfig], clock: Clock | None = None, place: GpuPlacer | None = None, hops: Hops | None = None
 ) -> ServiceSpec:
     """`place` overrides the placer (by default the packing policy `placement_policy` of the config,
     with the fabric for gangs and remote use); `hops` overrides the fabric's distances."""
@@ -51,7 +51,7 @@ def fabric_at_start(cfg: PoolAllocatorConfig) -> FabricView:
     return FabricView(loaded)
 
 
-def placer_for(cfg: PoolAllocatorConfig, fabric: FabricView | None = None) -> Placer:
+def placer_for(cfg: PoolAllocatorConfig, fabric: FabricView | None = None) -> GpuPlacer:
     """The placer of `cfg.placement_policy`; ConfigError naming the known policies when unknown."""
     try:
         return policy_placer(cfg.placement_policy, fabric)

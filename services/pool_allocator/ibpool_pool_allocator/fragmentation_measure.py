@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from ibpool_core.pool.ledger import Ledger
-from ibpool_core.pool.placement import Placer
+from ibpool_core.pool.placement import GpuPlacer
 from ibpool_core.pool.policy_placer import PolicyPlacer
 from ibpool_core.pool.pool_fragmentation import PoolFragmentation, measure_fragmentation
 
@@ -16,7 +16,7 @@ _COST_FACTOR = 10.0
 _SLOW_S = 0.05
 
 
-def fragmentation_of(place: Placer, ledger: Ledger) -> PoolFragmentation:
+def fragmentation_of(place: GpuPlacer, ledger: Ledger) -> PoolFragmentation:
     """Measured against the workload mix the packing placer learned (FGD's expected fragment), or
     the partial-free measure while it has seen no request, or when the placer learns no mix."""
     if isinstance(place, PolicyPlacer):
@@ -28,7 +28,7 @@ class FragmentationReader:
     """`fragmentation_of` for one placer, measured again when the ledger or the learned mix changed
     (for a slow measure, once 10x its cost has passed since the last one)."""
 
-    def __init__(self, place: Placer) -> None:
+    def __init__(self, place: GpuPlacer) -> None:
         self.place = place
         self._last: tuple[tuple[int, int], float, float, PoolFragmentation] | None = None  # key, at, cost, value
 

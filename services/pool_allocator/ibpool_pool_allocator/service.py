@@ -36,7 +36,7 @@ from ibpool_core.pool.ledger import (
     encode_ledger,
     without_past,
 )
-from ibpool_core.pool.placement import Placer
+from ibpool_core.pool.placement import GpuPlacer
 from ibpool_core.pool.policy_placer import policy_placer
 from ibpool_proto.health import Cordoned, DrainRequested, GpuFailed, GpuRecovered, NodeFailed, NodeRecovered, Uncordoned
 from ibpool_proto.node import NodeDeregistered, NodeRegistered
@@ -88,7 +88,7 @@ class PoolAllocator:
         self,
         kit: Kit[PoolAllocatorConfig],
         clock: Clock,
-        place: Placer | None = None,
+        place: GpuPlacer | None = None,
         hops: Hops | None = None,
         fabric: FabricView | None = None,
     ) -> None:

@@ -1,6 +1,6 @@
 """One cycle's plan: the pool as the ledger replica shows it + the live jobs -> `schedule()` -> exact GPUs. Pure.
 
-The core decides on dense host indices and GPU counts; this module builds its `ClusterView` from
+The core decides on dense host indices and GPU counts; this module builds its `FreeCapacity` from
 the ledger (ready nodes, whole free GPUs of ready GPUs) and maps its starts back to node ids and
 GPU indices, the exact assignment a `ProposePlacement` carries. GPUs are counted as taken when the
 ledger holds a grant on them, and also while the ledger replica has not seen yet what the
@@ -21,7 +21,7 @@ from ibpool_core.pool.ledger import Ledger, Node
 from ibpool_core.sched import framework as fw
 from ibpool_core.sched.cycle import CycleConfig, Preemption, SchedulingReply, SchedulingRequest, Start, schedule
 from ibpool_core.sched.framework_placer import AskHints, FrameworkPlacer, leaf_fabric
-from ibpool_core.sched.jobs import ClusterView, Job, RunningJob, estimated_runtime
+from ibpool_core.sched.jobs import FreeCapacity, Job, RunningJob, estimated_runtime
 from ibpool_core.sched.placer import Placer
 from ibpool_core.sched.queueing import QueuePolicy
 from ibpool_core.sched.records import HOLDING, JobRecord
@@ -105,7 +105,7 @@ class HostView(msgspec.Struct, frozen=True, kw_only=True):
 
     node_ids: list[str]
     free_gpus: list[Sequence[int]]  # not to be changed: unchanged nodes share them with the next cycle
-    cluster: ClusterView
+    cluster: FreeCapacity
     hosts_per_leaf: int
 
 
@@ -220,7 +220,7 @@ class PlanCache:
         self.offers: FreeCache = {}
         self.node_ids: list[str] = []
         self.running: dict[str, tuple[JobRecord, RunningJob]] = {}
-        # The placement view (framework.ClusterView) and the fabric it sits on, while their inputs hold.
+        # The placement view (framework.FreeCapacity) and the fabric it sits on, while their inputs hold.
         self.fabric_key: object = None
         self.fabric: FabricIndex | None = None
         self.view_key: object = None
@@ -459,7 +459,7 @@ def plan_sites(
         local = {h: i for i, h in enumerate(hs)}
         return Site(
             name=name,
-            cluster=ClusterView(
+            cluster=FreeCapacity(
                 free=[cluster.free[h] for h in hs],
                 capacity=[cluster.capacity[h] for h in hs],
                 leaf_of=[cluster.leaf_of[h] for h in hs],
@@ -522,7 +522,7 @@ def host_view(
     return HostView(
         node_ids=node_ids,
         free_gpus=free_gpus,
-        cluster=ClusterView(free=[len(f) for f in free_gpus], capacity=capacity, leaf_of=leaf_of),
+        cluster=FreeCapacity(free=[len(f) for f in free_gpus], capacity=capacity, leaf_of=leaf_of),
         hosts_per_leaf=max(members.values(), default=1),
     )
 
@@ -614,7 +614,7 @@ def host_view_cached(ledger: Ledger, taken: dict[str, set[int]], leaves: LeafSou
     st.view = HostView(
         node_ids=node_ids,
         free_gpus=free_gpus,
-        cluster=ClusterView(free=free, capacity=old.cluster.capacity, leaf_of=old.cluster.leaf_of),
+        cluster=FreeCapacity(free=free, capacity=old.cluster.capacity, leaf_of=old.cluster.leaf_of),
         hosts_per_leaf=old.hosts_per_leaf,
     )
     return st.view
@@ -846,7 +846,7 @@ def plan_cycle(
     )
 
 
-def after(reply: SchedulingReply, request: SchedulingRequest) -> tuple[ClusterView, list[RunningJob]]:
+def after(reply: SchedulingReply, request: SchedulingRequest) -> tuple[FreeCapacity, list[RunningJob]]:
     """The cluster and the running jobs once `reply` is carried out: kills and preemptions free
     their GPUs, starts take theirs (for the next queue of the same cycle)."""
     free = list(request.cluster.free)

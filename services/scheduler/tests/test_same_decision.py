@@ -13,7 +13,7 @@ from ibpool_core.fabric.generators import generate
 from ibpool_core.fabric.view import fabric_state
 from ibpool_core.sched.cycle import CycleConfig, SchedulingRequest, schedule
 from ibpool_core.sched.framework import Framework, build_profile
-from ibpool_core.sched.jobs import ClusterView
+from ibpool_core.sched.jobs import FreeCapacity
 from ibpool_core.sched.queueing import make_policy
 from ibpool_core.sched.sharp import SharpDecision
 from ibpool_scheduler.plan import PlacementInputs, core_job, plan_cycle
@@ -57,7 +57,7 @@ def test_the_service_and_the_simulator_place_a_cycle_alike(spec: str) -> None:
             now=now.timestamp(),
             queue=[core_job(j) for j in jobs],
             running=[],
-            cluster=ClusterView(free=[8] * len(sim.names), capacity=[8] * len(sim.names), leaf_of=sim.leaf_of),
+            cluster=FreeCapacity(free=[8] * len(sim.names), capacity=[8] * len(sim.names), leaf_of=sim.leaf_of),
             policy=make_policy("fifo"),
             config=CycleConfig(hosts_per_leaf=sim.hosts_per_leaf),
             placer=sim.placer,

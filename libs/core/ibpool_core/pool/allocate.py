@@ -121,7 +121,7 @@ from .messages import (
     RequestAllocation,
     SetQuota,
 )
-from .placement import PlacementRequest, Placer, first_fit
+from .placement import GpuPlacer, PlacementRequest, first_fit
 from .quotas import Share
 
 Input = (
@@ -182,7 +182,7 @@ def decide(
     command: Input,
     now: dt.datetime,
     *,
-    place: Placer = first_fit,
+    place: GpuPlacer = first_fit,
     hops: Hops | None = None,
     config: AllocatorConfig = DEFAULT_CONFIG,
 ) -> Decision:
@@ -237,7 +237,7 @@ def handle(
     command: Input,
     now: dt.datetime,
     *,
-    place: Placer = first_fit,
+    place: GpuPlacer = first_fit,
     hops: Hops | None = None,
     config: AllocatorConfig = DEFAULT_CONFIG,
 ) -> Decision:
@@ -256,7 +256,7 @@ class _Envelope(TypedDict):
 
 class _Ctx:
     def __init__(
-        self, ledger: Ledger, now: dt.datetime, config: AllocatorConfig, cause: str, place: Placer, hops: Hops | None
+        self, ledger: Ledger, now: dt.datetime, config: AllocatorConfig, cause: str, place: GpuPlacer, hops: Hops | None
     ) -> None:
         self.ledger = ledger
         self.now = now

@@ -1,7 +1,7 @@
 """The placer plug-in point of RequestAllocation, and its default: first fit.
 
 When a request comes without an exact assignment, the allocator filters the nodes (ready, with a
-GPU of an allowed model, within the hop limit for remote use) and asks a `Placer` to choose the
+GPU of an allowed model, within the hop limit for remote use) and asks a `GpuPlacer` to choose the
 GPUs. Packing policies plug in here.
 """
 
@@ -37,7 +37,7 @@ class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
         return (wanted is None or wanted == model) and model not in self.excluded_models
 
 
-class Placer(Protocol):
+class GpuPlacer(Protocol):
     def __call__(self, view: Ledger, want: PlacementRequest) -> list[GpuAssignment] | None:
         """Choose the exact GPUs for `want.request` on the nodes `want.nodes`, or None when nothing fits.
 

@@ -1,4 +1,4 @@
-"""A `Placer` that places with a packing policy (`policies.POLICIES`) instead of plain first fit.
+"""A `GpuPlacer` that places with a packing policy (`policies.POLICIES`) instead of plain first fit.
 
 `policy_placer(name, fabric)` returns a placer that builds the packing view
 (`ledger_packing.pack_ledger`) of the candidate nodes, asks the named policy to choose and answers
@@ -76,7 +76,7 @@ class FabricLookup(Protocol):
 
 
 class PolicyPlacer:
-    """A `Placer` (see the module docstring); `fragmentation(ledger)` measures the pool against the
+    """A `GpuPlacer` (see the module docstring); `fragmentation(ledger)` measures the pool against the
     workload mix this placer has seen."""
 
     def __init__(self, name: str, fabric: FabricLookup | None = None) -> None:

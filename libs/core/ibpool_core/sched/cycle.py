@@ -31,7 +31,7 @@ from typing import Literal
 import msgspec
 
 from .backfill import Backfill, Reservation, reserve
-from .jobs import ClusterView, Job, QueueStats, RunningJob, estimated_runtime, host_shares
+from .jobs import FreeCapacity, Job, QueueStats, RunningJob, estimated_runtime, host_shares
 from .placer import FreeView, LeafPlacer, Placement, Placer, leaves_spanned, min_leaf_span
 from .preemption import choose_victims
 from .queueing import QueuePolicy
@@ -86,7 +86,7 @@ class SchedulingRequest(msgspec.Struct, frozen=True, kw_only=True):
     now: float
     queue: Sequence[Job]
     running: Sequence[RunningJob]
-    cluster: ClusterView
+    cluster: FreeCapacity
     policy: QueuePolicy
     config: CycleConfig = CycleConfig()
     stats: QueueStats = QueueStats()

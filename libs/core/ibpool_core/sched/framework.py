@@ -49,7 +49,7 @@ from ..fabric.link_health import LinkState
 from .rank_order import rank_key
 from .sharp import decide_sharp, sharp_wanted
 
-HealthState = Literal["ready", "cordoned", "draining", "suspect", "failed", "unknown"]
+HostHealth = Literal["ready", "cordoned", "draining", "suspect", "failed", "unknown"]
 Locality = Literal["required", "preferred"]
 _BAD_LINKS: frozenset[str] = frozenset({"degraded", "flapping", "down"})
 _LINK_RANK: dict[str, int] = {"up": 0, "degraded": 1, "flapping": 2, "down": 3}
@@ -75,7 +75,7 @@ class HostState(msgspec.Struct, frozen=True, kw_only=True):
     gpu_model: str
     total_gpus: int
     free_gpus: int
-    health: HealthState = "ready"
+    health: HostHealth = "ready"
     telemetry: Telemetry = Telemetry()
     datasets: tuple[str, ...] = ()
 

@@ -1,6 +1,6 @@
 """What the scheduling cycle reasons about: waiting jobs, running jobs and the free capacity. Pure data.
 
-Hosts are dense indices 0..N-1 into `ClusterView`; callers keep the mapping to host names. Times are
+Hosts are dense indices 0..N-1 into `FreeCapacity`; callers keep the mapping to host names. Times are
 seconds on the caller's clock (POSIX seconds in the service, trace seconds in the simulator).
 """
 
@@ -81,7 +81,7 @@ class RunningJob(msgspec.Struct, frozen=True, kw_only=True):
     planned_end: float
 
 
-class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
+class FreeCapacity(msgspec.Struct, frozen=True, kw_only=True):
     """Free capacity per host, and which leaf switch each host hangs off.
 
     `free[h]` is the free GPUs of host h (0 for a host that is down); `capacity[h]` its GPU count;

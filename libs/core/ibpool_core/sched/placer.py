@@ -1,6 +1,6 @@
 """Where a job goes inside one scheduling cycle: a scratch free-capacity view and the `Placer` protocol.
 
-`FreeView` is the cycle's private, mutable copy of `ClusterView.free`, bucketed by free GPU count so
+`FreeView` is the cycle's private, mutable copy of `FreeCapacity.free`, bucketed by free GPU count so
 that "does a job of g GPUs fit anywhere?" costs O(GPUs per host), not O(hosts). The default
 `LeafPlacer` is leaf-aware; the full filter/score plugin framework can be adapted to `Placer` later.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .jobs import ClusterView, Job, host_shares
+from .jobs import FreeCapacity, Job, host_shares
 
 Placement = list[tuple[int, int]]  # (host index, GPUs) per gang member
 
@@ -34,7 +34,7 @@ class FreeView:
         self.total_free = sum(self.free)
 
     @classmethod
-    def of(cls, cluster: ClusterView) -> FreeView:
+    def of(cls, cluster: FreeCapacity) -> FreeView:
         return cls(cluster.free, cluster.leaf_of, max(cluster.capacity, default=0))
 
     def copy(self) -> FreeView:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from .jobs import ClusterView, Job, RunningJob, estimated_runtime
+from .jobs import FreeCapacity, Job, RunningJob, estimated_runtime
 from .placer import FreeView, LeafPlacer, Placer, min_leaf_span
 
 
@@ -33,7 +33,7 @@ class Site(msgspec.Struct, frozen=True, kw_only=True):
     """One site as the chooser sees it. `queue`: its waiting jobs in its policy's order."""
 
     name: str
-    cluster: ClusterView
+    cluster: FreeCapacity
     running: Sequence[RunningJob] = ()
     queue: Sequence[Job] = ()
     datasets: frozenset[str] = frozenset()
