@@ -148,8 +148,10 @@ class SchedulerView(msgspec.Struct, frozen=True, kw_only=True):
     cycles: int
     last_order: str | None
     # The published topology placement decides on (version, origin, hosts, tiers, SHARP switches);
-    # null while none is known (the node labels are the fabric then).
+    # null while none is known, or while it names none of the pool's nodes (the node labels are the
+    # fabric then; `fabric_published` is what was published).
     fabric: FabricAbout | None = None
+    fabric_published: FabricAbout | None = None
     # Links whose newest verdict is not "up".
     links_not_up: int = 0
 
@@ -374,7 +376,8 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
                 nodes=len(scheduler.feed.ledger.nodes),
                 cycles=scheduler.cycles,
                 last_order=plan.order if plan is not None else None,
-                fabric=scheduler.fabric.about,
+                fabric=in_force.about if (in_force := scheduler.fabric_in_force()) is not None else None,
+                fabric_published=scheduler.fabric.about,
                 links_not_up=sum(1 for _, st in scheduler.fabric_feed.links.values() if st != "up"),
             )
         )

@@ -30,7 +30,7 @@ import msgspec
 from prometheus_client import Counter, Histogram
 
 from ibpool_core.clock import Clock
-from ibpool_core.fabric.view import FabricView
+from ibpool_core.fabric.view import FabricState, FabricView
 from ibpool_core.sched import lifecycle
 from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
@@ -214,6 +214,7 @@ class Scheduler:
         self.fabric = FabricView(
             load_fabric_file(cfg.fabric_file, cfg.fabric_format, service="scheduler") if cfg.fabric_file else None
         )
+        self._mismatch_logged: FabricState | None = None
         self.fabric_feed = FabricFeed(
             kit, self.fabric, fetch_timeout_s=cfg.fabric_fetch_timeout_s, durable_prefix=cfg.durable_prefix
         )
@@ -538,7 +539,7 @@ class Scheduler:
         self.fairshare_factors = fairshare_factors(self.fairshare, tally.waiting, self.cfg.fairshare_shares or None)
         if self.framework is None:
             return PlacementInputs(fairshare=self.fairshare_factors)
-        fabric = self.fabric.state
+        fabric = self.fabric_in_force()
         if fabric is not None:
             links, links_version = self.fabric_feed.link_health(), self.fabric_feed.links_version
         else:  # no fabric yet: the links at each node's own adapters
@@ -565,9 +566,30 @@ class Scheduler:
             ],
         )
 
+    def fabric_in_force(self) -> FabricState | None:
+        """The published fabric placement decides on: None while none is known, and while it names
+        none of the pool's nodes (the fabric monitor names its hosts otherwise than the agents name
+        their nodes: said once, loudly; the node labels stand in, as with no fabric)."""
+        fabric = self.fabric.state
+        if fabric is None:
+            return None
+        nodes = self.feed.ledger.nodes
+        if nodes and not any(n in fabric.leaf_of for n in nodes):
+            if self._mismatch_logged is not fabric:
+                self._mismatch_logged = fabric
+                log.warning(
+                    "the published fabric names none of the pool's nodes; placing on the node labels",
+                    fabric_version=fabric.about.version,
+                    fabric_hosts=fabric.about.hosts,
+                    first_fabric_host=next(iter(fabric.leaf_of), None),
+                    first_node=next(iter(nodes), None),
+                )
+            return None
+        return fabric
+
     def leaf_source(self) -> LeafSource:
         """Where leaf groups come from now: the published fabric in force, else the `leaf_label` label."""
-        return LeafSource(self.cfg.leaf_label, self.fabric.state if self.framework is not None else None)
+        return LeafSource(self.cfg.leaf_label, self.fabric_in_force() if self.framework is not None else None)
 
     def telemetry(self, now: dt.datetime) -> dict[str, Telemetry]:
         """node id -> the placement view of its newest telemetry not older than `telemetry_max_age_s`."""

@@ -10,7 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from ibpool_core.fabric.view import FabricView
+from ibpool_core.fabric.generators import generate
+from ibpool_core.fabric.model import rename_hosts
+from ibpool_core.fabric.view import FabricView, fabric_state
 from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.fairshare import fairshare_factors
@@ -251,3 +253,17 @@ def test_a_multi_node_gang_goes_under_a_sharp_capable_leaf_without_asking() -> N
         placement=PlacementInputs(framework(), sharp_label="ibpool.io/none"),
     )
     assert hosts_of(no_sharp) == {"g": ["n1", "n2"]}
+
+
+def test_a_published_fabric_that_names_none_of_the_nodes_is_not_used_and_one_that_names_them_is() -> None:
+    """A fabric monitor naming its hosts otherwise than the agents name their nodes: the labels stand
+    in (gangs would otherwise never find two hosts on the fabric); a matching fabric is in force."""
+    s = scheduler(instance="t")
+    s.feed.ledger = ledger_of(*(node(f"n{i}") for i in range(1, 5)))
+    other = generate("fat_tree_2tier:hosts=4,radix=4")  # node001..node004
+    s.fabric.replace(fabric_state(other, version=1, origin="t"))
+    assert s.fabric_in_force() is None and s.leaf_source().fabric is None
+    named = rename_hosts(other, {f"node{i:03d}": f"n{i}" for i in range(1, 5)})
+    s.fabric.replace(fabric_state(named, version=2, origin="t"))
+    in_force = s.fabric_in_force()
+    assert in_force is not None and in_force.about.version == 2 and s.leaf_source().fabric is in_force

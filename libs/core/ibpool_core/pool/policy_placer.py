@@ -8,7 +8,8 @@ with the exact GPUs it chose:
 * gang (N hosts x G whole GPUs): the scheduler's own placement, the plugin framework with
   `SCHEDULER_PROFILE` on the fabric's `FabricIndex` (`fabric`, a `ibpool_core.fabric.view.FabricView`):
   the lowest tier that holds it, the tightest group there, the fewest leaf groups, hosts in rank
-  order; a candidate the fabric does not have never joins a gang. While no fabric is known, first fit;
+  order; a candidate the fabric does not have never joins a gang. While no fabric is known for the
+  candidates (none yet, or one that names none of them), first fit;
 * remote (whole GPUs or one fraction for a client on another node; the allocator has kept the
   candidates within `max_remote_hops`): the nearest candidates first, by `fabric.hops` from the
   client, and the policy's choice among the nodes at that distance; without distances, all
@@ -148,8 +149,8 @@ class PolicyPlacer:
             except PackingError:
                 pass
         state = self.fabric.state if self.fabric is not None else None
-        if state is None:
-            return first_fit(view, want)
+        if state is None or not any(n in state.leaf_of for n in want.nodes):
+            return first_fit(view, want)  # no fabric known for the candidates (none yet, or it names none)
         r = want.request
         free: dict[str, list[Gpu]] = {}
         hosts: list[fw.HostState] = []
