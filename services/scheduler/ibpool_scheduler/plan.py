@@ -24,7 +24,7 @@ from ibpool_core.sched.framework_placer import AskHints, FrameworkPlacer, leaf_f
 from ibpool_core.sched.jobs import FreeCapacity, Job, RunningJob, estimated_runtime
 from ibpool_core.sched.placer import Placer
 from ibpool_core.sched.queueing import QueuePolicy
-from ibpool_core.sched.records import HOLDING, JobRecord
+from ibpool_core.sched.records import HOLDING, JobPlacement, JobRecord
 from ibpool_core.sched.runtime import RuntimeEstimate
 from ibpool_core.sched.sharp import SharpDecision, SharpLimits, SharpTree, SharpTrees, decide_sharp
 from ibpool_core.sched.sites import Site, SiteChoice, choose_site
@@ -58,23 +58,34 @@ class LeafSource:
         return self.label == other.label and self.fabric is other.fabric
 
 
-
-
 class Proposal(msgspec.Struct, frozen=True, kw_only=True):
-    """One start: its exact GPUs, host by host in rank order (`hosts`, see `rank_order.py`), and
-    whether the placement runs with SHARP, why (not), and the NCCL settings that turn it on; the
-    fabric it was decided on (`fabric_version`, None: the node labels) and the tier of the smallest
-    switch group holding its hosts (`tier`, 1 = one leaf group; None: a single host or no group)."""
+    """One start: its exact GPUs, host by host in rank order, and how it is placed (`placement`:
+    the hosts in rank order, SHARP on or off and why, the NCCL settings that turn it on, the fabric
+    version and tier it was decided on, its SHARP trees; what the job records)."""
 
     job_id: str
     assignments: list[GpuAssignment]
-    hosts: list[str] = []
-    sharp: bool = False
-    sharp_reason: str = ""
-    nccl_env: dict[str, str] = {}
-    fabric_version: int | None = None
-    tier: int | None = None
-    sharp_tree: SharpTree | None = None
+    placement: JobPlacement = JobPlacement()
+
+    @property
+    def hosts(self) -> list[str]:
+        return self.placement.hosts
+
+    @property
+    def sharp(self) -> bool:
+        return self.placement.sharp
+
+    @property
+    def sharp_reason(self) -> str:
+        return self.placement.sharp_reason
+
+    @property
+    def nccl_env(self) -> dict[str, str]:
+        return self.placement.nccl_env
+
+    @property
+    def tier(self) -> int | None:
+        return self.placement.tier
 
 
 class CyclePlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -928,7 +939,11 @@ def assign(
             )
         hosts = [view.node_ids[host] for host, _ in start.hosts]
         reason = LEAF_PLACER_NO_SHARP if len(hosts) > 1 else SINGLE_HOST_NO_SHARP
-        out.append(Proposal(job_id=job.job_id, assignments=assignments, hosts=hosts, sharp_reason=reason))
+        out.append(
+            Proposal(
+                job_id=job.job_id, assignments=assignments, placement=JobPlacement(hosts=hosts, sharp_reason=reason)
+            )
+        )
     return out
 
 
@@ -967,16 +982,18 @@ def with_sharp(
         position = {h: i for i, h in enumerate(ranked)}
         assignments = sorted(p.assignments, key=lambda a: position[a.node_id])  # stable: GPU order kept
         out.append(
-            msgspec.structs.replace(
-                p,
+            Proposal(
+                job_id=p.job_id,
                 assignments=assignments,
-                hosts=ranked,
-                sharp=decision.enabled,
-                sharp_reason=decision.reason,
-                nccl_env=decision.env,
-                fabric_version=version,
-                tier=tier if len(ranked) > 1 else None,
-                sharp_tree=decision.tree,
+                placement=JobPlacement(
+                    hosts=ranked,
+                    sharp=decision.enabled,
+                    sharp_reason=decision.reason,
+                    nccl_env=decision.env,
+                    fabric_version=version,
+                    tier=tier if len(ranked) > 1 else None,
+                    sharp_tree=decision.tree,
+                ),
             )
         )
     return out

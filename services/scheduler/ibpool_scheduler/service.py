@@ -528,9 +528,7 @@ class Scheduler:
         self._fenced_term = term
         return plan
 
-    def placement_inputs(
-        self, tally: state.Tally, now: dt.datetime, live: Sequence[JobRecord] = ()
-    ) -> PlacementInputs:
+    def placement_inputs(self, tally: state.Tally, now: dt.datetime, live: Sequence[JobRecord] = ()) -> PlacementInputs:
         """Fair share brought to `now` (usage of the jobs holding GPUs, `tally`), and what the plugins
         read; the SHARP trees the `live` jobs hold."""
         if self.fairshare.updated_at == 0.0:
@@ -653,16 +651,11 @@ class Scheduler:
                 fencing_term=term,
                 on_member_failure=job.on_member_failure if job.hosts > 1 else "restart",
             )
-            placed = jobs.JobPlacement(
-                hosts=p.hosts,
-                sharp=p.sharp,
-                sharp_reason=p.sharp_reason,
-                nccl_env=p.nccl_env,
-                fabric_version=p.fabric_version,
-                tier=p.tier,
-                sharp_tree=p.sharp_tree,
+            changes[job.job_id] = (
+                job,
+                self.stamped(jobs.proposed(job, cmd.id, p.assignments, term, p.placement)),
+                [cmd],
             )
-            changes[job.job_id] = (job, self.stamped(jobs.proposed(job, cmd.id, p.assignments, term, placed)), [cmd])
         for job_id, wait in plan.waiting.items():
             waiting = live.get(job_id)
             if waiting is not None and job_id not in changes:

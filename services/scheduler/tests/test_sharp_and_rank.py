@@ -162,7 +162,9 @@ def test_a_start_the_framework_did_not_admit_last_is_ranked_and_decided_again_on
     placer = FrameworkPlacer(Framework(build_profile(DEFAULT_PROFILE)), fw.ClusterView(fabric, hosts), names, {}, T0)
     started = ["n4", "n2", "n3", "n1"]
     proposal = Proposal(
-        job_id="g", assignments=[GpuAssignment(node_id=n, gpu_index=g) for n in started for g in (0, 1)], hosts=started
+        job_id="g",
+        assignments=[GpuAssignment(node_id=n, gpu_index=g) for n in started for g in (0, 1)],
+        placement=JobPlacement(hosts=started),
     )
     (p,) = with_sharp([proposal], placer)
     assert p.hosts == ["n1", "n3", "n2", "n4"] == host_order(p)
