@@ -31,6 +31,7 @@ from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
 from ibpool_runtime.devstack import free_port
+from ibpool_runtime.grant_signing import new_seed, public_key_of
 
 IMAGES = (
     "nats",
@@ -159,7 +160,14 @@ class System:
     def start_services(self) -> None:
         """The services and agents; the streams exist already (see `ensure_streams` in the fixture)."""
         lo = self.layout
+        # The allocator signs what the agents act on; the agents trust its key only.
+        seed = self.workdir / "grant-signing.seed"
+        seed.write_text(new_seed() + "\n")
+        seed.chmod(0o644)
+        signers = json.dumps([public_key_of(seed.read_text().strip())])
         c = self._service_env(self._container("allocator", "pool-allocator"))
+        c.with_volume_mapping(seed, "/run/secrets/grant-signing.seed")
+        c.with_env("IBPOOL_POOL_ALLOCATOR_GRANT_SIGNING_SEED_FILE", "/run/secrets/grant-signing.seed")
         self.http_ports["allocator"] = self._publish(c, 8080)
         c.start()
         for i in range(1, lo.schedulers + 1):
@@ -186,6 +194,7 @@ class System:
             )
             c.with_env("IBPOOL_NODE_AGENT_FIRST_NODE", str(1 + (a - 1) * lo.nodes_per_agent))
             c.with_env("IBPOOL_NODE_AGENT_NODE_PREFIX", "chaos")
+            c.with_env("IBPOOL_NODE_AGENT_GRANT_SIGNERS", signers)
             c.start()
 
     def stop(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import os
 import random
 import signal
@@ -41,9 +42,11 @@ from ibpool_proto.health import Cordoned, NodeFailed, NodeRecovered, NodeSuspect
 from ibpool_proto.job import JobExited, JobFinished, JobQueued, JobScheduled, JobStarted
 from ibpool_proto.message import every_subject
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered
+from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
 from ibpool_proto.scale import ElasticJobResized, ScaleDecided
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus
+from ibpool_runtime.grant_signing import SIGNER_HEADER, new_seed, public_key_of
 
 HEARTBEAT_DEADLINE_S = 10.0
 SOURCE = "ibpool-run"
@@ -171,6 +174,9 @@ class Observed:
     elastic_sizes: list[int] = field(default_factory=list)
     total: int = 0
     undecodable: int = 0
+    # grants (and revocations, releases, expiries) by whether they carry a signature header
+    signed: int = 0
+    unsigned: int = 0
 
     def heartbeats_per_s(self, window: float = 5.0) -> float:
         now = time.monotonic()
@@ -203,6 +209,11 @@ def _observer(obs: Observed, expected_nodes: int):  # type: ignore[no-untyped-de
                 obs.heartbeat_times.append(now)
                 if obs.all_heartbeating_after is None and len(obs.heartbeating) >= expected_nodes:
                     obs.all_heartbeating_after = obs.elapsed()
+            case AllocationGranted() | AllocationRevoked() | AllocationReleased() | AllocationExpired():
+                if (msg.headers or {}).get(SIGNER_HEADER):
+                    obs.signed += 1
+                else:
+                    obs.unsigned += 1
             case JobStarted():
                 obs.jobs_started += 1
             case JobExited():
@@ -568,8 +579,14 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
     base = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn)
     nodes = ("--nodes", str(args.nodes), "--seed", str(args.seed), "--prefix", "node")
     spare = ("--nodes", "1", "--first", str(args.nodes + 1), "--seed", str(args.seed), "--prefix", "node")
+    # The allocator signs what the agents act on; they trust its key only (a seed made for this run).
+    seed_file = state / "grant-signing.seed"
+    if not seed_file.exists():
+        seed_file.write_text(new_seed() + "\n")
+        seed_file.chmod(0o600)
+    signers = json.dumps([public_key_of(seed_file.read_text().strip())])
     return [
-        ServiceProcess.of("pool_allocator", base, state),
+        ServiceProcess.of("pool_allocator", base, state, GRANT_SIGNING_SEED_FILE=str(seed_file)),
         ServiceProcess.of(
             "fabric_monitor",
             base,
@@ -581,10 +598,17 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
             POLL_INTERVAL_S="1",
             CLEAR_AFTER_S="3",
         ),
-        ServiceProcess.of("node_agent", base, state, args=nodes, BACKEND="simulated"),
+        ServiceProcess.of("node_agent", base, state, args=nodes, BACKEND="simulated", GRANT_SIGNERS=signers),
         # One more node in its own agent process: the scenario SIGKILLs it and starts it again.
         ServiceProcess.of(
-            "node_agent", base, state, name=SPARE_AGENT, instance="spare", args=spare, BACKEND="simulated"
+            "node_agent",
+            base,
+            state,
+            name=SPARE_AGENT,
+            instance="spare",
+            args=spare,
+            BACKEND="simulated",
+            GRANT_SIGNERS=signers,
         ),
         # A stable window short enough to see a node come back within the scenario.
         ServiceProcess.of("failover_controller", base, state, STABLE_WINDOW_S="3"),
@@ -946,6 +970,11 @@ def _summary(
     checks += [
         ("nodes deregistered at stop", f"{len(obs.deregistered)}/{nodes}", len(obs.deregistered) == nodes),
         ("undecodable messages", str(obs.undecodable), obs.undecodable == 0),
+        (
+            "grants, revocations, releases, expiries signed by the allocator (agents verify them)",
+            f"{obs.signed} signed, {obs.unsigned} not",
+            obs.signed > 0 and obs.unsigned == 0,
+        ),
     ]
     for s in services:
         rc = s.proc.returncode if s.proc is not None else None

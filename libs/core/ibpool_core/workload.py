@@ -39,6 +39,8 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
     launcher: str = "simulated"
     command: list[str] = []
     pid: int | None = None
+    # Whole GPUs (False: a fraction or MIG instance, which may share its GPU with other work).
+    whole: bool = True
 
 
 class GrantAdmitted(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +61,34 @@ class GrantRefused(msgspec.Struct, frozen=True, kw_only=True):
 
 
 GrantDecision = GrantAdmitted | GrantIgnored | GrantRefused
+
+
+def forged_grant(grant: AllocationGranted, running: Sequence[Workload], now: dt.datetime) -> str | None:
+    """Why a signed grant must still not run here, or None: it is past its lease (a replay of an old
+    grant), or it gives GPUs that work running here holds under another allocation whole (a grant
+    that contradicts what this node runs). Fractions and MIG instances share GPUs, so only a whole
+    GPU (milli 1000) on either side is a conflict."""
+    if grant.lease_expires_at <= now:
+        return f"its lease ended at {grant.lease_expires_at.isoformat(timespec='seconds')} (a replay)"
+    held = {
+        g: w.allocation_id
+        for w in running
+        if w.allocation_id != grant.allocation_id and w.node_id == grant.node_id and w.whole
+        for g in w.gpu_indices
+    }
+    shared = {
+        g: w.allocation_id
+        for w in running
+        if w.allocation_id != grant.allocation_id and w.node_id == grant.node_id
+        for g in w.gpu_indices
+    }
+    for a in grant.assignments:
+        if a.node_id != grant.node_id:
+            continue
+        other = held.get(a.gpu_index) or (shared.get(a.gpu_index) if a.milli >= 1000 else None)
+        if other is not None:
+            return f"GPU {a.gpu_index} of {grant.node_id} runs allocation {other}"
+    return None
 
 
 def admit_grant(
@@ -82,6 +112,7 @@ def admit_grant(
         return GrantIgnored(reason=f"allocation {grant.allocation_id} already runs")
     gpu_count = hosted_nodes[grant.node_id]
     indices = sorted({a.gpu_index for a in grant.assignments if a.node_id == grant.node_id})
+    whole = all(a.milli >= 1000 and a.mig_profile is None for a in grant.assignments if a.node_id == grant.node_id)
     bad = [i for i in indices if not 0 <= i < gpu_count]
     if not indices or bad:
         detail = f"GPU indices {bad} do not exist (node has {gpu_count})" if bad else "grant assigns no GPU here"
@@ -102,6 +133,7 @@ def admit_grant(
             env=dict(grant.enforcement.env),
             launcher="process",
             command=list(spec.command),
+            whole=whole,
         )
         return GrantAdmitted(workload=process, started=_started(process, source))
     runtime_s = spec.simulated_runtime_s if spec and spec.simulated_runtime_s is not None else default_runtime_s
@@ -121,6 +153,7 @@ def admit_grant(
         memory_limit_mib=limit,
         memory_demand_mib=demand,
         env=dict(grant.enforcement.env),
+        whole=whole,
     )
     return GrantAdmitted(workload=workload, started=_started(workload, source))
 

@@ -128,3 +128,38 @@ def test_process_exits_are_classified_by_code_signal_and_xids() -> None:
         e = core.process_exited(w, returncode, now=later, source="agent", xids=xids)
         assert (e.reason, e.exit_code, e.detail) == (reason, code, detail), returncode
         assert e.runtime_s == 30.0
+
+
+def running_work(allocation_id: str, gpus: list[int], whole: bool = True) -> core.Workload:
+    return core.Workload(
+        allocation_id=allocation_id,
+        job_id="other",
+        node_id="n1",
+        gpu_indices=gpus,
+        started_at=T0,
+        ends_at=None,
+        whole=whole,
+    )
+
+
+def test_a_grant_past_its_lease_or_for_gpus_running_other_work_is_forged() -> None:
+    import msgspec
+
+    live = msgspec.structs.replace(grant([0, 1]), lease_expires_at=T0 + dt.timedelta(minutes=5))
+    assert core.forged_grant(live, [], T0) is None
+    assert "a replay" in (core.forged_grant(live, [], T0 + dt.timedelta(minutes=6)) or "")
+    assert core.forged_grant(live, [running_work("a9", [1])], T0) == "GPU 1 of n1 runs allocation a9"
+    assert core.forged_grant(live, [running_work("a9", [2, 3])], T0) is None  # other GPUs
+    assert core.forged_grant(live, [running_work("a1", [0, 1])], T0) is None  # its own repeat (ignored later)
+    # a fraction shares its GPU with other fractions, never with a whole-GPU grant
+    share = msgspec.structs.replace(
+        live, kind="fraction", assignments=[GpuAssignment(node_id="n1", gpu_index=1, milli=250, memory_mib=10_000)]
+    )
+    assert core.forged_grant(share, [running_work("a9", [1], whole=False)], T0) is None
+    assert core.forged_grant(share, [running_work("a9", [1], whole=True)], T0) == "GPU 1 of n1 runs allocation a9"
+    assert core.forged_grant(live, [running_work("a9", [1], whole=False)], T0) == "GPU 1 of n1 runs allocation a9"
+
+
+def test_a_workload_knows_whether_it_holds_whole_gpus() -> None:
+    started = admit(grant([0]))
+    assert isinstance(started, core.GrantAdmitted) and started.workload.whole

@@ -60,6 +60,12 @@ class HandlerFailed(Exception):
     """A handler raised on the fast path; the batch is rolled back and re-run isolated."""
 
 
+class Refused(Exception):
+    """A handler's verdict that a message must never be acted on (a grant not signed by the pool
+    allocator, one for GPUs already running other work): it is dead-lettered at once with the
+    reason (`why` "refused"), not retried, and whatever its handler did is rolled back."""
+
+
 class ConsumerConflict(Exception):
     """A durable consumer exists with settings the server will not change in place."""
 
@@ -70,13 +76,15 @@ class NoTransaction(Exception):
 
 @dataclass
 class HandlerContext:
-    """What a handler gets besides the event: its transaction, the delivery, who it is."""
+    """What a handler gets besides the event: its transaction, the delivery, who it is, and the
+    message's bytes as they arrived (`data`: what a signature covers)."""
 
     tx: Transaction | None
     subject: str
     deliveries: int
     headers: Mapping[str, str]
     source: str
+    data: bytes = b""
 
     async def emit(self, *messages: Message) -> None:
         """Queue events in the outbox of this handler's transaction."""
@@ -166,6 +174,7 @@ class _Outcome:
     event: Message | None
     error: str | None = None
     duplicate: bool = False
+    refused: bool = False
 
 
 @dataclass
@@ -310,7 +319,7 @@ class Consumer:
                 # Nothing of the batch was committed. Run it again one event at a time, each in its
                 # own savepoint, so only the failing events are nak'd.
                 for o in outcomes:
-                    o.error, o.duplicate = None, False
+                    o.error, o.duplicate, o.refused = None, False, False
                 await self._handle_batch_isolated(outcomes, self.store)
             except Exception as e:  # the commit itself failed: nothing of the batch happened
                 self._commit_failed(outcomes, e)
@@ -390,7 +399,7 @@ class Consumer:
                     "ibpool.deliveries": deliveries,
                 },
             ) as span:
-                ctx = HandlerContext(tx, o.msg.subject, deliveries, headers, self.source)
+                ctx = HandlerContext(tx, o.msg.subject, deliveries, headers, self.source, o.msg.data)
                 try:
                     if tx is not None and isolated:
                         async with tx.savepoint():
@@ -405,6 +414,7 @@ class Consumer:
                         await self.sub.handler(o.event, ctx)
                 except Exception as e:
                     o.error = f"{type(e).__name__}: {e}"
+                    o.refused = isinstance(e, Refused)
                     span.record_exception(e)
                     span.set_status(trace.Status(trace.StatusCode.ERROR, o.error))
         finally:
@@ -423,6 +433,9 @@ class Consumer:
             else:
                 self.metrics.handled.labels(self.sub.durable, kind).inc()
                 _handled.add(1, {"consumer": self.sub.durable, "type": kind})
+            return
+        if o.refused:
+            await self._dead_letter(o.msg, f"refused: {o.error.removeprefix('Refused: ')}", why="refused")
             return
         self.metrics.failed.labels(self.sub.durable, kind).inc()
         deliveries = _deliveries(o.msg)

@@ -42,7 +42,7 @@ from ibpool_core.fabric.formats import guess_format, import_topology
 from ibpool_core.fabric.link_health import LinkState
 from ibpool_core.fabric.model import FabricError, Topology, content_hash
 from ibpool_core.fabric.view import FabricState, FabricView, fabric_state
-from ibpool_proto import decode
+from ibpool_proto import decode, misaddressed
 from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged, TopologyPublished
 
 from .config import ConfigError
@@ -253,7 +253,10 @@ class FabricFeed:
             return
         try:
             event = decode(newest.data)
-            if isinstance(event, TopologyPublished):
+            wrong = misaddressed(event, newest.subject, (newest.headers or {}).get("ce-type"))
+            if wrong is not None:
+                log.warning("last published topology misaddressed, not loaded", error=wrong)
+            elif isinstance(event, TopologyPublished):
                 await self.on_topology(event)
         except Exception as e:
             log.warning("last published topology not loaded", error=str(e) or type(e).__name__)

@@ -371,7 +371,7 @@ def create_app(
     metrics: ServiceMetrics,
     readiness: Readiness,
     refresh_metrics: RefreshMetrics | None = None,
-    add_routes: Callable[[web.Application], None] | None = None,
+    add_routes: Callable[[web.Application], object] | None = None,
     auth: ApiAuth | None = None,
     title: str = "ibpool service",
 ) -> web.Application:

@@ -42,7 +42,7 @@ from ibpool_core.pool.ledger import (
     encode_snapshot,
 )
 from ibpool_core.pool.messages import LedgerEvent
-from ibpool_proto import DecodeError, decode
+from ibpool_proto import DecodeError, decode, misaddressed
 from ibpool_proto.pool import (
     AllocationExpired,
     AllocationGranted,
@@ -228,6 +228,10 @@ class LedgerReplica:
                             message = decode(m.data)
                         except DecodeError as e:
                             log.warning("undecodable pool event skipped", subject=m.subject, error=str(e))
+                            continue
+                        wrong = misaddressed(message, m.subject, (m.headers or {}).get("ce-type"))
+                        if wrong is not None:
+                            log.warning("misaddressed pool event skipped", subject=m.subject, error=wrong)
                             continue
                         if isinstance(message, LEDGER_EVENTS):
                             events.append(message)

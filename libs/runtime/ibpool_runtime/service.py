@@ -15,10 +15,10 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 
@@ -36,7 +36,7 @@ from .streams import STREAMS
 log = get_logger(__name__)
 
 C = TypeVar("C", bound=BaseConfig)
-Task = Callable[[asyncio.Event], Awaitable[None]]
+Task = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
 
 @dataclass
@@ -63,7 +63,7 @@ class ServiceSpec:
 
     subscriptions: list[Subscription] = field(default_factory=list)
     migrations: Path | None = None
-    add_routes: Callable[[web.Application], None] | None = None
+    add_routes: Callable[[web.Application], object] | None = None
     tasks: list[Task] = field(default_factory=list)
     on_start: Callable[[], Awaitable[None]] | None = None
     on_stop: Callable[[], Awaitable[None]] | None = None

@@ -24,7 +24,7 @@ import msgspec
 
 from ibpool_proto import Message
 
-from .bus import outgoing
+from .bus import OutgoingMessage, outgoing
 from .logs import get_logger
 
 log = get_logger(__name__)
@@ -45,9 +45,10 @@ class MigrationError(Exception):
 class Transaction:
     """One database transaction of a service: its own state, the inbox and the outbox."""
 
-    def __init__(self, conn: asyncpg.Connection, on_outbox: Any = None) -> None:
+    def __init__(self, conn: asyncpg.Connection, on_outbox: Any = None, signer: Signer | None = None) -> None:
         self.conn = conn
         self._on_outbox = on_outbox
+        self._signer = signer
         self.emitted = 0
         # Rows queued for one executemany per statement, in first-queued order; one scope per open savepoint.
         self._queued: dict[str, list[Sequence[Any]]] = {}
@@ -90,6 +91,8 @@ class Transaction:
         rows = []
         for m in messages:
             out = outgoing(m)
+            if self._signer is not None:
+                out = self._signer(m, out)
             rows.append((m.id, out.subject, msgspec.json.encode(out.headers).decode(), out.body))
         self.executemany_at_commit(_OUTBOX_INSERT, rows)
 
@@ -140,6 +143,10 @@ class Transaction:
             self._queued = outer
 
 
+# Adds what an outgoing message carries beyond its envelope (the pool allocator's grant signature:
+# `grant_signing.GrantSigner.sign`), at the time it is queued in the outbox.
+Signer = Callable[[Message, OutgoingMessage], OutgoingMessage]
+
 _OUTBOX_INSERT = (
     "INSERT INTO outbox (event_id, subject, headers, body) VALUES ($1, $2, $3, $4) ON CONFLICT (event_id) DO NOTHING"
 )
@@ -161,6 +168,8 @@ class Store:
         self.pool = pool
         self.schema = schema
         self._committed_outbox = asyncio.Event()
+        # Applied to every message a transaction queues in the outbox (the allocator's grant signer).
+        self.signer: Signer | None = None
 
     @classmethod
     async def connect(
@@ -231,7 +240,7 @@ class Store:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
         async with self.pool.acquire() as conn, conn.transaction():
-            tx = Transaction(conn)
+            tx = Transaction(conn, signer=self.signer)
             yield tx
             await tx.write_queued()
             if tx.emitted:

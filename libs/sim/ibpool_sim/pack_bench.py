@@ -254,7 +254,7 @@ def summarise(results: Sequence[RunResult]) -> dict[str, Any]:
     for cand in ("fgd", "fgd+"):
         if not any(r.policy == cand for r in results) or not any(r.policy == "best-fit" for r in results):
             continue
-        per_seed = []
+        per_seed: list[dict[str, Any]] = []
         for r in results:
             if r.policy != cand:
                 continue

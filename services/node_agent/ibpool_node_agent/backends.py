@@ -112,7 +112,9 @@ class NvmlBackend:
 
     def __init__(self, node_id: str, nvml: Any = None) -> None:
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         self.nvml = nvml
         nvml.nvmlInit()
         self.node_id = node_id
@@ -152,6 +154,9 @@ class NvmlBackend:
                 )
             )
         return out
+
+    def host(self, load: dict[int, int]) -> HostSample:
+        return self.host_meter.sample()
 
     def _nvlink_active(self, h: Any) -> bool:
         n = self.nvml

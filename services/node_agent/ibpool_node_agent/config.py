@@ -44,6 +44,10 @@ class NodeAgentConfig(BaseConfig, frozen=True, kw_only=True):
     telemetry_buffer: int = 10_000
     # Where /sys is (tests point it at a fake tree).
     sysfs_root: str = "/"
+    # The pool allocator's public keys (nkeys `U...`, `ibpool_runtime.grant_signing`): every grant,
+    # revocation, release and expiry must be signed by one of them, else it is dead-lettered and never
+    # acted on. Empty: they are not checked (development only; said at start).
+    grant_signers: list[str] = []
     # Labels announced with every hosted node (TOML `[node_agent.labels]`), e.g. the scheduler's
     # `ibpool.io/leaf` (the node's leaf switch) and `ibpool.io/sharp = "true"` (a SHARP-capable leaf).
     labels: dict[str, str] = {}

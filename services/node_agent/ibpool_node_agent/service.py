@@ -18,7 +18,9 @@ from ibpool_core import workload as core
 from ibpool_core.clock import Clock
 from ibpool_proto.node import HcaPortsReported, NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked, Enforcement
-from ibpool_runtime.consumer import HandlerContext, Subscription
+from ibpool_runtime.config import ConfigError
+from ibpool_runtime.consumer import HandlerContext, Refused, Subscription
+from ibpool_runtime.grant_signing import GrantVerifier, SigningKeyError
 from ibpool_runtime.hca_sysfs import read_hca_ports
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit, repeat_until_stopped, sleep_unless_stopped
@@ -45,6 +47,15 @@ class NodeAgent:
         self.backends = {b.node_id: b for b in backends}
         self.gpu_counts = {b.node_id: len(b.inventory()) for b in backends}
         self.clock = clock
+        # The pool allocator's keys: what this agent acts on must be signed by one (None: not checked).
+        self.verifier: GrantVerifier | None = None
+        if self.cfg.grant_signers:
+            try:
+                self.verifier = GrantVerifier(self.cfg.grant_signers)
+            except SigningKeyError as e:
+                raise ConfigError(f"invalid node_agent config: field `grant_signers`: {e}") from None
+        else:
+            log.warning("grants are not checked (no grant_signers): a forged grant on the bus would run")
         self.heartbeats_sent = 0
         # node id -> allocation ids running there, refreshed from the store by the workload loop
         self.running: dict[str, list[str]] = {n: [] for n in self.backends}
@@ -85,13 +96,20 @@ class NodeAgent:
     async def on_allocation_event(self, event: object, ctx: HandlerContext) -> None:
         assert ctx.tx is not None
         now = self.clock.now()
+        if self.verifier is not None:
+            why = self.verifier.check(ctx.data, ctx.headers)
+            if why is not None:  # counted where it is dead-lettered (ibpool_events_dead_lettered_total, "refused")
+                raise Refused(f"{type(event).__name__}: {why}")
         match event:
             case AllocationGranted():
-                running = {w.allocation_id for w in await state.running(ctx.tx.conn, [event.node_id])}
+                running = await state.running(ctx.tx.conn, [event.node_id])
+                forged = core.forged_grant(event, running, now) if self.verifier is not None else None
+                if forged is not None:
+                    raise Refused(f"AllocationGranted {event.allocation_id}: {forged}")
                 decision = core.admit_grant(
                     event,
                     hosted_nodes=self.gpu_counts,
-                    running=running,
+                    running={w.allocation_id for w in running},
                     now=now,
                     source=self.kit.source,
                     default_runtime_s=self.cfg.default_runtime_s,
@@ -132,15 +150,15 @@ class NodeAgent:
                     case core.GrantIgnored(reason=reason):
                         log.info("grant ignored", allocation_id=event.allocation_id, reason=reason)
             case AllocationRevoked() | AllocationReleased() | AllocationExpired():
-                w = await state.running_one(ctx.tx.conn, event.allocation_id, event.node_id)
-                if w is None:
+                ended = await state.running_one(ctx.tx.conn, event.allocation_id, event.node_id)
+                if ended is None:
                     log.info("ended allocation is not running here", allocation_id=event.allocation_id)
                     return
-                exited = core.stop_revoked(w, event, now=now, source=self.kit.source)
+                exited = core.stop_revoked(ended, event, now=now, source=self.kit.source)
                 await state.mark_exited(ctx.tx.conn, exited)
                 await ctx.emit(exited)
-                self.launcher.stop(work_key(w.allocation_id, w.node_id))
-                self.backends[w.node_id].enforcer.release(w.allocation_id)
+                self.launcher.stop(work_key(ended.allocation_id, ended.node_id))
+                self.backends[ended.node_id].enforcer.release(ended.allocation_id)
             case _:
                 log.warning("unexpected event for the node agent", type=type(event).__name__)
 

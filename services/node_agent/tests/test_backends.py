@@ -55,6 +55,8 @@ def test_nvml_backend_reads_inventory_and_telemetry_with_xids_and_throttling() -
     assert s1.throttle_reasons == ["sw_power_cap", "sw_thermal_slowdown"]  # idle (0x1) is not a problem
     assert s1.xids == [79, 48] and s0.xids == [13]
     assert b.sample(5.0, {})[1].xids == []  # each XID reported once
+    # The telemetry loop asks every backend for its host too (this was missing on NVML hosts).
+    assert 0.0 < b.host({0: 1024}).disk_used_pct <= 100.0
 
 
 def test_nvml_backend_falls_back_to_remapped_rows_and_works_without_events() -> None:

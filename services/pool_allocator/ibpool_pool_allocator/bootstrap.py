@@ -10,6 +10,7 @@ from ibpool_core.pool.policy_placer import policy_placer
 from ibpool_runtime.clock import SystemClock
 from ibpool_runtime.config import ConfigError
 from ibpool_runtime.fabric_feed import load_fabric_file
+from ibpool_runtime.grant_signing import GrantSigner, SigningKeyError, load_seed
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.service import Kit, ServiceSpec
 
@@ -26,6 +27,7 @@ async def bootstrap(
     """`place` overrides the placer (by default the packing policy `placement_policy` of the config,
     with the fabric for gangs and remote use); `hops` overrides the fabric's distances."""
     fabric = fabric_at_start(kit.config)
+    sign_grants(kit)
     if place is None:
         place = placer_for(kit.config, fabric)
     allocator = PoolAllocator(kit, clock or SystemClock(), place, hops, fabric)
@@ -38,6 +40,21 @@ async def bootstrap(
         on_start=allocator.load,
         check=allocator.check_snapshot,
     )
+
+
+def sign_grants(kit: Kit[PoolAllocatorConfig]) -> None:
+    """Sign what node agents act on with the seed of `grant_signing_seed_file` (ConfigError when it
+    cannot be read); say so loudly when no seed is configured."""
+    path = kit.config.grant_signing_seed_file
+    if not path:
+        log.warning("grants are not signed (no grant_signing_seed_file): agents cannot tell them from forged ones")
+        return
+    try:
+        signer = GrantSigner(load_seed(path))
+    except SigningKeyError as e:
+        raise ConfigError(f"invalid pool_allocator config: field `grant_signing_seed_file`: {e}") from None
+    kit.store.signer = signer.sign
+    log.info("grants are signed", public_key=signer.public_key)
 
 
 def fabric_at_start(cfg: PoolAllocatorConfig) -> FabricView:

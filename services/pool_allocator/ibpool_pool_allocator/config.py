@@ -31,3 +31,7 @@ class PoolAllocatorConfig(BaseConfig, frozen=True, kw_only=True):
     fabric_format: FabricFormat = "auto"
     # Bound on fetching a published topology from its URL (connect + read).
     fabric_fetch_timeout_s: float = 10.0
+    # A file holding the nkeys seed (`SU...`) the allocator signs what node agents act on with
+    # (grants, revocations, releases, expiries; `ibpool_runtime.grant_signing`); agents trust its
+    # public key (`grant_signers`). Empty: nothing is signed (development only; said at start).
+    grant_signing_seed_file: str = ""
