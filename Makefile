@@ -27,10 +27,7 @@ run: env
 
 lint: env
 	$(VENV)/bin/ruff check proto libs services tests examples
-	$(VENV)/bin/mypy --strict proto/ibpool_proto libs/core/ibpool_core
-	$(VENV)/bin/mypy --strict libs/predict/ibpool_predict
-	$(VENV)/bin/mypy --strict libs/runtime/ibpool_runtime libs/sim/ibpool_sim libs/cli/ibpool_cli
-	$(VENV)/bin/mypy --strict $(wildcard services/*/ibpool_*)
+	$(VENV)/bin/mypy --strict proto/ibpool_proto $(wildcard libs/*/ibpool_*) $(wildcard services/*/ibpool_*)
 
 docs: env
 	$(PY) -m ibpool_proto.docs docs/events

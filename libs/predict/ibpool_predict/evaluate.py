@@ -23,7 +23,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from ibpool_sim.traces import load_philly  # type: ignore[import-untyped]
+from ibpool_sim.traces import load_philly
 
 from .baseline import NaiveMedianEstimator
 from .contract import JobFeatures
