@@ -16,7 +16,7 @@ import re
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import nats
 import nats.errors
@@ -26,7 +26,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, RetentionPolicy, StorageType, StreamConfig
 
-from ibpool_proto import Message, encode
+from ibpool_proto import DecodeError, Message, decode, encode, misaddressed
 
 from . import telemetry
 from .logs import get_logger
@@ -68,6 +68,25 @@ ATOMIC_BATCH_MAX = 1000
 # Fewer messages for one stream go one by one: measured with bench_sched, atomic batches raised the
 # throughput of bursts by a fifth but cost nats-server more CPU when the batches were a few messages.
 ATOMIC_BATCH_MIN = 16
+
+
+class Rejected(NamedTuple):
+    """A delivered message that is not acted on: `why` "decode" (not one of our messages) or
+    "subject" (its type and key build another subject than the one it came on)."""
+
+    why: Literal["decode", "subject"]
+    error: str
+
+
+def decode_delivered(msg: Msg) -> Message | Rejected:
+    """What `msg` carries, decoded once and checked against the subject it arrived on (the subject is
+    what the publisher was allowed to use, so a body of another type or key there is never trusted)."""
+    try:
+        message = decode(msg.data)
+    except DecodeError as e:
+        return Rejected("decode", str(e))
+    wrong = misaddressed(message, msg.subject, (msg.headers or {}).get("ce-type"))
+    return message if wrong is None else Rejected("subject", wrong)
 
 
 class AtomicBatchRefused(Exception):

@@ -34,10 +34,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from ibpool_proto import DecodeError, Message, decode, misaddressed
+from ibpool_proto import Message
 
 from . import faults, telemetry
-from .bus import Bus
+from .bus import Bus, Rejected, decode_delivered
 from .logs import get_logger
 from .metrics import ServiceMetrics
 from .store import Store, Transaction
@@ -292,14 +292,9 @@ class Consumer:
     async def process(self, msgs: Sequence[Msg]) -> None:
         outcomes: list[_Outcome] = []
         for msg in msgs:
-            try:
-                message = decode(msg.data)
-            except DecodeError as e:
-                await self._dead_letter(msg, f"decode: {e}", why="decode")
-                continue
-            wrong = misaddressed(message, msg.subject, (msg.headers or {}).get("ce-type"))
-            if wrong is not None:  # never handled: the subject is what the publisher was allowed to use
-                await self._dead_letter(msg, f"subject: {wrong}", why="subject")
+            message = decode_delivered(msg)
+            if isinstance(message, Rejected):  # never handled
+                await self._dead_letter(msg, f"{message.why}: {message.error}", why=message.why)
                 continue
             outcomes.append(_Outcome(msg, message))
         if not outcomes:

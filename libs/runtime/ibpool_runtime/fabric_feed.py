@@ -42,9 +42,9 @@ from ibpool_core.fabric.formats import guess_format, import_topology
 from ibpool_core.fabric.link_health import LinkState
 from ibpool_core.fabric.model import FabricError, Topology, content_hash
 from ibpool_core.fabric.view import FabricState, FabricView, fabric_state
-from ibpool_proto import decode, misaddressed
 from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged, TopologyPublished
 
+from .bus import Rejected, decode_delivered
 from .config import ConfigError
 from .consumer import HandlerContext, Subscription
 from .follow import follow_latest
@@ -252,10 +252,9 @@ class FabricFeed:
         if newest is None:
             return
         try:
-            event = decode(newest.data)
-            wrong = misaddressed(event, newest.subject, (newest.headers or {}).get("ce-type"))
-            if wrong is not None:
-                log.warning("last published topology misaddressed, not loaded", error=wrong)
+            event = decode_delivered(newest)
+            if isinstance(event, Rejected):
+                log.warning("last published topology not loaded", why=event.why, error=event.error)
             elif isinstance(event, TopologyPublished):
                 await self.on_topology(event)
         except Exception as e:

@@ -21,9 +21,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from ibpool_proto import DecodeError, decode, misaddressed
-
-from .bus import Bus
+from .bus import Bus, Rejected, decode_delivered
 from .logs import get_logger
 from .service import sleep_unless_stopped
 from .streams import stream_for_subject
@@ -82,14 +80,9 @@ async def follow_latest(
             continue
         late = 0.0
         for m in msgs:
-            try:
-                message = decode(m.data)
-            except DecodeError as e:
-                log.warning("undecodable message dropped", subject=m.subject, error=str(e))
-                continue
-            wrong = misaddressed(message, m.subject, (m.headers or {}).get("ce-type"))
-            if wrong is not None:
-                log.warning("misaddressed message dropped", subject=m.subject, error=wrong)
+            message = decode_delivered(m)
+            if isinstance(message, Rejected):
+                log.warning("message dropped", subject=m.subject, why=message.why, error=message.error)
                 continue
             if progress is not None:
                 late = max(late, _stored_late(m, message.occurred_at.timestamp()))

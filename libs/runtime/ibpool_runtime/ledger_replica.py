@@ -42,7 +42,6 @@ from ibpool_core.pool.ledger import (
     encode_snapshot,
 )
 from ibpool_core.pool.messages import LedgerEvent
-from ibpool_proto import DecodeError, decode, misaddressed
 from ibpool_proto.pool import (
     AllocationExpired,
     AllocationGranted,
@@ -54,7 +53,7 @@ from ibpool_proto.pool import (
     QuotaChanged,
 )
 
-from .bus import Bus
+from .bus import Bus, Rejected, decode_delivered
 from .logs import get_logger
 from .service import sleep_unless_stopped
 from .streams import stream_for_subject
@@ -224,14 +223,9 @@ class LedgerReplica:
                         continue
                     events: list[LedgerEvent] = []
                     for m in msgs:
-                        try:
-                            message = decode(m.data)
-                        except DecodeError as e:
-                            log.warning("undecodable pool event skipped", subject=m.subject, error=str(e))
-                            continue
-                        wrong = misaddressed(message, m.subject, (m.headers or {}).get("ce-type"))
-                        if wrong is not None:
-                            log.warning("misaddressed pool event skipped", subject=m.subject, error=wrong)
+                        message = decode_delivered(m)
+                        if isinstance(message, Rejected):
+                            log.warning("pool event skipped", subject=m.subject, why=message.why, error=message.error)
                             continue
                         if isinstance(message, LEDGER_EVENTS):
                             events.append(message)
