@@ -27,7 +27,7 @@ of their allocation's release (`release_id`): the same news at the same time giv
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from typing import Literal, TypedDict
 
 import msgspec
 
@@ -73,6 +73,13 @@ News = (
     | RequeueRequested
 )
 Count = Literal["answers", "requeues"]
+
+
+class _Envelope(TypedDict):
+    id: str
+    occurred_at: dt.datetime
+    source: str
+    key: str
 
 
 class LifecycleConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,7 +138,7 @@ class _Step:
     def emit(self, event: Message) -> None:
         self.events.append(event)
 
-    def envelope(self, key: str) -> dict[str, object]:
+    def envelope(self, key: str) -> _Envelope:
         return {
             "id": event_id(self.now, self.cause, len(self.events)),
             "occurred_at": self.now,
@@ -155,7 +162,7 @@ class _Step:
         assert job.state in ("completed", "failed", "cancelled", "killed")
         self.emit(
             JobFinished(
-                **self.envelope(job.job_id),  # type: ignore[arg-type]
+                **self.envelope(job.job_id),
                 job_id=job.job_id,
                 state=job.state,
                 reason=job.reason,
@@ -220,7 +227,7 @@ def preempt(job: JobRecord, for_job_id: str, now: dt.datetime, config: Lifecycle
     step.save(again)
     step.emit(
         JobPreempted(
-            **step.envelope(job.job_id),  # type: ignore[arg-type]
+            **step.envelope(job.job_id),
             job_id=job.job_id,
             allocation_id=job.allocation_id,
             for_job_id=for_job_id,
@@ -230,7 +237,7 @@ def preempt(job: JobRecord, for_job_id: str, now: dt.datetime, config: Lifecycle
     step.release(job.allocation_id, f"job {job.job_id} preempted for {for_job_id}")
     step.emit(
         JobRequeued(
-            **step.envelope(job.job_id),  # type: ignore[arg-type]
+            **step.envelope(job.job_id),
             job_id=job.job_id,
             allocation_id=job.allocation_id,
             reason=f"preempted for {for_job_id}",
@@ -273,7 +280,7 @@ def _mark_granted(step: _Step, allocation_id: str, nodes: list[str]) -> None:
     step.save(done)
     step.emit(
         JobScheduled(
-            **step.envelope(job.job_id),  # type: ignore[arg-type]
+            **step.envelope(job.job_id),
             job_id=job.job_id,
             allocation_id=allocation_id,
             tenant=job.tenant,
@@ -394,7 +401,7 @@ def _requeue(step: _Step, why: str, not_before: dt.datetime | None = None) -> No
     step.save(again)
     step.emit(
         JobRequeued(
-            **step.envelope(job.job_id),  # type: ignore[arg-type]
+            **step.envelope(job.job_id),
             job_id=job.job_id,
             allocation_id=allocation_id,
             reason=why,
