@@ -3,6 +3,7 @@
     ibpool sim --trace philly --nodes 80 --policy all [--limit N] [--failures K --seed N]
                [--placement leaf|framework [--sharp-leaves SHARE]]
     ibpool sim --trace philly --fabric SPEC|FILE [--sharp-per link|switch] --policy all
+    ibpool sim --trace philly --fabric SPEC --policy all --halves
     ibpool sim --trace philly --nodes 80 --limit 10000 --two-sites [--exact-runtimes]
                [--plot FILE.png] [--format table|json] [--jobs P]
 
@@ -10,9 +11,11 @@
 (traces.load_generic_jobs). `--fabric` runs on a real fabric: a generator spec
 (`fat_tree_2tier:hosts=64,radix=12,oversubscription=2,sharp=true`, `rail_optimised:hosts=64,su_size=8`)
 or a topology file in any format `ibpool topo convert` reads; its hosts are the cluster, placement
-is the scheduler's framework on it, SHARP trees are bounded (`--sharp-per`). The run is
-deterministic; `--seed` only chooses the `--failures` injected host failures. Exit codes: 0 ok,
-1 usage error, 2 input error (unreadable trace or fabric).
+is the scheduler's framework on it, SHARP trees are bounded (`--sharp-per`). `--halves` cuts the
+trace in two in time order, chooses `gittins-learned`'s thresholds on the first half
+(ibpool_sim.halves) and reports the second. The run is deterministic; `--seed` only chooses the
+`--failures` injected host failures. Exit codes: 0 ok, 1 usage error, 2 input error (unreadable
+trace or fabric).
 Method, cost model and results: docs/scheduling.md, docs/benchmarks.md.
 """
 
@@ -34,6 +37,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from ibpool_core.fabric.model import FabricError
 from ibpool_core.sched.sharp import SharpLimits
 from ibpool_sim.cluster_sim import SimConfig, SimFabric, SimResult, load_fabric
+from ibpool_sim.halves import CANDIDATES, Trial, report_entries, split, tune
 from ibpool_sim.sched_lineup import LineupEntry, RunOptions, check_floors, random_failures, run_entry, select
 from ibpool_sim.shared_data import locate
 from ibpool_sim.sites_sim import STRATEGIES, TwoSiteConfig, simulate_two_sites
@@ -63,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
         "--two-sites",
         action="store_true",
         help="split --nodes into two sites and compare routing jobs that name both (first, most-free, choose)",
+    )
+    p.add_argument(
+        "--halves",
+        action="store_true",
+        help="choose gittins-learned's thresholds on the trace's first half, report the line-up on the second",
     )
     p.add_argument(
         "--exact-runtimes",
@@ -260,8 +269,19 @@ def main(argv: Sequence[str]) -> int:
         fabric=args.fabric,
         sharp_limits=SharpLimits(per=args.sharp_per),
     )
+    quiet = args.format == "json"
+    trials: list[Trial] = []
+    chosen = None
     try:
-        results = run_all(entries, trace, options, args.jobs, quiet=args.format == "json")
+        if args.halves:
+            first, trace = split(trace)
+
+            def on_first(tried: list[LineupEntry]) -> list[float]:
+                return [float(r.summary()["avg_jct_s"]) for r in run_all(tried, first, options, args.jobs, quiet)]
+
+            chosen, trials = tune(CANDIDATES, first, on_first)
+            entries = report_entries(entries, chosen, first)
+        results = run_all(entries, trace, options, args.jobs, quiet)
     except ValueError as e:
         print(f"ibpool sim: {e}", file=sys.stderr)
         return 2
@@ -281,6 +301,11 @@ def main(argv: Sequence[str]) -> int:
             "placement": args.placement,
             "sharp_leaves": args.sharp_leaves,
             "seed": args.seed,
+            "halves": args.halves,
+            "tuned_on_first_half": [
+                {"thresholds": t.thresholds.name, "thresholds_s": t.thresholds.seconds, "avg_jct_s": t.avg_jct_s}
+                for t in trials
+            ],
             "policies": summaries,
             "floors": [{"name": f.name, "value": f.value, "limit": f.limit, "holds": f.holds} for f in floors],
         }
@@ -292,7 +317,13 @@ def main(argv: Sequence[str]) -> int:
             if args.fabric
             else f"{args.nodes} nodes x 8 GPUs (8 nodes per leaf)"
         )
-        print(f"{args.trace}: {len(trace)} jobs on {where}, {args.placement} placement{sharp}")
+        if trials:
+            print("gittins-learned's thresholds, tried on the first half of the trace (avg JCT s):")
+            for t in trials:
+                mark = "  <- chosen" if t.thresholds == chosen else ""
+                print(f"  {t.thresholds.name:<22} {t.avg_jct_s:>12,.0f}{mark}")
+        half = "the second half of " if args.halves else ""
+        print(f"{half}{args.trace}: {len(trace)} jobs on {where}, {args.placement} placement{sharp}")
         print(format_table(summaries, floors, tiers=args.fabric is not None))
     if args.plot is not None:
         plot_cdf(results, args.plot, f"JCT CDF, {args.trace} ({len(trace)} jobs), {args.nodes} nodes x 8 GPUs")

@@ -62,3 +62,17 @@ def test_sim_two_sites_compares_the_routings(capsys: pytest.CaptureFixture[str])
     assert set(by) == {"first", "most-free", "choose"}
     assert by["first"]["placed"] == {"a": 400, "b": 0}
     assert all(sum(r["placed"].values()) == 400 for r in by.values())
+
+
+def test_sim_halves_tunes_on_the_first_half_and_reports_the_second(capsys: pytest.CaptureFixture[str]) -> None:
+    need("traces/philly/philly.csv")
+    argv = ["--trace", "philly", "--nodes", "8", "--limit", "301", "--policy", "fifo+easy,gittins-learned"]
+    assert main([*argv, "--halves", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["halves"] is True and out["jobs"] == 150  # the second half; the first holds the odd job
+    tried = out["tuned_on_first_half"]
+    assert len(tried) >= 2 and all(t["avg_jct_s"] > 0 for t in tried)
+    assert [p["jobs"] for p in out["policies"]] == [150, 150]
+    assert main([*argv, "--halves"]) == 0
+    table = capsys.readouterr().out
+    assert table.count("<- chosen") == 1 and "the second half of philly: 150 jobs" in table

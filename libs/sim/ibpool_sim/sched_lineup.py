@@ -25,8 +25,44 @@ from ibpool_core.sched.sharp import SharpLimits
 from .cluster_sim import HostFailure, SimConfig, SimResult, simulate
 from .traces import TraceJob
 
-# `gittins-learned`'s queues: seconds of service, 600 s then doubling from 1 h to 256 h (docs/scheduling.md).
-LEARNED_GITTINS_THRESHOLDS_S = [600.0, *(3600.0 * 2**k for k in range(9))]
+
+class LearnedThresholds(msgspec.Struct, frozen=True, kw_only=True):
+    """`gittins-learned`'s queues, in seconds of attained service: `first_s`, then one threshold every
+    `ratio` times longer from `start_s` on, up to `top_s`."""
+
+    first_s: float
+    start_s: float
+    ratio: float = 2.0
+    top_s: float = 256 * 3600.0
+
+    def __post_init__(self) -> None:
+        if not (0 < self.first_s <= self.start_s <= self.top_s and self.ratio > 1.0):
+            raise ValueError(f"thresholds need 0 < first <= start <= top and ratio > 1, got {self}")
+
+    @property
+    def seconds(self) -> list[float]:
+        out, t = [self.first_s], self.start_s
+        while t <= self.top_s * (1 + 1e-9):
+            if t > out[-1]:
+                out.append(t)
+            t *= self.ratio
+        return out
+
+    @property
+    def name(self) -> str:
+        return f"{self.first_s:g}s,x{self.ratio:g} from {self.start_s / 3600:g}h"
+
+    def entry(self, label: str = "gittins-learned") -> LineupEntry:
+        return LineupEntry(
+            label=label,
+            policy="gittins-learned",
+            backfill="greedy",
+            params={"service": "time", "thresholds": self.seconds},
+        )
+
+
+# `gittins-learned`'s queues as shipped: 600 s, then doubling from 1 h to 256 h (docs/scheduling.md).
+LEARNED_GITTINS = LearnedThresholds(first_s=600.0, start_s=3600.0)
 
 
 # A scan depth that is the whole queue (no trace has this many jobs waiting).
@@ -61,12 +97,7 @@ LINEUP: tuple[LineupEntry, ...] = (
     LineupEntry(label="predictive", policy="predictive", backfill="easy"),
     LineupEntry(label="las", policy="las", backfill="greedy"),
     LineupEntry(label="gittins", policy="gittins", backfill="greedy"),
-    LineupEntry(
-        label="gittins-learned",
-        policy="gittins-learned",
-        backfill="greedy",
-        params={"service": "time", "thresholds": LEARNED_GITTINS_THRESHOLDS_S},
-    ),
+    LEARNED_GITTINS.entry(),
     LineupEntry(label="dynamic", policy="dynamic", backfill="greedy"),
     LineupEntry(label="oracle-sjf", policy="oracle-sjf", backfill="greedy", baseline=True, oracle=True),
     LineupEntry(label="oracle-srtf", policy="oracle-srtf", backfill="greedy", baseline=True, oracle=True),
