@@ -560,9 +560,9 @@ def cycle_only(args: argparse.Namespace) -> dict[str, Any]:
     from ibpool_core.pool import allocate as al
     from ibpool_core.pool.ledger import Ledger
     from ibpool_core.sched import records as job_states
+    from ibpool_core.sched.pool_cycle import plan_cycle
     from ibpool_core.sched.records import JobRecord
     from ibpool_runtime.clock import SystemClock
-    from ibpool_scheduler.plan import plan_cycle
     from ibpool_scheduler.state import tally_of
 
     cfg = SchedulerConfig(instance="bench", policy="fifo", log_level="warning", placement=args.placement)

@@ -11,13 +11,13 @@ import msgspec
 
 from ibpool_core.pool.ledger import Ledger
 from ibpool_core.sched import records as jobs
+from ibpool_core.sched.pool_cycle import taken_in_flight
 from ibpool_core.sched.records import JobRecord
 from ibpool_proto.job import JobSpec
 from ibpool_proto.pool import ResourceRequest
 from ibpool_runtime.devstack import StackInfo
 from ibpool_runtime.store import Store
 from ibpool_scheduler import state
-from ibpool_scheduler.plan import taken_in_flight
 from ibpool_scheduler.service import record_from_spec
 from tests.integration.helpers import own_store
 

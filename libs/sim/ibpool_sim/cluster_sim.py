@@ -2,7 +2,8 @@
 
 Jobs arrive from a trace (traces.py) and wait in the queue; at every instant where something
 happened (arrivals, ends, a LAS queue demotion, a failure, a priority refresh) the simulator builds a
-`SchedulingRequest` and applies the `SchedulingReply` of the same `schedule()` the service calls.
+`PlanRequest` and applies the `PlanReply` of the same `ibpool_core.sched.plan.plan()` the scheduler
+service decides with: the starts come out placed in full (rank order, tier, SHARP trees reserved).
 
 The cluster: `nodes` hosts x `gpus_per_node` GPUs, `hosts_per_leaf` hosts under each leaf switch
 (defaults 8 x 8: 80 nodes are 10 leaves), leaves joined by a spine. A job of more GPUs than a host
@@ -66,14 +67,15 @@ from ibpool_core.fabric.generators import GENERATORS, generate
 from ibpool_core.fabric.index import FabricIndex
 from ibpool_core.fabric.model import Topology
 from ibpool_core.sched import framework as fw
-from ibpool_core.sched.cycle import CycleConfig, SchedulingRequest, schedule
+from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors
 from ibpool_core.sched.framework_placer import FrameworkPlacer, leaf_fabric
 from ibpool_core.sched.jobs import FreeCapacity, Job, QueueStats, RunningJob
+from ibpool_core.sched.plan import PlannedStart, PlanRequest, QueueRequest, plan
 from ibpool_core.sched.profiles import SCHEDULER_PROFILE
 from ibpool_core.sched.queueing import LeastAttainedService, QueuePolicy, SortKey, make_policy
 from ibpool_core.sched.runtime import JobFeatures, RecentMedianEstimator, RuntimeEstimator, RuntimeHistory
-from ibpool_core.sched.sharp import SharpDecision, SharpLimits, SharpTree, SharpTrees
+from ibpool_core.sched.sharp import SharpLimits, SharpTree
 
 from .traces import TraceJob
 
@@ -209,7 +211,6 @@ class _Active(msgspec.Struct, kw_only=True):
     restore_s: float
     leaves: int
     min_leaves: int
-    sharp_tree: SharpTree | None = None
 
 
 class _Progress(msgspec.Struct, kw_only=True):
@@ -305,6 +306,8 @@ def simulate(
         placer = real.placer
     elif config.placement == "framework":
         placer = framework_placer(config)
+    names = real.names if real is not None else [host_name(h) for h in range(config.nodes)]
+    held_trees: dict[str, SharpTree] = {}  # job id -> the SHARP trees it holds until it ends
     total_gpus = config.gpus_per_node * config.nodes
     too_big = [t.id for t in trace if gang_nodes(t.gpus, config.gpus_per_node) > config.nodes]
     if too_big:
@@ -371,8 +374,7 @@ def simulate(
             if host not in down:
                 free[host] += gpus
         busy_gpu_s += act.run.job.gpus * (now - act.run.started_at)
-        if act.sharp_tree is not None and real is not None:
-            real.trees.release(act.sharp_tree)
+        held_trees.pop(job_id, None)
         return act
 
     def requeue(job_id: str, now: float, *, checkpointed: bool) -> None:
@@ -420,24 +422,24 @@ def simulate(
         if progress is not None and len(outcomes) % report_every == 0:
             progress(len(outcomes) / n_total)
 
-    def start(
-        job_id: str, hosts: list[tuple[int, int]], leaves: int, min_leaves: int, planned_end: float, now: float
-    ) -> None:
+    def start(planned: PlannedStart, now: float) -> None:
         nonlocal waiting_gpus, multi_node_starts, minimal_span_starts, sharp_starts, starts_since_p90
         nonlocal minimal_tier_starts
+        job_id, hosts, planned_end = planned.job_id, planned.hosts, planned.planned_end
+        leaves, min_leaves = planned.leaves, planned.min_leaves
         job = queues.remove(job_id)
-        placed = placer.results.pop(job_id, None) if placer is not None else None
-        sharp = placed is not None and placed.sharp and job.nodes > 1
-        tree: SharpTree | None = None
+        if placer is not None:
+            placer.results.pop(job_id, None)
+        placement = planned.placement
+        sharp = placement.sharp and job.nodes > 1
         tier = min_tier = 0
         stretch: float | None = None
+        if placement.sharp_tree is not None:
+            held_trees[job_id] = placement.sharp_tree
         if real is not None and job.nodes > 1:
-            ranked = real.ranked([h for h, _ in hosts], placed)
-            decision = SharpDecision(enabled=sharp, reason="")
-            if sharp:
-                decision = real.trees.reserve(ranked, decision)
-            sharp, tree = decision.enabled, decision.tree
-            tier, min_tier = real.tier(ranked), real.view.lowest_level_holding(job.nodes)
+            ranked = placement.hosts
+            tier = placement.tier if placement.tier is not None else real.index.levels + 1
+            min_tier = real.view.lowest_level_holding(job.nodes)
             minimal_tier_starts += tier <= min_tier
             stretch = real.stretch(ranked, sharp, cost.comm_fraction)
         waiting_gpus -= job.gpus
@@ -465,7 +467,6 @@ def simulate(
             restore_s=restore,
             leaves=leaves,
             min_leaves=min_leaves,
-            sharp_tree=tree,
         )
         for host, gpus in hosts:
             free[host] -= gpus
@@ -562,19 +563,22 @@ def simulate(
             continue
         queue_stats = stats(now) if dynamic else QueueStats()
         order = policy.choose_order(queue_stats)
-        reply = schedule(
-            SchedulingRequest(
+        reply = plan(
+            PlanRequest(
                 now=now,
-                queue=queues.jobs[order],
+                queues=[
+                    QueueRequest(
+                        jobs=queues.jobs[order], policy=policy, config=cycle_cfg, stats=queue_stats, order=order
+                    )
+                ],
                 running=running_list,
                 running_sorted_by_end=True,
                 cluster=cluster,
-                policy=policy,
-                config=cycle_cfg,
-                stats=queue_stats,
-                queue_order=order,
+                names=names,
                 fairshare=queues.fairshare,
                 placer=placer,
+                sharp_limits=config.sharp_limits if real is not None else None,
+                sharp_held=list(held_trees.values()),
             )
         )
         cycles += 1
@@ -584,7 +588,7 @@ def simulate(
             progress_of[p.job_id].preemptions += 1
             requeue(p.job_id, now, checkpointed=True)
         for s in reply.starts:
-            start(s.job_id, s.hosts, s.leaves, s.min_leaves, s.planned_end, now)
+            start(s, now)
 
     if progress is not None:
         progress(1.0)
@@ -619,7 +623,7 @@ def load_fabric(spec: str) -> Topology:
 
 class SimFabric:
     """The simulated cluster on a real fabric: its hosts (sorted names, index = host index), leaf
-    groups, the framework placer on its index, the SHARP trees in use and the cost of a ring."""
+    groups, the framework placer on its index and the cost of a ring."""
 
     def __init__(self, topology: Topology, config: SimConfig) -> None:
         index = FabricIndex(topology)
@@ -642,22 +646,11 @@ class SimFabric:
             dt.datetime(2017, 1, 1, tzinfo=dt.UTC),
             sample=config.placement_sample,
         )
-        self.trees = SharpTrees(index, config.sharp_limits)
         # The bandwidth a ring inside one leaf group runs at (the best placement's).
         group = max(self.view.group_hosts, key=len)
         self.best_gbps = (index.bottleneck_gbps(group[0], group[1]) if len(group) > 1 else None) or 1.0
         # (level, index) of a subtree -> its bisection bandwidth per host (Gb/s)
         self.bisection_per_host: dict[tuple[int, int], float] = {}
-
-    def ranked(self, hosts: list[int], placed: fw.PlacementResult | None) -> list[str]:
-        names = [self.names[h] for h in hosts]
-        if placed is not None and sorted(placed.hosts) == sorted(names):
-            return list(placed.hosts)
-        return sorted(names, key=self.view.rank_key)
-
-    def tier(self, ranked: list[str]) -> int:
-        sub = self.index.covering_subtree(ranked)
-        return sub.level if sub is not None else self.index.levels + 1
 
     def stretch(self, ranked: list[str], sharp: bool, comm_fraction: float) -> float:
         """How much longer than the trace's runtime (its best placement without SHARP) the gang runs:

@@ -36,6 +36,16 @@ from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
+from ibpool_core.sched.pool_cycle import (
+    CyclePlan,
+    LeafSource,
+    PlacementInputs,
+    PlanCache,
+    ProposalStamp,
+    QueueRule,
+    job_changes,
+    plan_cycle,
+)
 from ibpool_core.sched.profiles import SCHEDULER_PROFILE
 from ibpool_core.sched.queueing import QueuePolicy, make_policy
 from ibpool_core.sched.records import JobRecord
@@ -71,7 +81,6 @@ from ibpool_runtime.store import Transaction
 from . import members, state
 from .config import SchedulerConfig
 from .node_feed import NodeFeed, telemetry_of
-from .plan import CyclePlan, LeafSource, PlacementInputs, PlanCache, QueueRule, plan_cycle
 from .predictor import RuntimePredictor, estimates_of, settings_of
 
 log = get_logger(__name__)
@@ -625,51 +634,10 @@ class Scheduler:
     async def _write(
         self, tx: Transaction, plan: CyclePlan, live: Mapping[str, JobRecord], term: int | None, now: dt.datetime
     ) -> None:
-        """The cycle's job changes, each only if the row is still what the cycle read, and their events."""
-        changes: dict[str, tuple[JobRecord, JobRecord, list[Message]]] = {}
-        for victim_id, for_id in plan.preempted:
-            t = lifecycle.preempt(live[victim_id], for_id, now, self.lifecycle)
-            assert t.job is not None
-            changes[victim_id] = (live[victim_id], t.job, t.events)
-        for killed_id in plan.killed:
-            t = lifecycle.kill(live[killed_id], now, self.lifecycle)
-            assert t.job is not None
-            changes[killed_id] = (live[killed_id], t.job, t.events)
-        for p in plan.proposals:
-            job = live[p.job_id]
-            cmd = ProposePlacement(
-                source=self.kit.source,
-                key=job.job_id,
-                job_id=job.job_id,
-                tenant=job.tenant,
-                queue=job.queue,
-                ledger_version=plan.ledger_version,
-                assignments=p.assignments,
-                lease_s=self.cfg.lease_s,
-                workload=jobs.workload_with_env(job.workload, p.nccl_env),
-                scheduler_group=self.group,
-                fencing_term=term,
-                on_member_failure=job.on_member_failure if job.hosts > 1 else "restart",
-            )
-            changes[job.job_id] = (
-                job,
-                self.stamped(jobs.proposed(job, cmd.id, p.assignments, term, p.placement)),
-                [cmd],
-            )
-        for job_id, wait in plan.waiting.items():
-            waiting = live.get(job_id)
-            if waiting is not None and job_id not in changes:
-                why = wait.text()
-                same = waiting.reason == why and waiting.wait_code == wait.code
-                again = self.stamped(
-                    waiting if same else msgspec.structs.replace(waiting, reason=why, wait_code=wait.code)
-                )
-                if again is not waiting:
-                    changes[job_id] = (waiting, again, [])
-        for job_id, (site, why) in plan.sites.items():  # the site chosen this cycle, placed or waiting
-            old, new, commands = changes.get(job_id) or (live[job_id], live[job_id], [])
-            if (new.site, new.site_reason) != (site, why):
-                changes[job_id] = (old, msgspec.structs.replace(new, site=site, site_reason=why), commands)
+        """The cycle's job changes (the core's `job_changes`), each only if the row is still what the
+        cycle read, and their events."""
+        stamp = ProposalStamp(source=self.kit.source, group=self.group, lease_s=self.cfg.lease_s, term=term)
+        changes = job_changes(plan, live, now, self.lifecycle, stamp, self.stamped)
         if not changes:
             return
         ordered = sorted(changes)  # one lock order for every cycle

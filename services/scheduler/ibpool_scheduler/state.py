@@ -11,10 +11,9 @@ import asyncpg
 import msgspec
 
 from ibpool_core.pool.ledger import Ledger
+from ibpool_core.sched.pool_cycle import InFlight
 from ibpool_core.sched.records import LIVE, JobRecord
 from ibpool_runtime.store import Transaction
-
-from .plan import InFlight
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 

@@ -12,6 +12,16 @@ from ibpool_core.pool.ledger import Ledger
 from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.lifecycle import release_id
+from ibpool_core.sched.pool_cycle import (
+    CyclePlan,
+    FreeCache,
+    LeafSource,
+    PlanCache,
+    Proposal,
+    host_view,
+    plan_cycle,
+    taken_in_flight,
+)
 from ibpool_core.sched.queueing import make_policy
 from ibpool_core.sched.records import JobRecord
 from ibpool_proto.job import JobSpec
@@ -24,16 +34,6 @@ from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit
 from ibpool_scheduler.api import JobBody, spec_of
 from ibpool_scheduler.config import SchedulerConfig
-from ibpool_scheduler.plan import (
-    CyclePlan,
-    FreeCache,
-    LeafSource,
-    PlanCache,
-    Proposal,
-    host_view,
-    plan_cycle,
-    taken_in_flight,
-)
 from ibpool_scheduler.service import Scheduler, record_from_spec
 
 T0 = dt.datetime(2026, 12, 1, 14, 0, tzinfo=dt.UTC)

@@ -8,13 +8,13 @@ import msgspec
 import pytest
 
 from ibpool_core.pool import allocate as al
+from ibpool_core.sched.members import choose_host, replacements_due
+from ibpool_core.sched.pool_cycle import LeafSource
 from ibpool_proto.health import NodeFailed
 from ibpool_proto.job import JobSpec
 from ibpool_proto.pool import GpuAssignment, ProposePlacement, ResourceRequest
 from ibpool_runtime.http import BadBody
 from ibpool_scheduler.api import JobBody, spec_of
-from ibpool_scheduler.members import choose_host, replacements_due
-from ibpool_scheduler.plan import LeafSource
 from ibpool_scheduler.service import record_from_spec
 
 from .test_glue import T0, job, ledger_of, node
@@ -113,8 +113,8 @@ def test_a_member_of_a_site_bound_gang_is_replaced_only_at_its_site() -> None:
 
 
 def test_sharp_stays_on_for_a_replacement_under_the_gangs_leaves_only() -> None:
+    from ibpool_core.sched.members import sharp_after_replacement
     from ibpool_core.sched.records import JobPlacement
-    from ibpool_scheduler.members import sharp_after_replacement
 
     ledger = gang_ledger()
     env = {"NCCL_COLLNET_ENABLE": "1"}

@@ -15,11 +15,7 @@ from ibpool_core.pool.ledger import Ledger
 from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
-from ibpool_core.sched.queueing import make_policy
-from ibpool_core.sched.records import JobRecord
-from ibpool_proto.health import Cordoned, NodeFailed, Uncordoned
-from ibpool_proto.pool import GpuAssignment, ProposePlacement, ReleaseAllocation
-from ibpool_scheduler.plan import (
+from ibpool_core.sched.pool_cycle import (
     InFlight,
     LeafSource,
     PlacementInputs,
@@ -29,6 +25,10 @@ from ibpool_scheduler.plan import (
     plan_cycle,
     taken_in_flight,
 )
+from ibpool_core.sched.queueing import make_policy
+from ibpool_core.sched.records import JobRecord
+from ibpool_proto.health import Cordoned, NodeFailed, Uncordoned
+from ibpool_proto.pool import GpuAssignment, ProposePlacement, ReleaseAllocation
 from ibpool_scheduler.service import DEFAULT_PROFILE
 
 from .test_glue import T0, job, ledger_of, node

@@ -20,6 +20,7 @@ from ibpool_core.clock import FixedClock
 from ibpool_core.pool import allocate as al
 from ibpool_core.pool.ledger import Ledger
 from ibpool_core.sched.cycle import CycleConfig
+from ibpool_core.sched.pool_cycle import core_job, plan_cycle
 from ibpool_core.sched.queueing import make_policy
 from ibpool_core.sched.records import JobRecord, RuntimePrediction
 from ibpool_core.sched.runtime import RuntimeEstimate
@@ -30,7 +31,6 @@ from ibpool_runtime.config import ConfigError
 from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit
 from ibpool_scheduler.config import SchedulerConfig
-from ibpool_scheduler.plan import core_job, plan_cycle
 from ibpool_scheduler.predictor import PredictorSettings, RuntimePredictor, learned_runtime
 from ibpool_scheduler.service import Scheduler
 

@@ -1,22 +1,24 @@
-"""The service's cycle and the simulator's decide the same: one request through `plan.plan_cycle`
-(the scheduler service's path: ledger, job records, the published fabric) and through the
-simulator's path (`ibpool_sim.cluster_sim.SimFabric`: the core's `schedule()` with the framework
-placer on the same fabric) gives the same hosts, rank order, tier and SHARP decision for every job."""
+"""The service's cycle and the simulator's decide the same: both call `ibpool_core.sched.plan.plan`;
+one set of jobs through `pool_cycle.plan_cycle` (the scheduler service's path: ledger, job records,
+the published fabric) and through the request the simulator builds (`ibpool_sim.cluster_sim`:
+`SimFabric`'s placer, names and SHARP limits on the same fabric) gives the same placement for every
+job: hosts in rank order, tier, SHARP and why, NCCL settings and trees."""
 
 from __future__ import annotations
 
 import datetime as dt
 
+import msgspec
 import pytest
 
 from ibpool_core.fabric.generators import generate
 from ibpool_core.fabric.view import fabric_state
-from ibpool_core.sched.cycle import CycleConfig, SchedulingRequest, schedule
+from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.framework import Framework, build_profile
 from ibpool_core.sched.jobs import FreeCapacity
+from ibpool_core.sched.plan import PlanRequest, QueueRequest, plan
+from ibpool_core.sched.pool_cycle import PlacementInputs, core_job, plan_cycle
 from ibpool_core.sched.queueing import make_policy
-from ibpool_core.sched.sharp import SharpDecision
-from ibpool_scheduler.plan import PlacementInputs, core_job, plan_cycle
 from ibpool_scheduler.service import DEFAULT_PROFILE
 from ibpool_sim.cluster_sim import SimConfig, SimFabric
 
@@ -52,27 +54,28 @@ def test_the_service_and_the_simulator_place_a_cycle_alike(spec: str) -> None:
     )
     sim = SimFabric(topology, SimConfig(placement_sample=16))
     assert sim.names == sorted(names)
-    reply = schedule(
-        SchedulingRequest(
+    # The request as `ibpool_sim.cluster_sim.simulate` builds it on this fabric.
+    reply = plan(
+        PlanRequest(
             now=now.timestamp(),
-            queue=[core_job(j) for j in jobs],
-            running=[],
+            queues=[
+                QueueRequest(
+                    jobs=[core_job(j) for j in jobs],
+                    policy=make_policy("fifo"),
+                    # (the simulator also sets explain=False: no wait reasons, the same starts)
+                    config=CycleConfig(hosts_per_leaf=sim.hosts_per_leaf),
+                )
+            ],
             cluster=FreeCapacity(free=[8] * len(sim.names), capacity=[8] * len(sim.names), leaf_of=sim.leaf_of),
-            policy=make_policy("fifo"),
-            config=CycleConfig(hosts_per_leaf=sim.hosts_per_leaf),
+            names=sim.names,
             placer=sim.placer,
+            sharp_limits=SimConfig().sharp_limits,
         )
     )
-    simulated = {}
-    for start in reply.starts:
-        placed = sim.placer.results.get(start.job_id)
-        ranked = sim.ranked([h for h, _ in start.hosts], placed)
-        sharp = placed is not None and placed.sharp and len(ranked) > 1
-        decision = sim.trees.reserve(ranked, SharpDecision(enabled=sharp, reason="")) if sharp else None
-        tier = sim.tier(ranked) if len(ranked) > 1 else None
-        simulated[start.job_id] = (ranked, tier, decision is not None and decision.enabled)
-    served = {p.job_id: (p.hosts, p.tier, p.sharp) for p in service.proposals}
+    simulated = {s.job_id: msgspec.structs.replace(s.placement, fabric_version=1) for s in reply.starts}
+    served = {p.job_id: p.placement for p in service.proposals}
     assert served == simulated
     assert {"leaf-gang", "spine-gang", "small", "pair", "whole"} <= set(served)
+    assert served["leaf-gang"].tier == 1 and (served["spine-gang"].tier or 9) <= 2
     assert "too-wide" in service.waiting and "too-wide" in reply.waiting
     assert service.waiting["too-wide"].code == reply.waiting["too-wide"].code == "unresolvable"

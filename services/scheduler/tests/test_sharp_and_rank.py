@@ -9,24 +9,18 @@ import pytest
 
 from ibpool_core.sched import framework as fw
 from ibpool_core.sched import records as jobs
-from ibpool_core.sched.cycle import CycleConfig
+from ibpool_core.sched.cycle import CycleConfig, SchedulingReply, Start
 from ibpool_core.sched.framework import Framework, build_profile
 from ibpool_core.sched.framework_placer import FrameworkPlacer, leaf_fabric
+from ibpool_core.sched.jobs import FreeCapacity
+from ibpool_core.sched.plan import LEAF_PLACER_NO_SHARP, SINGLE_HOST_NO_SHARP, PlanRequest, placed_starts
+from ibpool_core.sched.pool_cycle import CyclePlan, PlacementInputs, Proposal, plan_cycle
 from ibpool_core.sched.queueing import make_policy
 from ibpool_core.sched.records import JobPlacement, JobRecord
 from ibpool_core.sched.sharp import SHARP_NCCL_ENV, SharpTree
 from ibpool_proto.node import NodeRegistered
-from ibpool_proto.pool import GpuAssignment, WorkloadSpec
+from ibpool_proto.pool import WorkloadSpec
 from ibpool_scheduler.api import job_view
-from ibpool_scheduler.plan import (
-    LEAF_PLACER_NO_SHARP,
-    SINGLE_HOST_NO_SHARP,
-    CyclePlan,
-    PlacementInputs,
-    Proposal,
-    plan_cycle,
-    with_sharp,
-)
 from ibpool_scheduler.service import DEFAULT_PROFILE
 
 from .test_glue import T0, job, ledger_of, node
@@ -160,13 +154,16 @@ def test_a_start_the_framework_did_not_admit_last_is_ranked_and_decided_again_on
     fabric = leaf_fabric({"n1": "a", "n2": "b", "n3": "a", "n4": "b"}, sharp_leaves={"a", "b"})
     hosts = [fw.HostState(name=n, gpu_model="H100", total_gpus=8, free_gpus=8) for n in names]
     placer = FrameworkPlacer(Framework(build_profile(DEFAULT_PROFILE)), fw.ClusterView(fabric, hosts), names, {}, T0)
-    started = ["n4", "n2", "n3", "n1"]
-    proposal = Proposal(
-        job_id="g",
-        assignments=[GpuAssignment(node_id=n, gpu_index=g) for n in started for g in (0, 1)],
-        placement=JobPlacement(hosts=started),
+    started = Start(job_id="g", hosts=[(3, 2), (1, 2), (2, 2), (0, 2)], leaves=2, min_leaves=1, planned_end=1.0)
+    request = PlanRequest(
+        now=0.0,
+        queues=[],
+        cluster=FreeCapacity(free=[8] * 4, capacity=[8] * 4, leaf_of=[0, 1, 0, 1]),
+        names=names,
+        placer=placer,
     )
-    (p,) = with_sharp([proposal], placer)
-    assert p.hosts == ["n1", "n3", "n2", "n4"] == host_order(p)
-    assert [a.gpu_index for a in p.assignments] == [0, 1] * 4
-    assert p.sharp is True and p.nccl_env == SHARP_NCCL_ENV  # every leaf and so the spine is SHARP-capable
+    (p,) = placed_starts(request, SchedulingReply(order="fifo", starts=[started]))
+    assert p.placement.hosts == ["n1", "n3", "n2", "n4"]
+    assert p.hosts == started.hosts and p.planned_end == 1.0
+    assert p.placement.sharp is True and p.placement.nccl_env == SHARP_NCCL_ENV  # every leaf, so the spine, aggregates
+    assert p.placement.tier == 2

@@ -1,7 +1,9 @@
-"""One cycle's plan: the pool as the ledger replica shows it + the live jobs -> `schedule()` -> exact GPUs. Pure.
+"""The scheduler service's cycle: the pool as the ledger replica shows it + the live jobs ->
+`plan()` -> exact GPUs. Pure.
 
-The core decides on dense host indices and GPU counts; this module builds its `FreeCapacity` from
-the ledger (ready nodes, whole free GPUs of ready GPUs) and maps its starts back to node ids and
+The decision is `ibpool_core.sched.plan.plan`, on dense host indices and GPU counts, the same the
+simulator makes; this module builds its request from the ledger (ready nodes, whole free GPUs of
+ready GPUs, the published fabric's leaf groups, the sites) and maps its starts back to node ids and
 GPU indices, the exact assignment a `ProposePlacement` carries. GPUs are counted as taken when the
 ledger holds a grant on them, and also while the ledger replica has not seen yet what the
 scheduler already knows: a proposal in flight, or a grant the replica has not folded in.
@@ -10,7 +12,7 @@ scheduler already knows: a proposal in flight, or a grant the replica has not fo
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -19,17 +21,20 @@ from ibpool_core.fabric.link_health import LinkState
 from ibpool_core.fabric.view import FabricState
 from ibpool_core.pool.ledger import Ledger, Node
 from ibpool_core.sched import framework as fw
-from ibpool_core.sched.cycle import CycleConfig, Preemption, SchedulingReply, SchedulingRequest, Start, schedule
+from ibpool_core.sched import lifecycle, records
+from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.framework_placer import AskHints, FrameworkPlacer, leaf_fabric
 from ibpool_core.sched.jobs import FreeCapacity, Job, RunningJob, estimated_runtime
 from ibpool_core.sched.placer import Placer
+from ibpool_core.sched.plan import PlanReply, PlanRequest, QueueRequest, plan
 from ibpool_core.sched.queueing import QueuePolicy
 from ibpool_core.sched.records import HOLDING, JobPlacement, JobRecord
 from ibpool_core.sched.runtime import RuntimeEstimate
-from ibpool_core.sched.sharp import SharpDecision, SharpLimits, SharpTree, SharpTrees, decide_sharp
+from ibpool_core.sched.sharp import SharpLimits, SharpTree
 from ibpool_core.sched.sites import Site, SiteChoice, choose_site
 from ibpool_core.sched.waits import Wait
-from ibpool_proto.pool import GpuAssignment
+from ibpool_proto.message import Message
+from ibpool_proto.pool import GpuAssignment, ProposePlacement
 
 UNLABELLED_LEAF = ""
 # The leaf of a node the published fabric does not have: a group of its own (single-host work only).
@@ -806,106 +811,51 @@ def plan_cycle(
     for j in waiting:
         groups.setdefault(j.queue, []).append(core_job(j, predictions.get(j.job_id) if predictions else None))
     rules = queue_rules or {}
-    order = sorted(groups, key=lambda q: (min(job.submit_time for job in groups[q]), q))
-    cluster = view.cluster
-    replies: list[SchedulingReply] = []
-    waiting_why: dict[str, Wait] = {}
-    for q in order or [""]:
-        q_policy, q_config = rules.get(q, (policy, config))
-        queue = groups.get(q, [])
-        request = SchedulingRequest(
-            now=now.timestamp(),
-            queue=queue,
-            running=running,
-            cluster=cluster,
+
+    def queue(name: str, jobs: list[Job]) -> QueueRequest:
+        q_policy, q_config = rules.get(name, (policy, config))
+        return QueueRequest(
+            name=name,
+            jobs=jobs,
             policy=q_policy,
             config=msgspec.structs.replace(q_config, hosts_per_leaf=view.hosts_per_leaf),
+        )
+
+    framework = isinstance(placer, FrameworkPlacer)
+    reply = plan(
+        PlanRequest(
+            now=now.timestamp(),
+            # No job waiting: the cluster's policy on an empty queue still kills jobs past their limit.
+            queues=[queue(q, jobs) for q, jobs in groups.items()] or [queue("", [])],
+            running=running,
+            cluster=view.cluster,
+            names=view.node_ids,
             fairshare=placement.fairshare,
             placer=placer,
+            sharp_limits=placement.sharp_limits if framework else None,
+            sharp_held=placement.sharp_held,
+            fabric_version=leaves.fabric.about.version if framework and leaves.fabric is not None else None,
         )
-        reply = schedule(request)
-        replies.append(reply)
-        waiting_why.update(reply.waiting)
-        if len(order) > 1:
-            cluster, running = after(reply, request)
-    reply = merged(replies)
-    if isinstance(placer, FrameworkPlacer):
-        # Say what the plugins found missing when no future frees it (a GPU model, a dataset's holders).
-        for job_id, why in waiting_why.items():
-            if why.code == "unresolvable" and (found := placer.reasons.get(job_id)):
-                waiting_why[job_id] = why.with_found(found)
+    )
     # The records assign() reads: the starts' (all waiting jobs) and, when there are any, the victims'.
     records = {j.job_id: j for j in (jobs if reply.preemptions or reply.kills else waiting)}
-    proposals = assign(reply, view, records, index)
     return CyclePlan(
         ledger_version=ledger.version,
-        proposals=(
-            with_sharp(
-                proposals,
-                placer,
-                leaves.fabric,
-                SharpTrees(placer.view.index, placement.sharp_limits, placement.sharp_held),
-            )
-            if isinstance(placer, FrameworkPlacer)
-            else proposals
-        ),
+        proposals=assign(reply, view, records, index),
         preempted=[(p.job_id, p.for_job_id) for p in reply.preemptions],
         killed=list(reply.kills),
-        waiting=waiting_why,
+        waiting=reply.waiting,
         order=reply.order,
         sites={job_id: (c.site, c.reason) for job_id, c in sites.chosen.items()},
     )
 
 
-def after(reply: SchedulingReply, request: SchedulingRequest) -> tuple[FreeCapacity, list[RunningJob]]:
-    """The cluster and the running jobs once `reply` is carried out: kills and preemptions free
-    their GPUs, starts take theirs (for the next queue of the same cycle)."""
-    free = list(request.cluster.free)
-    gone = set(reply.kills) | {p.job_id for p in reply.preemptions}
-    running = []
-    for r in request.running:
-        if r.job.id in gone:
-            for h, g in r.hosts:
-                free[h] += g
-        else:
-            running.append(r)
-    by_id = {j.id: j for j in request.queue}
-    for start in reply.starts:
-        for h, g in start.hosts:
-            free[h] -= g
-        running.append(
-            RunningJob(
-                job=by_id[start.job_id],
-                hosts=tuple(start.hosts),
-                started_at=request.now,
-                planned_end=start.planned_end,
-            )
-        )
-    return msgspec.structs.replace(request.cluster, free=free), running
-
-
-def merged(replies: Sequence[SchedulingReply]) -> SchedulingReply:
-    if len(replies) == 1:
-        return replies[0]
-    starts: list[Start] = []
-    preemptions: list[Preemption] = []
-    kills: list[str] = []
-    waiting: dict[str, Wait] = {}
-    for r in replies:
-        starts.extend(r.starts)
-        preemptions.extend(r.preemptions)
-        kills.extend(k for k in r.kills if k not in kills)
-        waiting.update(r.waiting)
-    return SchedulingReply(
-        order=",".join(r.order for r in replies), starts=starts, preemptions=preemptions, kills=kills, waiting=waiting
-    )
-
-
 def assign(
-    reply: SchedulingReply, view: HostView, jobs: dict[str, JobRecord], index: Mapping[str, int] | None = None
+    reply: PlanReply, view: HostView, jobs: dict[str, JobRecord], index: Mapping[str, int] | None = None
 ) -> list[Proposal]:
-    """The exact GPUs of every start: the lowest free indices of each host the core chose, counting
-    the GPUs of the jobs this cycle preempts or kills as free (the core gave them to the starts)."""
+    """The exact GPUs of every start, host by host in its rank order: the lowest free indices of
+    each host the core chose, counting the GPUs of the jobs this cycle preempts or kills as free
+    (the core gave them to the starts)."""
     # Only the hosts a start or a victim touches are copied and sorted (a cycle touches few of 1,000).
     free: dict[int, list[int]] = {}
 
@@ -925,75 +875,90 @@ def assign(
     for start in reply.starts:
         job = jobs[start.job_id]
         fraction = job.milli < 1000
-        assignments: list[GpuAssignment] = []
+        picked: dict[str, list[int]] = {}
         for host, count in start.hosts:
-            picked, free[host] = free_on(host)[:count], free[host][count:]
-            assignments.extend(
-                GpuAssignment(
-                    node_id=view.node_ids[host],
-                    gpu_index=g,
-                    milli=job.milli,
-                    memory_mib=job.memory_mib if fraction else None,
-                )
-                for g in picked
+            picked[view.node_ids[host]], free[host] = free_on(host)[:count], free[host][count:]
+        assignments = [
+            GpuAssignment(
+                node_id=node_id,
+                gpu_index=g,
+                milli=job.milli,
+                memory_mib=job.memory_mib if fraction else None,
             )
-        hosts = [view.node_ids[host] for host, _ in start.hosts]
-        reason = LEAF_PLACER_NO_SHARP if len(hosts) > 1 else SINGLE_HOST_NO_SHARP
-        out.append(
-            Proposal(
-                job_id=job.job_id, assignments=assignments, placement=JobPlacement(hosts=hosts, sharp_reason=reason)
-            )
-        )
+            for node_id in start.placement.hosts
+            for g in picked[node_id]
+        ]
+        out.append(Proposal(job_id=job.job_id, assignments=assignments, placement=start.placement))
     return out
 
 
-# The reasons a placement has no SHARP when the framework did not decide it (`placement = "leaf"`).
-LEAF_PLACER_NO_SHARP = 'the leaf placer (placement = "leaf") does not place for SHARP'
-SINGLE_HOST_NO_SHARP = "single-node job: its reductions stay on NVLink inside the host"
+class ProposalStamp(msgspec.Struct, frozen=True, kw_only=True):
+    """What the scheduler service puts on every command of a cycle: its `source`, its scheduler
+    `group`, the lease a grant gets (`lease_s`) and the leader's fencing `term`."""
+
+    source: str
+    group: str
+    lease_s: float
+    term: int | None = None
 
 
-def with_sharp(
-    proposals: list[Proposal],
-    placer: FrameworkPlacer,
-    fabric: FabricState | None = None,
-    trees: SharpTrees | None = None,
-) -> list[Proposal]:
-    """The proposals with the framework's SHARP decision, rank order and tier: from the placement it
-    admitted for the job (`placer.results`), or decided again on the cycle's fabric when that
-    result is not the start's host set; assignments reordered to the rank order. `fabric`: the
-    published fabric the cycle decided on (its version goes into every proposal). `trees`: SHARP
-    is on only for the starts whose trees have room, reserved in start order (none: no limit)."""
-    out: list[Proposal] = []
-    view = placer.view
-    version = fabric.about.version if fabric is not None else None
-    for p in proposals:
-        result = placer.results.get(p.job_id)
-        if result is not None and sorted(result.hosts) == sorted(p.hosts):
-            ranked = list(result.hosts)
-            decision = SharpDecision(enabled=result.sharp, reason=result.sharp_reason, env=dict(result.nccl_env))
-            tier = result.covering_level
-        else:
-            ranked = sorted(p.hosts, key=view.rank_key)
-            covering = view.covering(ranked) if len(ranked) > 1 else None
-            decision = decide_sharp(view.index, len(ranked), None, covering)
-            tier = covering.level if covering is not None else None
-        if trees is not None:
-            decision = trees.reserve(ranked, decision)
-        position = {h: i for i, h in enumerate(ranked)}
-        assignments = sorted(p.assignments, key=lambda a: position[a.node_id])  # stable: GPU order kept
-        out.append(
-            Proposal(
-                job_id=p.job_id,
-                assignments=assignments,
-                placement=JobPlacement(
-                    hosts=ranked,
-                    sharp=decision.enabled,
-                    sharp_reason=decision.reason,
-                    nccl_env=decision.env,
-                    fabric_version=version,
-                    tier=tier if len(ranked) > 1 else None,
-                    sharp_tree=decision.tree,
-                ),
-            )
+# Job id -> (the record the cycle read, the record it writes, the events it sends with it).
+JobChanges = dict[str, tuple[JobRecord, JobRecord, list[Message]]]
+
+
+def job_changes(
+    plan: CyclePlan,
+    live: Mapping[str, JobRecord],
+    now: dt.datetime,
+    config: lifecycle.LifecycleConfig,
+    stamp: ProposalStamp,
+    stamped: Callable[[JobRecord], JobRecord] = lambda job: job,
+) -> JobChanges:
+    """What `plan` does to the live jobs: victims preempted and jobs past their limit killed (their
+    release events), starts proposed (a `ProposePlacement` each, NCCL settings in the workload's
+    environment), waiting jobs given the typed reason of this cycle, and every site chosen this
+    cycle recorded. Only records that change are in the result. `stamped`: the record as the cycle
+    shows it (carrying the runtime prediction it used)."""
+    changes: JobChanges = {}
+    for victim_id, for_id in plan.preempted:
+        t = lifecycle.preempt(live[victim_id], for_id, now, config)
+        assert t.job is not None
+        changes[victim_id] = (live[victim_id], t.job, t.events)
+    for killed_id in plan.killed:
+        t = lifecycle.kill(live[killed_id], now, config)
+        assert t.job is not None
+        changes[killed_id] = (live[killed_id], t.job, t.events)
+    for p in plan.proposals:
+        job = live[p.job_id]
+        cmd = ProposePlacement(
+            source=stamp.source,
+            key=job.job_id,
+            job_id=job.job_id,
+            tenant=job.tenant,
+            queue=job.queue,
+            ledger_version=plan.ledger_version,
+            assignments=p.assignments,
+            lease_s=stamp.lease_s,
+            workload=records.workload_with_env(job.workload, p.nccl_env),
+            scheduler_group=stamp.group,
+            fencing_term=stamp.term,
+            on_member_failure=job.on_member_failure if job.hosts > 1 else "restart",
         )
-    return out
+        changes[job.job_id] = (
+            job,
+            stamped(records.proposed(job, cmd.id, p.assignments, stamp.term, p.placement)),
+            [cmd],
+        )
+    for job_id, wait in plan.waiting.items():
+        waiting = live.get(job_id)
+        if waiting is not None and job_id not in changes:
+            why = wait.text()
+            same = waiting.reason == why and waiting.wait_code == wait.code
+            again = stamped(waiting if same else msgspec.structs.replace(waiting, reason=why, wait_code=wait.code))
+            if again is not waiting:
+                changes[job_id] = (waiting, again, [])
+    for job_id, (site, why) in plan.sites.items():  # the site chosen this cycle, placed or waiting
+        old, new, commands = changes.get(job_id) or (live[job_id], live[job_id], [])
+        if (new.site, new.site_reason) != (site, why):
+            changes[job_id] = (old, msgspec.structs.replace(new, site=site, site_reason=why), commands)
+    return changes
