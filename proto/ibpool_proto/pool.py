@@ -28,8 +28,14 @@ class GpuAssignment(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ResourceRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What an allocation asks for: `hosts` hosts with `gpus` whole GPUs on each host (a gang when
+    `hosts` > 1), or with `milli` < 1000 one share of one GPU (`memory_mib` of its memory) or a MIG
+    slice (`mig_profile`); `gpu_model` null = any model. The job's GPUs are hosts x gpus. `gpus` is
+    per host: in code it is `gpus_per_host`, as everywhere in ibpool; the wire keeps the name of the
+    released v1 contract."""
+
     kind: AllocationKind
-    gpus: int = 1
+    gpus_per_host: int = msgspec.field(default=1, name="gpus")
     milli: int = 1000
     memory_mib: int | None = None
     mig_profile: str | None = None

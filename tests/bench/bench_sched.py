@@ -95,7 +95,7 @@ FLOOR_P99_MS = 100.0
 
 
 def submission(job_id: str) -> SubmitJob:
-    spec = JobSpec(name=job_id, tenant="bench", queue="bench", request=ResourceRequest(kind="whole", gpus=1))
+    spec = JobSpec(name=job_id, tenant="bench", queue="bench", request=ResourceRequest(kind="whole", gpus_per_host=1))
     return SubmitJob(source="bench", key=job_id, job_id=job_id, spec=spec)
 
 

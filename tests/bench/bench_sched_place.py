@@ -90,8 +90,8 @@ def one_run(hosts: int, seed: int, placements: int, busy: float, gang: int, cand
         asks.append(
             PlacementAsk(
                 job_id=f"job{i}",
-                nodes=gang if locality != "required" else 4,
-                gpus_per_node=8,
+                hosts=gang if locality != "required" else 4,
+                gpus_per_host=8,
                 dataset=dataset,
                 data_locality=locality,  # type: ignore[arg-type]
                 compute_heavy=rng.random() < 0.5,
@@ -113,13 +113,13 @@ def one_run(hosts: int, seed: int, placements: int, busy: float, gang: int, cand
         ms = (clock() - s) / 1e6
         cpu_times.append((cpu_clock() - c) / 1e6)
         times.append(ms)
-        if ask.nodes == gang:
+        if ask.hosts == gang:
             gang_times.append(ms)
         statuses[result.status] = statuses.get(result.status, 0) + 1
         if result.status == "admitted":
             sharp += result.sharp
             total_scores.append(result.total_score)
-            if ask.nodes == gang:
+            if ask.hosts == gang:
                 spans.append(result.leaf_groups)
                 levels.append(result.covering_level or 0)
         for host in list(view.held(ask.job_id)):

@@ -81,7 +81,7 @@ def job_body(i: int) -> dict[str, object]:
         "workload": {"simulated_runtime_s": 2 + i % 3},
     }
     if i % 5 == 4:
-        body.update(nodes=2, gpus_per_node=2)  # a gang: both or neither
+        body.update(hosts=2, gpus_per_host=2)  # a gang: both or neither
     elif i % 7 == 3:
         body.update(fraction=0.5)
     else:

@@ -373,10 +373,10 @@ async def test_a_replica_spanning_two_hosts_is_placed_under_one_leaf_and_ready_o
 
         async def blocking() -> bool:
             job = await job_state(scheduler, blocker)
-            return bool(job["state"] == "running" and job["hosts"] in ([n1], [n2]))
+            return bool(job["state"] == "running" and job["nodes"] in ([n1], [n2]))
 
         await eventually(blocking, what="the blocker running on a leaf-a node")
-        if (await job_state(scheduler, blocker))["hosts"] == [n1]:
+        if (await job_state(scheduler, blocker))["nodes"] == [n1]:
             n1, n2 = n2, n1  # name the blocked one n2
         spec = {**deployment_body(), "min_replicas": 1, "max_replicas": 1, "gpus": 4, "hosts": 2}
         status, view = await call(autoscaler, "PUT", f"/v1/deployments/{name}", spec)
@@ -411,7 +411,7 @@ async def test_a_replica_spanning_two_hosts_is_placed_under_one_leaf_and_ready_o
         assert sorted(member["nodes"]) == sorted([n1, n2]) and member["hosts"] == 2, member
         assert sorted(member["started"]) == sorted([n1, n2]), member
         placed = await job_state(scheduler, replica)
-        assert sorted(placed["hosts"]) == sorted([n1, n2]) and len(placed["assignments"]) == 8, placed
+        assert sorted(placed["nodes"]) == sorted([n1, n2]) and len(placed["assignments"]) == 8, placed
         status, gone = await call(autoscaler, "DELETE", f"/v1/deployments/{name}")
         assert status == 200 and gone["cancelled"] == [replica], gone
-        assert n3 not in placed["hosts"]
+        assert n3 not in placed["nodes"]

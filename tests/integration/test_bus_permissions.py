@@ -169,7 +169,7 @@ async def test_allocator_and_agent_work_with_only_their_own_permissions(
                 job_id=job,
                 tenant="t",
                 queue="default",
-                request=ResourceRequest(kind="whole", gpus=2),
+                request=ResourceRequest(kind="whole", gpus_per_host=2),
                 workload=WorkloadSpec(simulated_runtime_s=0.2),
             )
             await operator.publish(ask)

@@ -25,7 +25,7 @@ NOW = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
 
 
 def record(job_id: str) -> JobRecord:
-    spec = JobSpec(name=job_id, tenant="t", queue="q", request=ResourceRequest(kind="whole", gpus=1))
+    spec = JobSpec(name=job_id, tenant="t", queue="q", request=ResourceRequest(kind="whole", gpus_per_host=1))
     made = record_from_spec(job_id, spec, NOW)
     assert isinstance(made, JobRecord)
     return made

@@ -42,7 +42,7 @@ async def pool_events(bus: Bus, kind: type, node_id: str, allocation_id: str) ->
 async def running_replace_gang(service: Any, runtime_s: float) -> tuple[str, dict[str, Any]]:
     """Submit a 2 x 8 GPU gang declared `replace`; its id and view once it runs on both nodes."""
     j = job_id()
-    body = {"id": j, "tenant": "t", "nodes": 2, "gpus_per_node": 8, "on_member_failure": "replace"}
+    body = {"id": j, "tenant": "t", "hosts": 2, "gpus_per_host": 8, "on_member_failure": "replace"}
     body["workload"] = {"simulated_runtime_s": runtime_s}
     assert (await call(service, "POST", "/v1/jobs", body))[0] == 201
 
@@ -73,8 +73,8 @@ async def gang_loses_a_node(bus: Bus, store: Store, stack: StackInfo, declared: 
             body = {
                 "id": j,
                 "tenant": "t",
-                "nodes": 2,
-                "gpus_per_node": 8,
+                "hosts": 2,
+                "gpus_per_host": 8,
                 "on_member_failure": declared,
                 "workload": {"simulated_runtime_s": 4},
             }
@@ -87,7 +87,7 @@ async def gang_loses_a_node(bus: Bus, store: Store, stack: StackInfo, declared: 
 
             await eventually(started_on_both, what="the gang started on both nodes")
             before = await job_state(service, j)
-            assert before["hosts"] == [kept, doomed], before
+            assert before["nodes"] == [kept, doomed], before
             # A spare node joins (in-process, as the kept one), then the doomed agent is SIGKILLed.
             spare_prefix = unique_prefix()
             spare = f"{spare_prefix}-001"
@@ -146,14 +146,14 @@ async def test_a_replace_gang_gets_one_new_member_in_the_same_allocation_and_com
     alloc = before["allocation_id"]
     assert after["allocation_id"] == alloc and after["attempt"] == 0 and after["replacements"] == 1
     # The new host took the lost member's rank.
-    assert after["hosts"] == [spare if h == doomed else h for h in before["hosts"]]
+    assert after["nodes"] == [spare if h == doomed else h for h in before["nodes"]]
     # The surviving node: its one grant, no revocation (its release came after the job completed).
     assert len(seen["kept_granted"]) == 1 and seen["kept_revoked"] == []
     # The failed member: revoked once; the spare: one grant into the same allocation, in its rank.
     assert len(seen["doomed_revoked"]) == 1
     (granted,) = seen["spare_granted"]
     assert granted.replaces == doomed and granted.kind == "gang" and granted.on_member_failure == "replace"
-    assert granted.nodes == after["hosts"] and granted.fencing_term is not None
+    assert granted.nodes == after["nodes"] and granted.fencing_term is not None
     # From the SIGKILL to the new member's grant: heartbeats missed for fail_after_s (1 s here), the
     # verdict, the revocation, a cycle, the allocator's commit.
     took_s = (granted.occurred_at - seen["killed_at"]).total_seconds()
@@ -179,7 +179,7 @@ async def test_a_restart_gang_that_loses_a_node_restarts_whole(bus: Bus, store: 
     seen = await gang_loses_a_node(bus, store, stack, "restart")
     kept, doomed, spare, before, after = (seen[k] for k in ("kept", "doomed", "spare", "before", "after"))
     assert after["allocation_id"] != before["allocation_id"] and after["attempt"] == 1
-    assert set(after["hosts"]) == {kept, spare} and after["replacements"] == 0
+    assert set(after["nodes"]) == {kept, spare} and after["replacements"] == 0
     # Every member's share of the first allocation ended once: revoked by the allocator on NodeFailed,
     # or released by the scheduler's requeue when the controller's RequeueRequested was handled first.
     for member in ("kept", "doomed"):
@@ -266,7 +266,7 @@ async def test_an_xid_79_drill_on_a_replace_gang_member_replaces_only_that_membe
         after = await job_state(service, j)
         alloc = before["allocation_id"]
         assert after["allocation_id"] == alloc and after["attempt"] == 0 and after["replacements"] == 1
-        assert after["hosts"] == [spare if h == doomed else h for h in before["hosts"]]
+        assert after["nodes"] == [spare if h == doomed else h for h in before["nodes"]]
         assert await job_events(bus, j, JobRequeued) == []
         assert await pool_events(bus, AllocationRevoked, kept, alloc) == []
         assert len(await pool_events(bus, AllocationGranted, kept, alloc)) == 1

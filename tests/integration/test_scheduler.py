@@ -199,7 +199,7 @@ async def test_submitted_job_runs_to_completion_as_one_trace(bus: Bus, store: St
 
         await eventually(completed, what="the job completed")
         done = await job_state(service, j)
-        assert done["hosts"][0] in node_ids and len(done["assignments"]) == 2 and done["exit_code"] == 0
+        assert done["nodes"][0] in node_ids and len(done["assignments"]) == 2 and done["exit_code"] == 0
         types = [type(e).__name__ for e in await job_events(bus, j, JobQueued, JobScheduled, JobStarted, JobExited)]
         # The agent starts the work and the scheduler marks the job scheduled on the same grant: either first.
         assert types[0] == "JobQueued" and types[-1] == "JobExited"
@@ -223,7 +223,7 @@ async def test_submitted_job_runs_to_completion_as_one_trace(bus: Bus, store: St
 async def test_gang_of_two_hosts_is_placed_whole(bus: Bus, store: Store, stack: StackInfo) -> None:
     async with cluster(bus, store, stack, nodes=3, agent_per_node=True) as (service, _, _allocator, _nodes):
         j = job_id()
-        body = {"id": j, "tenant": "t", "nodes": 2, "gpus_per_node": 8, "workload": {"simulated_runtime_s": 0.5}}
+        body = {"id": j, "tenant": "t", "hosts": 2, "gpus_per_host": 8, "workload": {"simulated_runtime_s": 0.5}}
         status, _ = await call(service, "POST", "/v1/jobs", body)
         assert status == 201
 
@@ -232,9 +232,9 @@ async def test_gang_of_two_hosts_is_placed_whole(bus: Bus, store: Store, stack: 
 
         await eventually(scheduled, what="the gang scheduled")
         view = await job_state(service, j)
-        assert len(set(view["hosts"])) == 2 and len(view["assignments"]) == 16
+        assert len(set(view["nodes"])) == 2 and len(view["assignments"]) == 16
         (ev,) = await job_events(bus, j, JobScheduled)
-        assert sorted(ev.nodes) == sorted(view["hosts"])
+        assert sorted(ev.nodes) == sorted(view["nodes"])
 
         async def completed() -> bool:
             return (await job_state(service, j))["state"] == "completed"
@@ -277,7 +277,7 @@ async def test_competitors_for_the_last_gpus_one_runs_one_waits_with_a_reason(
 async def test_submit_and_cancel_commands_from_the_bus(bus: Bus, store: Store, stack: StackInfo) -> None:
     async with cluster(bus, store, stack, nodes=1, queues=["batch"]) as (service, _, _allocator, _nodes):
         j, elsewhere = job_id(), job_id()
-        spec = JobSpec(name="train", tenant="t", queue="batch", request=ResourceRequest(kind="whole", gpus=4))
+        spec = JobSpec(name="train", tenant="t", queue="batch", request=ResourceRequest(kind="whole", gpus_per_host=4))
         await bus.publish(SubmitJob(source="test", key=j, job_id=j, spec=spec))
         other = msgspec.structs.replace(spec, queue="interactive")
         await bus.publish(SubmitJob(source="test", key=elsewhere, job_id=elsewhere, spec=other))
@@ -304,7 +304,7 @@ async def test_submissions_on_the_bus_are_stored_and_planned_in_the_cycles_trans
     bus: Bus, store: Store, stack: StackInfo, takes: list[str]
 ) -> None:
     async with cluster(bus, store, stack, nodes=1, cycle_takes_news=takes) as (service, sched, _alloc, _nodes):
-        spec = JobSpec(name="small", tenant="t", request=ResourceRequest(kind="whole", gpus=1))
+        spec = JobSpec(name="small", tenant="t", request=ResourceRequest(kind="whole", gpus_per_host=1))
         jobs = [job_id() for _ in range(4)]
         flaky = jobs[1]
         accept = sched.accept
@@ -346,10 +346,10 @@ async def test_submissions_on_the_bus_are_stored_and_planned_in_the_cycles_trans
 
 async def test_bad_bodies_get_400_with_the_path(bus: Bus, store: Store, stack: StackInfo) -> None:
     async with cluster(bus, store, stack, nodes=1) as (service, _, _allocator, _nodes):
-        status, err = await call(service, "POST", "/v1/jobs", {"tenant": "t", "nodes": 2, "gpus_per_node": 0})
-        assert status == 400 and err["path"] == "$.gpus_per_node", err
-        status, err = await call(service, "POST", "/v1/jobs", {"tenant": "t", "nodes": 2, "gpus": 3})
-        assert status == 400 and err["path"] == "$.gpus_per_node", err
+        status, err = await call(service, "POST", "/v1/jobs", {"tenant": "t", "hosts": 2, "gpus_per_host": 0})
+        assert status == 400 and err["path"] == "$.gpus_per_host", err
+        status, err = await call(service, "POST", "/v1/jobs", {"tenant": "t", "hosts": 2, "gpus": 3})
+        assert status == 400 and err["path"] == "$.gpus_per_host", err
         assert (await call(service, "GET", "/v1/jobs/nope"))[0] == 404
         status, listed = await call(service, "GET", "/v1/jobs?state=bogus")
         assert status == 400, listed
@@ -366,7 +366,7 @@ async def test_job_on_a_failed_node_is_requeued_and_granted_elsewhere(bus: Bus, 
 
         await eventually(running, what="the job running")
         before = await job_state(service, j)
-        (failed,) = before["hosts"]
+        (failed,) = before["nodes"]
         # What the failover controller does when a node stops: the verdict, and the requeue of its work.
         await bus.publish(NodeFailed(source="test", key=failed, node_id=failed, reason="heartbeats stopped"))
         await bus.publish(
@@ -386,7 +386,7 @@ async def test_job_on_a_failed_node_is_requeued_and_granted_elsewhere(bus: Bus, 
 
         await eventually(elsewhere, what="the job granted again")
         after = await job_state(service, j)
-        assert after["hosts"] != [failed] and after["hosts"][0] in node_ids
+        assert after["nodes"] != [failed] and after["nodes"][0] in node_ids
         assert after["attempt"] == 1 and after["submitted_at"] == before["submitted_at"]
         requeued = await job_events(bus, j, JobRequeued)
         assert len(requeued) == 1 and requeued[0].attempt == 1
@@ -416,16 +416,16 @@ async def test_agent_killed_the_failover_controller_moves_its_job(bus: Bus, stor
             return states == ["running", "running"]
 
         await eventually(both_running, what="both jobs running, one per node")
-        if (await job_state(service, j))["hosts"] != [doomed]:
+        if (await job_state(service, j))["nodes"] != [doomed]:
             blocker, j = j, blocker
         before = await job_state(service, j)
-        assert before["hosts"] == [doomed]
+        assert before["nodes"] == [doomed]
         await call(service, "DELETE", f"/v1/jobs/{blocker}")
         await doomed_agent.aclose()  # the node goes silent: the controller fails it, the allocator revokes
 
         async def moved() -> bool:
             now = await job_state(service, j)
-            return now["state"] in ("scheduled", "running") and now["hosts"] == [kept]
+            return now["state"] in ("scheduled", "running") and now["nodes"] == [kept]
 
         await eventually(moved, what="the job granted again on the surviving node")
         after = await job_state(service, j)
@@ -610,7 +610,7 @@ async def test_deposed_leader_that_has_not_noticed_cannot_commit_a_cycle(
             await call(b_service, "DELETE", f"/v1/jobs/{j}")
 
 
-WHOLE_GPU = ResourceRequest(kind="whole", gpus=1)
+WHOLE_GPU = ResourceRequest(kind="whole", gpus_per_host=1)
 
 
 @asynccontextmanager

@@ -110,13 +110,13 @@ async def fabric_cluster(bus: Bus, store: Store, stack: StackInfo, **scheduler: 
         yield FabricCluster(service, sched, monitor, node_ids, topologies)
 
 
-async def submit(c: FabricCluster, nodes: int, gpus_per_node: int, constraint: str, level: int) -> str:
+async def submit(c: FabricCluster, hosts: int, gpus_per_host: int, constraint: str, level: int) -> str:
     j = job_id()
     body = {
         "id": j,
         "tenant": "t",
-        "nodes": nodes,
-        "gpus_per_node": gpus_per_node,
+        "hosts": hosts,
+        "gpus_per_host": gpus_per_host,
         "topology": {"constraint": constraint, "level": level},
         "workload": LONG,
     }
@@ -162,10 +162,10 @@ async def test_gangs_land_within_their_required_tier_and_one_that_cannot_waits_n
         placed = {j: await until_state(c, j, "scheduled", "running") for j in (leaf, spine)}
         for j, level in ((leaf, 1), (spine, 2)):
             placement = placed[j]["placement"]
-            hosts = placement["hosts"]
+            hosts = placement["ranks"]
             assert c.tier_of(hosts) <= level and placement["tier"] == c.tier_of(hosts), placement
             assert placement["fabric_version"] == c.sched.fabric.about.version  # type: ignore[union-attr]
-        assert not set(placed[leaf]["hosts"]) & set(placed[spine]["hosts"])
+        assert not set(placed[leaf]["nodes"]) & set(placed[spine]["nodes"])
         # 2 hosts are left, in two tier-1 groups or one: a 3-host tier-1 gang can never fit (groups hold 2)
         never = await submit(c, 3, 8, "required", 1)
         why = await until_reason(c, never, "leaf group (tier 1)")
@@ -198,10 +198,10 @@ async def test_a_degraded_leaf_uplink_moves_the_next_gang_and_a_new_version_is_f
     async with fabric_cluster(bus, store, stack) as c:
         # The same gang on the same free pool lands on the same hosts (checked twice); then their leaf degrades.
         probe = await submit(c, 2, 8, "preferred", 1)
-        where = (await until_state(c, probe, "scheduled", "running"))["placement"]["hosts"]
+        where = (await until_state(c, probe, "scheduled", "running"))["placement"]["ranks"]
         await cancel_and_release(c, probe)
         again = await submit(c, 2, 8, "preferred", 1)
-        assert (await until_state(c, again, "scheduled", "running"))["placement"]["hosts"] == where
+        assert (await until_state(c, again, "scheduled", "running"))["placement"]["ranks"] == where
         await cancel_and_release(c, again)
         # degrade the uplink of the rail-0 leaf of the group the probe landed in
         index = c.index
@@ -224,7 +224,7 @@ async def test_a_degraded_leaf_uplink_moves_the_next_gang_and_a_new_version_is_f
 
         await eventually(seen, what="the scheduler seeing the leaf's uplink degraded")
         moved = await submit(c, 2, 8, "preferred", 1)
-        hosts = (await until_state(c, moved, "scheduled", "running"))["placement"]["hosts"]
+        hosts = (await until_state(c, moved, "scheduled", "running"))["placement"]["ranks"]
         assert not set(hosts) & set(where), (hosts, where)
 
         # a new version without one core switch: followed without a restart, and placements say so
@@ -247,4 +247,4 @@ async def test_a_degraded_leaf_uplink_moves_the_next_gang_and_a_new_version_is_f
         assert version is not None and version >= 2
         after = await submit(c, 2, 8, "required", 1)
         placement = (await until_state(c, after, "scheduled", "running"))["placement"]
-        assert placement["fabric_version"] == version and c.tier_of(placement["hosts"]) == 1
+        assert placement["fabric_version"] == version and c.tier_of(placement["ranks"]) == 1

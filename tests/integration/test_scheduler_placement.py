@@ -37,7 +37,7 @@ async def test_a_compute_heavy_job_avoids_the_node_its_telemetry_shows_busy(
     async with cluster(bus, store, stack, nodes=2) as (service, sched, _allocator, node_ids):
         busy = await submit(service, {"tenant": "t", "gpus": 4, "workload": {"simulated_runtime_s": 120}})
         view = await until_state(service, busy, ("running",), "the first job running")
-        (hot,) = view["hosts"]  # type: ignore[misc]
+        (hot,) = view["nodes"]  # type: ignore[misc]
         (cool,) = [n for n in node_ids if n != hot]
 
         async def hot_seen() -> bool:
@@ -49,7 +49,7 @@ async def test_a_compute_heavy_job_avoids_the_node_its_telemetry_shows_busy(
         # plugin sends it to the idle node.
         second = await submit(service, {"tenant": "t", "gpus": 2, "workload": {"simulated_runtime_s": 120}})
         placed = await until_state(service, second, HOLDING, "the second job placed")
-        assert placed["hosts"] == [cool], (placed, hot)
+        assert placed["nodes"] == [cool], (placed, hot)
         for j in (busy, second):
             await call(service, "DELETE", f"/v1/jobs/{j}")
 
@@ -69,7 +69,7 @@ async def test_a_job_lands_on_the_node_that_holds_its_dataset(bus: Bus, store: S
             {"tenant": "t", "gpus": 2, "dataset": "imagenet-1k", "workload": {"simulated_runtime_s": 60}},
         )
         placed = await until_state(service, j, HOLDING, "the job with a dataset placed")
-        assert placed["hosts"] == [holder], placed
+        assert placed["nodes"] == [holder], placed
         # (on idle, equal nodes without the dataset it would take the first one by name: see the unit tests)
         await call(service, "DELETE", f"/v1/jobs/{j}")
 

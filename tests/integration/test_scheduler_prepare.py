@@ -20,7 +20,7 @@ from tests.integration.helpers import own_store
 
 
 def submit(job_id: str, queue: str = "q") -> SubmitJob:
-    spec = JobSpec(name=job_id, tenant="t", queue=queue, request=ResourceRequest(kind="whole", gpus=1))
+    spec = JobSpec(name=job_id, tenant="t", queue=queue, request=ResourceRequest(kind="whole", gpus_per_host=1))
     return SubmitJob(source="test", key=job_id, job_id=job_id, spec=spec)
 
 

@@ -82,7 +82,7 @@ async def test_a_gang_under_a_sharp_leaf_runs_with_sharp_and_its_members_get_ncc
         bus, store, stack, labels, allow_commands=True, work_dir=lambda i: str(work[i]), stop_grace_s=2
     ) as (service, node_ids, _agents):
         j = job_id()
-        body = {"id": j, "tenant": "t", "nodes": 2, "gpus_per_node": 8, "workload": {"command": DUMP_ENV}}
+        body = {"id": j, "tenant": "t", "hosts": 2, "gpus_per_host": 8, "workload": {"command": DUMP_ENV}}
         status, view = await call(service, "POST", "/v1/jobs", body)
         assert status == 201, view
 
@@ -95,17 +95,17 @@ async def test_a_gang_under_a_sharp_leaf_runs_with_sharp_and_its_members_get_ncc
         assert placement["sharp"] is True, placement
         assert "SHARP-capable" in placement["sharp_reason"], placement
         assert placement["nccl_env"] == {"NCCL_COLLNET_ENABLE": "1", "SHARP_COLL_ENABLE_SAT": "1"}
-        assert sorted(placement["hosts"]) == node_ids[2:] and done["hosts"] == placement["hosts"], done
+        assert sorted(placement["ranks"]) == node_ids[2:] and done["nodes"] == placement["ranks"], done
         (scheduled,) = await job_events(bus, j, JobScheduled)
-        assert scheduled.nodes == placement["hosts"]
+        assert scheduled.nodes == placement["ranks"]
 
         envs = {}
         for i in (3, 4):
             (dumped,) = list(work[i].glob("*/env.json"))
             envs[node_ids[i - 1]] = json.loads(dumped.read_text())
         assert not list(work[1].glob("*/env.json")) and not list(work[2].glob("*/env.json"))
-        first = placement["hosts"][0]
-        for rank, host in enumerate(placement["hosts"]):
+        first = placement["ranks"][0]
+        for rank, host in enumerate(placement["ranks"]):
             env = envs[host]
             assert env["NCCL_COLLNET_ENABLE"] == "1" and env["SHARP_COLL_ENABLE_SAT"] == "1", env
             assert (env["NODE_RANK"], env["IBPOOL_RANK"], env["NNODES"], env["IBPOOL_WORLD_SIZE"]) == (
@@ -114,7 +114,7 @@ async def test_a_gang_under_a_sharp_leaf_runs_with_sharp_and_its_members_get_ncc
                 "2",
                 "2",
             )
-            assert env["MASTER_ADDR"] == first and env["IBPOOL_HOSTS"] == ",".join(placement["hosts"])
+            assert env["MASTER_ADDR"] == first and env["IBPOOL_HOSTS"] == ",".join(placement["ranks"])
             assert len(env["CUDA_VISIBLE_DEVICES"].split(",")) == 8 and env["IBPOOL_NODE_ID"] == host
 
 
@@ -125,7 +125,7 @@ async def test_without_sharp_leaves_the_job_says_why_and_ranks_hosts_leaf_by_lea
     labels = [{LEAF: "a"}, {LEAF: "b"}, {LEAF: "a"}, {LEAF: "b"}]
     async with labelled_cluster(bus, store, stack, labels) as (service, node_ids, agents):
         j = job_id()
-        body = {"id": j, "tenant": "t", "nodes": 4, "gpus_per_node": 2, "workload": {"simulated_runtime_s": 120}}
+        body = {"id": j, "tenant": "t", "hosts": 4, "gpus_per_host": 2, "workload": {"simulated_runtime_s": 120}}
         status, view = await call(service, "POST", "/v1/jobs", body)
         assert status == 201, view
 
@@ -138,7 +138,7 @@ async def test_without_sharp_leaves_the_job_says_why_and_ranks_hosts_leaf_by_lea
         assert placement["sharp_reason"] == "the fabric has no SHARP-capable switch"
         n1, n2, n3, n4 = node_ids
         ranked = [n1, n3, n2, n4]  # leaf a's hosts, then leaf b's: the ring crosses between leaves twice
-        assert placement["hosts"] == ranked, placement
+        assert placement["ranks"] == ranked, placement
         (scheduled,) = await job_events(bus, j, JobScheduled)
         assert scheduled.nodes == ranked
 

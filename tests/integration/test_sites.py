@@ -39,15 +39,15 @@ async def test_a_job_naming_two_sites_starts_at_the_free_one_and_a_bound_job_wai
 
         # West is full for ten minutes (every GPU of both its nodes).
         blocker = await submit(
-            {"nodes": 2, "gpus_per_node": 8, "sites": ["west"], "workload": {"simulated_runtime_s": 600}}
+            {"hosts": 2, "gpus_per_host": 8, "sites": ["west"], "workload": {"simulated_runtime_s": 600}}
         )
         held = await holding(blocker)
-        assert sorted(held["hosts"]) == west and held["site"] == "west", held  # type: ignore[arg-type]
+        assert sorted(held["nodes"]) == west and held["site"] == "west", held  # type: ignore[arg-type]
 
         # West is named first, but east starts it now.
         either = await submit({"gpus": 4, "sites": ["west", "east"], "workload": {"simulated_runtime_s": 600}})
         placed = await holding(either)
-        assert placed["site"] == "east" and placed["hosts"][0] in east, placed  # type: ignore[index]
+        assert placed["site"] == "east" and placed["nodes"][0] in east, placed  # type: ignore[index]
         assert str(placed["site_reason"]).startswith("earliest estimated start"), placed
 
         # Bound to west: it waits there, although east still has free GPUs.

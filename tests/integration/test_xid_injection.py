@@ -60,10 +60,10 @@ async def test_injected_xid_79_fails_the_node_and_its_job_is_granted_elsewhere(
             return states == ["running", "running"]
 
         await eventually(both_running, what="both jobs running, one per node")
-        if (await job_state(service, j))["hosts"] != [doomed]:
+        if (await job_state(service, j))["nodes"] != [doomed]:
             blocker, j = j, blocker
         before = await job_state(service, j)
-        assert before["hosts"] == [doomed]
+        assert before["nodes"] == [doomed]
         await call(service, "DELETE", f"/v1/jobs/{blocker}")
 
         xid_url = f"{agent.http_url}/v1/nodes/{doomed}/gpus"
@@ -77,7 +77,7 @@ async def test_injected_xid_79_fails_the_node_and_its_job_is_granted_elsewhere(
 
         async def moved() -> bool:
             now = await job_state(service, j)
-            return now["state"] in ("scheduled", "running") and now["hosts"] == [kept]
+            return now["state"] in ("scheduled", "running") and now["nodes"] == [kept]
 
         # The agent is still beating: only the XID in its telemetry can fail the node.
         await eventually(moved, timeout_s=10, what="the job granted again on the other node")

@@ -378,9 +378,9 @@ def _scheduler_jobs(seed: int) -> list[dict[str, object]]:
     def tier(level: int) -> dict[str, object]:
         return {"topology": {"constraint": "required", "level": level}}
 
-    jobs = [job("train-gang", rng.uniform(3, 5), nodes=2, gpus_per_node=8, priority=10, **tier(1))]
-    jobs += [job("spine-gang", rng.uniform(3, 5), nodes=6, gpus_per_node=2, **tier(2))]
-    jobs += [job(NEVER_FITS_JOB, 60.0, nodes=5, gpus_per_node=1, **tier(1))]
+    jobs = [job("train-gang", rng.uniform(3, 5), hosts=2, gpus_per_host=8, priority=10, **tier(1))]
+    jobs += [job("spine-gang", rng.uniform(3, 5), hosts=6, gpus_per_host=2, **tier(2))]
+    jobs += [job(NEVER_FITS_JOB, 60.0, hosts=5, gpus_per_host=1, **tier(1))]
     jobs += [job(f"small-{i}", rng.uniform(2, 4), gpus=rng.choice((1, 2, 4))) for i in range(4)]
     jobs += [job(f"infer-{i}", rng.uniform(2, 4), fraction=0.25, memory_mib=10_000) for i in range(2)]
     return jobs
@@ -436,7 +436,7 @@ async def _read_gangs(http: aiohttp.ClientSession, sched_url: str, fabric_url: s
         if job["job_id"] == NEVER_FITS_JOB:
             seen.waiting = (job["state"], job["reason"])
         placement = job.get("placement")
-        hosts = placement["hosts"] if placement else []
+        hosts = placement["ranks"] if placement else []
         if len(hosts) < 2:
             continue
         seen.placed += 1

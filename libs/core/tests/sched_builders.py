@@ -37,7 +37,7 @@ def job(
         id=name,
         tenant=tenant,
         gpus=gpus,
-        nodes=max(1, -(-gpus // 8)),
+        hosts=max(1, -(-gpus // 8)),
         priority=priority,
         submit_time=submit,
         predicted=predicted,

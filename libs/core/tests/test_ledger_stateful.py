@@ -352,13 +352,15 @@ class LedgerMachine(RuleBasedStateMachine):
             def free(n: str, m: int = m, mem: int = mem) -> list[int]:
                 return [i for i in range(GPUS) if ref.ready(n, i) and ref.fits(n, i, m, mem, r.mig_profile)]
 
-            hosts = [n for n in ready if NODES[n] == model and len(free(n)) >= (r.gpus if r.milli == 1000 else 1)]
+            hosts = [
+                n for n in ready if NODES[n] == model and len(free(n)) >= (r.gpus_per_host if r.milli == 1000 else 1)
+            ]
             if len(hosts) >= r.hosts:
                 fitting.append(
                     (
                         model,
-                        r.gpus * r.hosts * m if r.milli == 1000 else m,
-                        r.gpus * r.hosts * mem if r.milli == 1000 else mem,
+                        r.gpus_per_host * r.hosts * m if r.milli == 1000 else m,
+                        r.gpus_per_host * r.hosts * mem if r.milli == 1000 else mem,
                     )
                 )
         if any(ref.admits(tenant, queue, model, m, mem) for model, m, mem in fitting):

@@ -98,7 +98,7 @@ def test_gangs_are_placed_whole_or_not_at_all(busy: list[int], sizes: list[int],
     for s in reply.starts:
         j = by_id[s.job_id]
         assert sorted(g for _, g in s.hosts) == sorted(host_shares(j))
-        assert len({h for h, _ in s.hosts}) == j.nodes
+        assert len({h for h, _ in s.hosts}) == j.hosts
         for h, g in s.hosts:
             used[h] += g
     assert all(used[h] <= view.free[h] for h in range(8))
@@ -132,7 +132,7 @@ def test_backfill_never_delays_the_head_reservation(
     for r in backfilled:
         for h, g in r.hosts:
             after.free[h] -= g
-    span = min_leaf_span(head.nodes, 4) if head.nodes > 1 else None  # as the cycle reserved it
+    span = min_leaf_span(head.hosts, 4) if head.hosts > 1 else None  # as the cycle reserved it
     again = reserve(
         FreeView.of(after),
         sorted(runs + backfilled, key=lambda r: r.planned_end),

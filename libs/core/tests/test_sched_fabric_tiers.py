@@ -69,7 +69,7 @@ def gang(
         id=job_id,
         tenant="t",
         gpus=gpus * nodes,
-        nodes=nodes,
+        hosts=nodes,
         submit_time=submit,
         topology=constraint,
         topology_level=level,
@@ -102,7 +102,7 @@ def test_a_gang_lands_within_its_tier_or_waits(
         return
     (start,) = reply.starts
     hosts = [names[h] for h, _ in start.hosts]
-    assert len(hosts) == job.nodes
+    assert len(hosts) == job.hosts
     assert tier_of(hosts) == want_tier, name
     assert placer.results[job.id].covering_level == want_tier
 

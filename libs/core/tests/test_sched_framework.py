@@ -65,7 +65,7 @@ def framework(config: ProfileConfig | None = None, registry: Registry | None = N
 def test_gang_goes_under_the_leaf_that_fits_it_best() -> None:
     # 4 leaves of 4 hosts; leaf 1 has 3 free, leaf 2 has 2 free: a 2-host gang takes leaf 2 (best fit)
     _, view = view_of(gen.fat_tree_2tier(16, radix=8), busy(*names("node", 5, 9, 10)))
-    r = framework().place(PlacementAsk(job_id="j", nodes=2, gpus_per_node=8), view, NOW)
+    r = framework().place(PlacementAsk(job_id="j", hosts=2, gpus_per_host=8), view, NOW)
     assert r.status == "admitted"
     assert r.hosts == ("node011", "node012")
     assert (r.leaf_groups, r.covering_level) == (1, 1)
@@ -75,7 +75,7 @@ def test_gang_goes_under_the_leaf_that_fits_it_best() -> None:
 def test_gang_spans_the_fewest_leaves_and_rank_order_keeps_leaf_mates_adjacent() -> None:
     index, view = view_of(gen.fat_tree_2tier(16, radix=8), busy(*names("node", 1, 2, 5, 9, 13)))
     # free per leaf: 2, 3, 3, 3 -> 7 hosts need 3 leaves
-    r = framework().place(PlacementAsk(job_id="j", nodes=7, gpus_per_node=8), view, NOW)
+    r = framework().place(PlacementAsk(job_id="j", hosts=7, gpus_per_host=8), view, NOW)
     assert r.status == "admitted" and len(r.hosts) == 7
     assert r.leaf_groups == 3 and r.covering_level == 2
     assert leaf_boundaries(index, list(r.hosts)) == 3  # each leaf group is one contiguous run
@@ -87,7 +87,7 @@ def test_three_tier_gang_stays_in_one_pod_when_a_pod_holds_it() -> None:
     # 2 pods of 16 hosts; pod 1 is half busy, pod 2 is free: 12 hosts fit only in pod 2 at level 2
     topo = gen.fat_tree_3tier(32, radix=8)
     index, view = view_of(topo, busy(*names("node", *range(1, 9))))
-    r = framework().place(PlacementAsk(job_id="j", nodes=12, gpus_per_node=4), view, NOW)
+    r = framework().place(PlacementAsk(job_id="j", hosts=12, gpus_per_host=4), view, NOW)
     assert r.status == "admitted"
     assert r.covering_level == 2 and r.leaf_groups == 3
     assert all(index.subtree_of(h, 2).index == 1 for h in r.hosts)  # type: ignore[union-attr]
@@ -96,7 +96,7 @@ def test_three_tier_gang_stays_in_one_pod_when_a_pod_holds_it() -> None:
 
 def test_sharp_is_turned_on_under_a_sharp_subtree_without_being_asked() -> None:
     _, view = view_of(gen.rail_optimised(32, rails=4, su_size=8))
-    r = framework().place(PlacementAsk(job_id="j", nodes=12, gpus_per_node=8), view, NOW)
+    r = framework().place(PlacementAsk(job_id="j", hosts=12, gpus_per_host=8), view, NOW)
     assert r.status == "admitted" and r.sharp
     assert r.nccl_env == SHARP_NCCL_ENV and r.nccl_env["NCCL_COLLNET_ENABLE"] == "1"
     assert "SHARP-capable" in r.sharp_reason
@@ -108,19 +108,19 @@ def test_sharp_is_turned_on_under_a_sharp_subtree_without_being_asked() -> None:
         (
             "fabric without SHARP",
             gen.fat_tree_2tier(16, radix=8, sharp=False),
-            PlacementAsk(job_id="j", nodes=2, gpus_per_node=8, wants_sharp=True),
+            PlacementAsk(job_id="j", hosts=2, gpus_per_host=8, wants_sharp=True),
             "no SHARP-capable switch",
         ),
         (
             "job opted out",
             gen.fat_tree_2tier(16, radix=8, sharp=True),
-            PlacementAsk(job_id="j", nodes=2, gpus_per_node=8, wants_sharp=False),
+            PlacementAsk(job_id="j", hosts=2, gpus_per_host=8, wants_sharp=False),
             "opted out",
         ),
         (
             "single-node job",
             gen.fat_tree_2tier(16, radix=8, sharp=True),
-            PlacementAsk(job_id="j", nodes=1, gpus_per_node=8, wants_sharp=True),
+            PlacementAsk(job_id="j", hosts=1, gpus_per_host=8, wants_sharp=True),
             "single-node",
         ),
     ],
@@ -144,10 +144,10 @@ def test_multi_node_job_prefers_the_sharp_leaf_over_a_better_fit() -> None:
     base = gen.fat_tree_2tier(16, radix=8)
     topo = sharp_only_on_leaf(base, FabricIndex(base), "node009")  # leaf 3 (node009..012) can aggregate
     _, view = view_of(topo, busy(*names("node", 1, 2)))  # leaf 1 (2 free) would be the best fit
-    r = framework().place(PlacementAsk(job_id="j", nodes=2, gpus_per_node=8), view, NOW)
+    r = framework().place(PlacementAsk(job_id="j", hosts=2, gpus_per_host=8), view, NOW)
     assert r.sharp and set(r.hosts) <= set(names("node", 9, 10, 11, 12))
     # without SHARP wanted, best fit wins again
-    r2 = framework().place(PlacementAsk(job_id="k", nodes=2, gpus_per_node=8, wants_sharp=False), view, NOW)
+    r2 = framework().place(PlacementAsk(job_id="k", hosts=2, gpus_per_host=8, wants_sharp=False), view, NOW)
     assert r2.hosts == ("node003", "node004") and not r2.sharp
 
 
@@ -155,7 +155,7 @@ def test_a_gang_too_big_for_the_sharp_leaf_says_so() -> None:
     base = gen.fat_tree_2tier(16, radix=8)
     topo = sharp_only_on_leaf(base, FabricIndex(base), "node009")
     _, view = view_of(topo)
-    r = framework().place(PlacementAsk(job_id="j", nodes=6, gpus_per_node=8), view, NOW)
+    r = framework().place(PlacementAsk(job_id="j", hosts=6, gpus_per_host=8), view, NOW)
     assert r.status == "admitted" and not r.sharp
     assert "without SHARP" in r.sharp_reason and "level-2" in r.sharp_reason
 
@@ -166,25 +166,25 @@ def test_a_gang_too_big_for_the_sharp_leaf_says_so() -> None:
         (
             "required leaf, best leaf short",
             busy(*names("node", 1, 5, 9, 13)),
-            PlacementAsk(job_id="j", nodes=4, gpus_per_node=8, topology_level=1, topology_mode="required"),
+            PlacementAsk(job_id="j", hosts=4, gpus_per_host=8, topology_level=1, topology_mode="required"),
             "needs 4 hosts with 8 free GPUs under one leaf group (tier 1); the best leaf group has 3",
         ),
         (
             "whole fabric short",
             busy(*names("node", *range(1, 14))),
-            PlacementAsk(job_id="j", nodes=4, gpus_per_node=8),
+            PlacementAsk(job_id="j", hosts=4, gpus_per_host=8),
             "needs 4 hosts with 8 free GPUs; 3 in the whole fabric",
         ),
         (
             "model absent",
             {},
-            PlacementAsk(job_id="j", nodes=1, gpus_per_node=1, gpu_model="NVIDIA L40S"),
+            PlacementAsk(job_id="j", hosts=1, gpus_per_host=1, gpu_model="NVIDIA L40S"),
             "needs 1 host with 1 free GPU of NVIDIA L40S; 0 in the whole fabric",
         ),
         (
             "dataset held nowhere",
             {},
-            PlacementAsk(job_id="j", nodes=1, gpus_per_node=1, dataset="imagenet", data_locality="required"),
+            PlacementAsk(job_id="j", hosts=1, gpus_per_host=1, dataset="imagenet", data_locality="required"),
             "data-locality: no host holds dataset 'imagenet'",
         ),
     ],
@@ -204,7 +204,7 @@ def test_filter_rejections_are_counted_in_the_reason() -> None:
         for h in index.hosts
     ]
     view = ClusterView(index, hosts)
-    r = framework().place(PlacementAsk(job_id="j", nodes=2, gpus_per_node=8), view, NOW)
+    r = framework().place(PlacementAsk(job_id="j", hosts=2, gpus_per_host=8), view, NOW)
     assert r.status == "unschedulable"
     assert "8 hosts: node cordoned" in r.reason
 
@@ -212,7 +212,7 @@ def test_filter_rejections_are_counted_in_the_reason() -> None:
 def test_required_dataset_places_only_on_holders() -> None:
     holders = names("node", 3, 7, 8, 12)
     _, view = view_of(gen.fat_tree_2tier(16, radix=8), datasets={"ds": holders})
-    ask = PlacementAsk(job_id="j", nodes=3, gpus_per_node=8, dataset="ds", data_locality="required")
+    ask = PlacementAsk(job_id="j", hosts=3, gpus_per_host=8, dataset="ds", data_locality="required")
     r = framework().place(ask, view, NOW)
     assert r.status == "admitted" and set(r.hosts) <= set(holders)
     assert r.leaf_groups == 2  # node007, node008 under leaf 2 plus one more
@@ -220,7 +220,7 @@ def test_required_dataset_places_only_on_holders() -> None:
 
 def test_preferred_dataset_pulls_the_gang_to_its_holders() -> None:
     _, view = view_of(gen.fat_tree_2tier(16, radix=8), datasets={"ds": names("node", 14, 15)})
-    ask = PlacementAsk(job_id="j", nodes=2, gpus_per_node=8, dataset="ds")
+    ask = PlacementAsk(job_id="j", hosts=2, gpus_per_host=8, dataset="ds")
     r = framework().place(ask, view, NOW)
     assert r.hosts == ("node014", "node015")
     assert r.scores["data-locality"] == 100.0
@@ -229,15 +229,15 @@ def test_preferred_dataset_pulls_the_gang_to_its_holders() -> None:
 def test_a_job_is_placed_once_per_view() -> None:
     _, view = view_of(gen.fat_tree_2tier(16, radix=8))
     fw = framework()
-    assert fw.place(PlacementAsk(job_id="j", gpus_per_node=2), view, NOW).status == "admitted"
-    again = fw.place(PlacementAsk(job_id="j", gpus_per_node=2), view, NOW)
+    assert fw.place(PlacementAsk(job_id="j", gpus_per_host=2), view, NOW).status == "admitted"
+    again = fw.place(PlacementAsk(job_id="j", gpus_per_host=2), view, NOW)
     assert again.status == "rejected" and dict(view.held("j")) != {}
 
 
 def test_reservations_are_seen_by_later_placements_of_the_cycle() -> None:
     _, view = view_of(gen.fat_tree_2tier(16, radix=8))
     fw = framework()
-    results = [fw.place(PlacementAsk(job_id=f"j{i}", nodes=4, gpus_per_node=8), view, NOW) for i in range(5)]
+    results = [fw.place(PlacementAsk(job_id=f"j{i}", hosts=4, gpus_per_host=8), view, NOW) for i in range(5)]
     assert [r.status for r in results] == ["admitted"] * 4 + ["unschedulable"]
     used = [h for r in results for h in r.hosts]
     assert len(used) == len(set(used)) == 16
@@ -280,7 +280,7 @@ def test_a_failed_reserve_undoes_every_member() -> None:
     _, view = view_of(gen.fat_tree_2tier(16, radix=8))
     config = ProfileConfig(reserve=(PluginRef(name="failing"),))
     fw = framework(config, registry_with(failing=FailingReserve(["node003"])))
-    r = fw.place(PlacementAsk(job_id="j", nodes=4, gpus_per_node=8), view, NOW)
+    r = fw.place(PlacementAsk(job_id="j", hosts=4, gpus_per_host=8), view, NOW)
     assert r.status == "unschedulable" and "node003" in r.reason
     assert dict(view.held("j")) == {} and all(view.free(h) == 8 for h in view.hosts)
 
@@ -290,7 +290,7 @@ def test_permit_wait_holds_until_the_deadline_then_releases_everything() -> None
     waiting = PermitVerdict(kind="wait", reason="dataset still staging", timeout_s=60)
     config = ProfileConfig(permit=(PluginRef(name="gang-barrier"), PluginRef(name="scripted")))
     fw = framework(config, registry_with(scripted=ScriptedPermit([waiting])))
-    r = fw.place(PlacementAsk(job_id="j", nodes=3, gpus_per_node=8), view, NOW)
+    r = fw.place(PlacementAsk(job_id="j", hosts=3, gpus_per_host=8), view, NOW)
     assert r.status == "waiting" and r.deadline == NOW + dt.timedelta(seconds=60)
     assert len(view.held("j")) == 3
     still = fw.resolve_waiting(view, NOW + dt.timedelta(seconds=30))
@@ -305,7 +305,7 @@ def test_permit_wait_turns_into_admission() -> None:
     verdicts = [PermitVerdict(kind="wait", reason="later"), PermitVerdict(kind="allow")]
     config = ProfileConfig(permit=(PluginRef(name="scripted"),), permit_timeout_s=5)
     fw = framework(config, registry_with(scripted=ScriptedPermit(verdicts)))
-    r = fw.place(PlacementAsk(job_id="j", nodes=2, gpus_per_node=8), view, NOW)
+    r = fw.place(PlacementAsk(job_id="j", hosts=2, gpus_per_host=8), view, NOW)
     assert r.status == "waiting" and r.deadline == NOW + dt.timedelta(seconds=5)
     (done,) = fw.resolve_waiting(view, NOW + dt.timedelta(seconds=1))
     assert done.status == "admitted" and done.hosts == r.hosts and len(view.held("j")) == 2
@@ -315,7 +315,7 @@ def test_permit_reject_releases_everything() -> None:
     _, view = view_of(gen.fat_tree_2tier(16, radix=8))
     config = ProfileConfig(permit=(PluginRef(name="scripted"),))
     fw = framework(config, registry_with(scripted=ScriptedPermit([PermitVerdict(kind="reject", reason="quota")])))
-    r = fw.place(PlacementAsk(job_id="j", nodes=2, gpus_per_node=8), view, NOW)
+    r = fw.place(PlacementAsk(job_id="j", hosts=2, gpus_per_host=8), view, NOW)
     assert (r.status, r.reason) == ("rejected", "scripted: quota")
     assert dict(view.held("j")) == {}
 
@@ -327,8 +327,8 @@ def scenarios(draw: st.DrawFn) -> tuple[dict[str, int], list[PlacementAsk], list
     asks = [
         PlacementAsk(
             job_id=f"j{i}",
-            nodes=draw(st.integers(1, 6)),
-            gpus_per_node=draw(st.sampled_from([1, 2, 4, 8])),
+            hosts=draw(st.integers(1, 6)),
+            gpus_per_host=draw(st.sampled_from([1, 2, 4, 8])),
             wants_sharp=draw(st.sampled_from([None, True, False])),
             topology_level=draw(st.sampled_from([None, 1, 2])),
             topology_mode=draw(st.sampled_from(["required", "preferred"])),
@@ -357,8 +357,8 @@ def test_a_gang_is_never_partially_reserved(
         held_total: dict[str, int] = {}
         for ask in asks:
             held = view.held(ask.job_id)
-            assert len(held) in (0, ask.nodes), (ask, dict(held))
-            assert all(g == ask.gpus_per_node for g in held.values())
+            assert len(held) in (0, ask.hosts), (ask, dict(held))
+            assert all(g == ask.gpus_per_host for g in held.values())
             for h, g in held.items():
                 held_total[h] = held_total.get(h, 0) + g
         for h in view.hosts:
@@ -371,7 +371,7 @@ def test_a_gang_is_never_partially_reserved(
         r = fw.place(ask, view, NOW)
         held = view.held(ask.job_id)
         if r.status in ("admitted", "waiting"):
-            assert set(held) == set(r.hosts) and len(r.hosts) == ask.nodes
+            assert set(held) == set(r.hosts) and len(r.hosts) == ask.hosts
             assert not set(r.hosts) & set(fail_on)
             assert leaf_boundaries(index, list(r.hosts)) in (0, r.leaf_groups)
             if ask.topology_level == 1 and ask.topology_mode == "required":
@@ -475,7 +475,7 @@ def test_profile_from_a_plain_mapping() -> None:
 def test_placed_gangs_come_back_in_rank_order_even_when_names_are_scrambled() -> None:
     topo = renamed(gen.fat_tree_3tier(32, radix=8), seed=7)
     index, view = view_of(topo)
-    r = framework().place(PlacementAsk(job_id="j", nodes=20, gpus_per_node=8), view, NOW)
+    r = framework().place(PlacementAsk(job_id="j", hosts=20, gpus_per_host=8), view, NOW)
     assert r.status == "admitted" and r.covering_level == 3
     assert list(r.hosts) == rank_order(index, r.hosts) != sorted(r.hosts)
     for level in (1, 2):
@@ -493,9 +493,9 @@ def test_hosts_missing_from_the_view_are_never_placed() -> None:
     )
     assert view.dataset_hosts["ds"] == frozenset(names("node", 6, 7))
     fw = framework()
-    r = fw.place(PlacementAsk(job_id="a", nodes=2, gpus_per_node=8, dataset="ds", data_locality="required"), view, NOW)
+    r = fw.place(PlacementAsk(job_id="a", hosts=2, gpus_per_host=8, dataset="ds", data_locality="required"), view, NOW)
     assert r.hosts == ("node006", "node007")
-    r = fw.place(PlacementAsk(job_id="b", nodes=3, gpus_per_node=8), view, NOW)
+    r = fw.place(PlacementAsk(job_id="b", hosts=3, gpus_per_host=8), view, NOW)
     assert r.hosts == ("node001", "node002", "node003")
-    r = fw.place(PlacementAsk(job_id="c", nodes=1, gpus_per_node=8), view, NOW)
+    r = fw.place(PlacementAsk(job_id="c", hosts=1, gpus_per_host=8), view, NOW)
     assert r.status == "unschedulable"

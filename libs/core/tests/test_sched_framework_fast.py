@@ -90,7 +90,7 @@ class World:
             jid = f"c{cycle}-{k}"
             if rng.random() < 0.15:
                 nodes = rng.choice((2, 3, 4))
-                queue.append(Job(id=jid, tenant="t", gpus=nodes * 8, nodes=nodes, submit_time=float(k)))
+                queue.append(Job(id=jid, tenant="t", gpus=nodes * 8, hosts=nodes, submit_time=float(k)))
             else:
                 queue.append(Job(id=jid, tenant="t", gpus=rng.choice((1, 1, 1, 2, 4)), submit_time=float(k)))
             roll = rng.random()
@@ -189,7 +189,7 @@ def test_an_answer_is_asked_again_when_the_host_state_or_its_free_gpus_change() 
     view = ClusterView(leaf_fabric({"a": "l", "b": "l"}), hosts)
 
     def place(job_id: str) -> tuple[str, ...]:
-        result = framework.place(PlacementAsk(job_id=job_id, gpus_per_node=1), view, NOW)
+        result = framework.place(PlacementAsk(job_id=job_id, gpus_per_host=1), view, NOW)
         assert result.status == "admitted", result.reason
         return result.hosts
 
@@ -199,5 +199,5 @@ def test_an_answer_is_asked_again_when_the_host_state_or_its_free_gpus_change() 
     assert place("j3") == ("a",) and sorted(calls) == ["a", "b", "b"]  # b's free GPUs changed
     view.replace_host(msgspec.structs.replace(view.hosts["a"], telemetry=Telemetry(gpu_util=0.9)))
     assert place("j4") == ("b",) and sorted(calls) == ["a", "a", "b", "b"]  # a's state changed
-    framework.place(PlacementAsk(job_id="j5", gpus_per_node=2), view, NOW)
+    framework.place(PlacementAsk(job_id="j5", gpus_per_host=2), view, NOW)
     assert len(calls) == 6  # another shape asks anew

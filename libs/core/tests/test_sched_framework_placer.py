@@ -57,8 +57,8 @@ def setup(
     return placer, fv, names
 
 
-def job(job_id: str, gpus: int, nodes: int = 1) -> Job:
-    return Job(id=job_id, tenant="t", gpus=gpus, nodes=nodes, submit_time=0.0)
+def job(job_id: str, gpus: int, hosts: int = 1) -> Job:
+    return Job(id=job_id, tenant="t", gpus=gpus, hosts=hosts, submit_time=0.0)
 
 
 def test_compute_heavy_job_avoids_the_hot_host() -> None:
@@ -91,15 +91,15 @@ def test_gang_lands_on_one_leaf_and_follows_the_free_view() -> None:
     leaves = {f"h{i}": ("l1" if i < 4 else "l2") for i in range(8)}
     placer, fv, names = setup(leaves)
     fv.take(0, 8)  # l1 has 3 whole hosts left, l2 has 4
-    placement = placer.place(fv, job("g", 32, nodes=4), 1)
+    placement = placer.place(fv, job("g", 32, hosts=4), 1)
     assert placement is not None
     assert {names[h] for h, _ in placement} == {"h4", "h5", "h6", "h7"}
     assert all(g == 8 for _, g in placement)
     # nothing is held by the framework: the same ask places again on the same view
-    assert placer.place(fv, job("g2", 32, nodes=4), 1) is not None
+    assert placer.place(fv, job("g2", 32, hosts=4), 1) is not None
     for h in (4, 5, 6, 7):
         fv.take(h, 8)
-    assert placer.place(fv, job("g3", 32, nodes=4), 1) is None
+    assert placer.place(fv, job("g3", 32, hosts=4), 1) is None
 
 
 def test_binpack_keeps_whole_hosts_free() -> None:

@@ -38,7 +38,7 @@ def queued(**kw: object) -> JobRecord:
 
 
 def proposed(*nodes: str, **kw: object) -> JobRecord:
-    return records.proposed(queued(hosts=len(nodes), **kw), "a1", gpus(*nodes), 3, JobPlacement(hosts=list(nodes)))
+    return records.proposed(queued(hosts=len(nodes), **kw), "a1", gpus(*nodes), 3, JobPlacement(ranks=list(nodes)))
 
 
 def held(*nodes: str, state: str = "running", **kw: object) -> JobRecord:
@@ -251,7 +251,7 @@ def test_a_replaced_member_takes_the_lost_ones_rank_and_a_refusal_is_tried_again
     grant = granted_news(node_id="n9", assignments=gpus("n9"), replaces="n2", command_id="r1", nodes=["n1", "n9", "n3"])
     done = decide(proposed_again, grant, NOW, CFG).job
     assert done is not None and done.nodes == ["n1", "n9", "n3"] and done.replacements == 1 and done.replacing is None
-    assert done.placement is not None and done.placement.hosts == ["n1", "n9", "n3"]
+    assert done.placement is not None and done.placement.ranks == ["n1", "n9", "n3"]
     # refused for a conflict: tried again at once; for anything else: restarted
     again = decide(proposed_again, rejected("r1", "conflict"), NOW, CFG).job
     assert again is not None and again.replace_id is None and again.replace_retries == 1 and again.state == "running"

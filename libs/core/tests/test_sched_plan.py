@@ -52,7 +52,7 @@ def gang(name: str, hosts: int, *, submit: float = 0.0, level: int | None = None
         id=name,
         tenant="t",
         gpus=8 * hosts,
-        nodes=hosts,
+        hosts=hosts,
         submit_time=submit,
         topology="required" if level is not None else None,
         topology_level=level or 1,
@@ -95,7 +95,7 @@ def test_the_leaf_placer_places_by_index_and_says_why_sharp_is_off() -> None:
         )
     )
     placed = {s.job_id: s.placement for s in reply.starts}
-    assert placed["pair"].hosts == ["h0", "h1"] and placed["pair"].sharp_reason == LEAF_PLACER_NO_SHARP
+    assert placed["pair"].ranks == ["h0", "h1"] and placed["pair"].sharp_reason == LEAF_PLACER_NO_SHARP
     assert placed["one"].sharp_reason == SINGLE_HOST_NO_SHARP and placed["one"].tier is None
 
 
@@ -109,11 +109,11 @@ def test_starts_on_a_fabric_are_ranked_tiered_and_hold_sharp_trees() -> None:
     index = placer.view.index
     for name, level in (("leaf", 1), ("spine", 2)):
         p = placed[name]
-        covering = index.covering_subtree(p.hosts)
+        covering = index.covering_subtree(p.ranks)
         assert covering is not None and covering.level == p.tier and p.tier is not None and p.tier <= level
         assert p.fabric_version == 7
         assert p.sharp and p.sharp_tree is not None and p.nccl_env
-        assert p.hosts == sorted(p.hosts, key=placer.view.rank_key)  # ranks along the fabric
+        assert p.ranks == sorted(p.ranks, key=placer.view.rank_key)  # ranks along the fabric
 
 
 def test_sharp_trees_are_bounded_by_the_limits_and_by_the_trees_already_held() -> None:
@@ -125,7 +125,7 @@ def test_sharp_trees_are_bounded_by_the_limits_and_by_the_trees_already_held() -
     assert a.placement.sharp and a.placement.sharp_tree is not None
     again, _, _ = on_fabric([fifo(gang("b", 2, level=1))], sharp_limits=limits, sharp_held=[a.placement.sharp_tree])
     (b,) = again.starts
-    assert b.placement.hosts == a.placement.hosts  # the same free cluster: the same leaf
+    assert b.placement.ranks == a.placement.ranks  # the same free cluster: the same leaf
     assert not b.placement.sharp and b.placement.sharp_tree is None and b.placement.nccl_env == {}
     assert b.placement.sharp_reason.startswith("SHARP-capable, but")
     unbounded, _, _ = on_fabric([fifo(gang("c", 2, level=1))], sharp_held=[a.placement.sharp_tree])

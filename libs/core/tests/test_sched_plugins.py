@@ -29,7 +29,7 @@ def host(name: str = "node001", **kw: Any) -> HostState:
 
 
 def ask(**kw: Any) -> PlacementAsk:
-    return PlacementAsk(**({"job_id": "j", "gpus_per_node": 8} | kw))
+    return PlacementAsk(**({"job_id": "j", "gpus_per_host": 8} | kw))
 
 
 def view(index: FabricIndex = FAT, hosts: list[HostState] | None = None, **kw: Any) -> ClusterView:
@@ -39,8 +39,8 @@ def view(index: FabricIndex = FAT, hosts: list[HostState] | None = None, **kw: A
 # ------------------------------------------------------------------------------------ filters
 
 FILTER_CASES = [
-    ("fits: enough free", Fits(), ask(gpus_per_node=4), host(free_gpus=4), None),
-    ("fits: too few", Fits(), ask(gpus_per_node=8), host(free_gpus=7), "too few free GPUs"),
+    ("fits: enough free", Fits(), ask(gpus_per_host=4), host(free_gpus=4), None),
+    ("fits: too few", Fits(), ask(gpus_per_host=8), host(free_gpus=7), "too few free GPUs"),
     ("health: ready", Health(), ask(), host(health="ready"), None),
     ("health: cordoned", Health(), ask(), host(health="cordoned"), "node cordoned"),
     ("health: suspect", Health(), ask(), host(health="suspect"), "node suspect"),
@@ -70,10 +70,10 @@ def test_filters(name: str, plugin: Any, the_ask: PlacementAsk, the_host: HostSt
 def test_fits_sees_this_cycles_reservations() -> None:
     v = view()
     h = v.hosts["node001"]
-    assert Fits().filter(ask(gpus_per_node=8), v, h) is None
+    assert Fits().filter(ask(gpus_per_host=8), v, h) is None
     assert v.hold("other", "node001", 2)
-    assert Fits().filter(ask(gpus_per_node=8), v, h) == "too few free GPUs"
-    assert Fits().filter(ask(gpus_per_node=6), v, h) is None
+    assert Fits().filter(ask(gpus_per_host=8), v, h) == "too few free GPUs"
+    assert Fits().filter(ask(gpus_per_host=6), v, h) is None
 
 
 PRE_FILTER_CASES = [
@@ -159,7 +159,7 @@ def test_link_health_as_a_hard_filter(
     states = {(str(LEAF_OF_NODE005) if k == "leaf" else k): v for k, v in states.items()}
     v = view(link_state=states)
     plugin = make_link_health(args)
-    assert plugin.filter(ask(nodes=nodes), v, v.hosts["node005"]) == want, name
+    assert plugin.filter(ask(hosts=nodes), v, v.hosts["node005"]) == want, name
     with pytest.raises(ValueError, match="reject"):
         make_link_health({"reject": ["broken"]})
 
@@ -183,29 +183,29 @@ def cand(index: FabricIndex, hosts: list[str], min_level: int = 1, min_groups: i
 TOPOLOGY_CASES = [
     # (name, index, ask, hosts, min_level, min_groups, want): mean of subtree, span, rails [, sharp] [, level]
     ("one leaf, single node", FAT, ask(), ["node001"], 1, 1, 100.0),
-    ("one leaf, gang under SHARP", FAT, ask(nodes=2), ["node001", "node002"], 1, 1, 100.0),
-    ("two leaves where one would do", FAT, ask(nodes=2), ["node001", "node005"], 1, 1, (50 + 50 + 100 + 100) / 4),
-    ("two leaves needed", FAT, ask(nodes=5), ["node001", "node002", "node003", "node004", "node005"], 2, 2, 100.0),
+    ("one leaf, gang under SHARP", FAT, ask(hosts=2), ["node001", "node002"], 1, 1, 100.0),
+    ("two leaves where one would do", FAT, ask(hosts=2), ["node001", "node005"], 1, 1, (50 + 50 + 100 + 100) / 4),
+    ("two leaves needed", FAT, ask(hosts=5), ["node001", "node002", "node003", "node004", "node005"], 2, 2, 100.0),
     (
         "no SHARP on the fabric",
         FAT_NO_SHARP,
-        ask(nodes=2),
+        ask(hosts=2),
         ["node001", "node002"],
         1,
         1,
         (100 + 100 + 100 + 0) / 4,
     ),
-    ("opted out of SHARP", FAT_NO_SHARP, ask(nodes=2, wants_sharp=False), ["node001", "node002"], 1, 1, 100.0),
+    ("opted out of SHARP", FAT_NO_SHARP, ask(hosts=2, wants_sharp=False), ["node001", "node002"], 1, 1, 100.0),
     (
         "preferred level missed",
         FAT,
-        ask(nodes=2, topology_level=1),
+        ask(hosts=2, topology_level=1),
         ["node001", "node005"],
         1,
         1,
         (50 + 50 + 100 + 100 + 0) / 5,
     ),
-    ("rail-optimised SU", RAIL, ask(nodes=3), ["dgx001", "dgx002", "dgx003"], 1, 1, 100.0),
+    ("rail-optimised SU", RAIL, ask(hosts=3), ["dgx001", "dgx002", "dgx003"], 1, 1, 100.0),
 ]
 
 
@@ -231,7 +231,7 @@ def test_topology_rail_alignment() -> None:
     cut = msgspec.structs.replace(topo, links=links)
     index = FabricIndex(cut)
     assert index.rails("dgx002") == (0, 1)
-    score = Topology().score_gang(ask(nodes=2), view(index), cand(index, ["dgx001", "dgx002"]))
+    score = Topology().score_gang(ask(hosts=2), view(index), cand(index, ["dgx001", "dgx002"]))
     assert score == pytest.approx((100 + 100 + 50 + 100) / 4)
 
 
@@ -273,7 +273,7 @@ def test_gang_barrier(name: str, held: dict[str, int], kind: str, reason: str) -
     v = view()
     for h, g in held.items():
         assert v.hold("j", h, g)
-    verdict = GangBarrier(timeout_s=0).permit(ask(nodes=2), v, list(held))
+    verdict = GangBarrier(timeout_s=0).permit(ask(hosts=2), v, list(held))
     assert (verdict.kind, verdict.reason) == (kind, reason), name
 
 

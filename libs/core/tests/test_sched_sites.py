@@ -14,7 +14,7 @@ def cluster(hosts: int, gpus: int = 8) -> FreeCapacity:
 
 
 def job(job_id: str, gpus: int, runtime: float = 100.0, nodes: int = 1, submit: float = 0.0) -> Job:
-    return Job(id=job_id, tenant="t", gpus=gpus, nodes=nodes, submit_time=submit, requested_runtime_s=runtime)
+    return Job(id=job_id, tenant="t", gpus=gpus, hosts=nodes, submit_time=submit, requested_runtime_s=runtime)
 
 
 def busy(hosts: int, until: float) -> tuple[FreeCapacity, list[RunningJob]]:

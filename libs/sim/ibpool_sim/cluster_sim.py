@@ -143,7 +143,7 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
 class JobOutcome(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     gpus: int
-    nodes: int
+    hosts: int
     submit_s: float
     first_start_s: float
     end_s: float
@@ -401,7 +401,7 @@ def simulate(
             JobOutcome(
                 id=t.id,
                 gpus=t.gpus,
-                nodes=act.run.job.nodes,
+                hosts=act.run.job.hosts,
                 submit_s=t.submit_s,
                 first_start_s=prog.first_start_s,
                 end_s=now,
@@ -431,15 +431,15 @@ def simulate(
         if placer is not None:
             placer.results.pop(job_id, None)
         placement = planned.placement
-        sharp = placement.sharp and job.nodes > 1
+        sharp = placement.sharp and job.hosts > 1
         tier = min_tier = 0
         stretch: float | None = None
         if placement.sharp_tree is not None:
             held_trees[job_id] = placement.sharp_tree
-        if real is not None and job.nodes > 1:
-            ranked = placement.hosts
+        if real is not None and job.hosts > 1:
+            ranked = placement.ranks
             tier = placement.tier if placement.tier is not None else real.index.levels + 1
-            min_tier = real.view.lowest_level_holding(job.nodes)
+            min_tier = real.view.lowest_level_holding(job.hosts)
             minimal_tier_starts += tier <= min_tier
             stretch = real.stretch(ranked, sharp, cost.comm_fraction)
         waiting_gpus -= job.gpus
@@ -449,12 +449,12 @@ def simulate(
             recent_waits.append(now - job.submit_time)
             starts_since_p90 += 1
         prog.leaves, prog.min_leaves, prog.sharp, prog.tier, prog.min_tier = leaves, min_leaves, sharp, tier, min_tier
-        if job.nodes > 1:
+        if job.hosts > 1:
             multi_node_starts += 1
             minimal_span_starts += leaves <= min_leaves
             sharp_starts += sharp
         if stretch is None:
-            stretch = cost.stretch(job.nodes, leaves, min_leaves, sharp)
+            stretch = cost.stretch(job.hosts, leaves, min_leaves, sharp)
         restore = cost.checkpoint_restore_s if prog.restarts else 0.0
         run = RunningJob(job=job, hosts=tuple(hosts), started_at=now, planned_end=planned_end)
         i = bisect.bisect_left(running_keys, (planned_end, job_id))
@@ -508,7 +508,7 @@ def simulate(
                         id=t.id,
                         tenant=t.tenant,
                         gpus=t.gpus,
-                        nodes=gang_nodes(t.gpus, config.gpus_per_node),
+                        hosts=gang_nodes(t.gpus, config.gpus_per_node),
                         priority=t.priority,
                         submit_time=t.submit_s,
                         time_limit_s=t.time_limit_s,

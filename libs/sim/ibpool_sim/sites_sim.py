@@ -135,7 +135,7 @@ def simulate_two_sites(trace: Sequence[TraceJob], strategy: str, config: TwoSite
                 id=t.id,
                 tenant=t.tenant,
                 gpus=t.gpus,
-                nodes=gang_nodes(t.gpus, gpn),
+                hosts=gang_nodes(t.gpus, gpn),
                 submit_time=t.submit_s,
                 requested_runtime_s=t.duration_s if config.exact_runtimes else None,
                 predicted=None if config.exact_runtimes else estimator.predict(features(t)),

@@ -205,12 +205,14 @@ def replica_job(record: DeploymentRecord, default_runtime_s: float) -> JobSpec:
     shape = shape_of(body)
     topology: TopologyConstraint = "preferred"
     if shape.hosts > 1:
-        request = ResourceRequest(kind="gang", gpus=shape.gpus, hosts=shape.hosts)
+        request = ResourceRequest(kind="gang", gpus_per_host=shape.gpus, hosts=shape.hosts)
         topology = "required"
     elif shape.gpus:
-        request = ResourceRequest(kind="whole", gpus=shape.gpus)
+        request = ResourceRequest(kind="whole", gpus_per_host=shape.gpus)
     else:
-        request = ResourceRequest(kind="fraction", gpus=1, milli=shape.gpu_milli, memory_mib=shape.memory_mib or None)
+        request = ResourceRequest(
+            kind="fraction", gpus_per_host=1, milli=shape.gpu_milli, memory_mib=shape.memory_mib or None
+        )
     return JobSpec(
         name=f"{record.name} replica",
         tenant=body.tenant,

@@ -240,7 +240,7 @@ def worker_job(record: ElasticJobRecord, default_runtime_s: float) -> JobSpec:
         tenant=b.tenant,
         queue=b.queue,
         priority=b.priority,
-        request=ResourceRequest(kind="whole", gpus=b.gpus_per_worker),
+        request=ResourceRequest(kind="whole", gpus_per_host=b.gpus_per_worker),
         workload=b.workload or WorkloadSpec(simulated_runtime_s=default_runtime_s),
     )
 

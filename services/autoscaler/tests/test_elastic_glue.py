@@ -142,7 +142,7 @@ def test_a_round_sends_the_resize_the_new_workers_and_the_cancellations() -> Non
     submits = [m for m in rest if isinstance(m, SubmitJob)]
     assert [s.job_id for s in submits] == ["train-w4", "train-w5"]
     spec = submits[0].spec
-    assert (spec.request.kind, spec.request.gpus, spec.priority, spec.queue, spec.tenant) == (
+    assert (spec.request.kind, spec.request.gpus_per_host, spec.priority, spec.queue, spec.tenant) == (
         "whole",
         2,
         3,

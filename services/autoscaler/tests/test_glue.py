@@ -61,7 +61,7 @@ def test_fraction_replica_shape_and_its_job() -> None:
     assert (d.shape.gpus, d.shape.gpu_milli, d.shape.memory_mib) == (0, 250, 20_000)
     spec = replica_job(record(b, "small"), default_runtime_s=3600)
     r = spec.request
-    assert (r.kind, r.gpus, r.milli, r.memory_mib, r.hosts) == ("fraction", 1, 250, 20_000, 1)
+    assert (r.kind, r.gpus_per_host, r.milli, r.memory_mib, r.hosts) == ("fraction", 1, 250, 20_000, 1)
     assert spec.workload is not None and spec.workload.simulated_runtime_s == 3600
 
 
@@ -69,7 +69,7 @@ def test_whole_gpu_replica_job_carries_tenant_queue_priority_and_workload() -> N
     b = body(gpus=4, queue="inference", priority=50, workload={"command": ["serve", "--port", "8000"]})
     spec = replica_job(record(b), default_runtime_s=3600)
     assert (spec.tenant, spec.queue, spec.priority) == ("t", "inference", 50)
-    assert (spec.request.kind, spec.request.gpus, spec.request.hosts) == ("whole", 4, 1)
+    assert (spec.request.kind, spec.request.gpus_per_host, spec.request.hosts) == ("whole", 4, 1)
     assert spec.workload is not None and spec.workload.command == ["serve", "--port", "8000"]
 
 
@@ -79,7 +79,7 @@ def test_a_replica_on_several_hosts_is_a_gang_that_must_stay_under_one_leaf() ->
     assert (d.shape.gpus, d.shape.hosts, d.shape.gpu_equivalent) == (8, 2, 16.0)
     spec = replica_job(record(b, "chat"), default_runtime_s=3600)
     r = spec.request
-    assert (r.kind, r.gpus, r.hosts) == ("gang", 8, 2)
+    assert (r.kind, r.gpus_per_host, r.hosts) == ("gang", 8, 2)
     assert (spec.topology, spec.topology_level, spec.on_member_failure) == ("required", 1, "restart")
     one = replica_job(record(body(gpus=8), "chat"), default_runtime_s=3600)
     assert (one.request.kind, one.request.hosts) == ("whole", 1)

@@ -37,8 +37,8 @@ SiteName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
 
 class JobBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """POST /v1/jobs. Either `gpus` on one host (`nodes` 1), or `nodes` x `gpus_per_node` (a gang;
-    `gpus`, when given too, must be their product), or `fraction` of one GPU."""
+    """POST /v1/jobs. Either `gpus` on one host (`hosts` 1), or `hosts` x `gpus_per_host` (a gang;
+    `gpus`, the job's total, must be their product when given too), or `fraction` of one GPU."""
 
     id: JobId | None = None
     name: Annotated[str, msgspec.Meta(max_length=256)] = ""
@@ -46,8 +46,8 @@ class JobBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     queue: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] = "default"
     priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
     gpus: Annotated[int, msgspec.Meta(ge=1, le=65_536)] | None = None
-    nodes: Annotated[int, msgspec.Meta(ge=1, le=8192)] = 1
-    gpus_per_node: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
+    hosts: Annotated[int, msgspec.Meta(ge=1, le=8192)] = 1
+    gpus_per_host: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
     fraction: Annotated[float, msgspec.Meta(gt=0.0, lt=1.0)] | None = None
     memory_mib: Annotated[int, msgspec.Meta(ge=1)] | None = None
     topology: TopologyBody = TopologyBody()
@@ -69,9 +69,10 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     queue: str
     state: JobState
     priority: int
+    # The job's GPUs in all, on `hosts` hosts with `gpus_per_host` each.
     gpus: int
-    nodes: int
-    gpus_per_node: int
+    hosts: int
+    gpus_per_host: int
     milli: int
     topology: TopologyConstraint
     # The fabric tier the gang's hosts must (required) or should (preferred) sit under: 1 = one leaf group.
@@ -90,7 +91,8 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     wait_code: WaitCode | None
     not_before: dt.datetime | None
     allocation_id: str | None
-    hosts: list[str]
+    # The nodes it was granted (node ids).
+    nodes: list[str]
     assignments: list[GpuAssignment]
     scheduled_at: dt.datetime | None
     started_at: dt.datetime | None
@@ -165,8 +167,8 @@ def job_view(job: JobRecord) -> JobView:
         state=job.state,
         priority=job.priority,
         gpus=job.gpus,
-        nodes=job.hosts,
-        gpus_per_node=job.gpus_per_host,
+        hosts=job.hosts,
+        gpus_per_host=job.gpus_per_host,
         milli=job.milli,
         topology=job.topology,
         topology_level=job.topology_level,
@@ -181,7 +183,7 @@ def job_view(job: JobRecord) -> JobView:
         wait_code=job.wait_code if job.state == "queued" else None,
         not_before=job.not_before,
         allocation_id=job.allocation_id,
-        hosts=job.nodes,
+        nodes=job.nodes,
         assignments=job.assignments,
         scheduled_at=job.scheduled_at,
         started_at=job.started_at,
@@ -201,34 +203,36 @@ def spec_of(body: JobBody) -> JobSpec:
     if body.workload is not None and (bad := env_problem(body.workload.env)) is not None:
         raise BadBody(bad[1], f"$.workload.env.{bad[0]}" if bad[0] else "$.workload.env")
     if body.fraction is not None:
-        if body.nodes != 1 or (body.gpus or 1) != 1 or (body.gpus_per_node or 1) != 1:
-            raise BadBody("a fraction is a share of one GPU on one node", "$.fraction")
+        if body.hosts != 1 or (body.gpus or 1) != 1 or (body.gpus_per_host or 1) != 1:
+            raise BadBody("a fraction is a share of one GPU on one host", "$.fraction")
         request = ResourceRequest(
             kind="fraction",
-            gpus=1,
+            gpus_per_host=1,
             milli=max(1, round(body.fraction * 1000)),
             memory_mib=body.memory_mib,
             gpu_model=body.gpu_model,
         )
-    elif body.nodes > 1:
-        if body.gpus_per_node is None:
-            if body.gpus is None or body.gpus % body.nodes:
-                raise BadBody("a gang needs gpus_per_node (or gpus divisible by nodes)", "$.gpus_per_node")
-            per_node = body.gpus // body.nodes
+    elif body.hosts > 1:
+        if body.gpus_per_host is None:
+            if body.gpus is None or body.gpus % body.hosts:
+                raise BadBody("a gang needs gpus_per_host (or gpus divisible by hosts)", "$.gpus_per_host")
+            per_host = body.gpus // body.hosts
         else:
-            per_node = body.gpus_per_node
-            if body.gpus is not None and body.gpus != per_node * body.nodes:
-                raise BadBody(f"gpus {body.gpus} is not nodes x gpus_per_node = {per_node * body.nodes}", "$.gpus")
-        request = ResourceRequest(kind="gang", gpus=per_node, hosts=body.nodes, gpu_model=body.gpu_model)
+            per_host = body.gpus_per_host
+            if body.gpus is not None and body.gpus != per_host * body.hosts:
+                raise BadBody(f"gpus {body.gpus} is not hosts x gpus_per_host = {per_host * body.hosts}", "$.gpus")
+        request = ResourceRequest(kind="gang", gpus_per_host=per_host, hosts=body.hosts, gpu_model=body.gpu_model)
     else:
-        if body.gpus is not None and body.gpus_per_node is not None and body.gpus != body.gpus_per_node:
-            raise BadBody("on one node, gpus and gpus_per_node must agree", "$.gpus")
-        request = ResourceRequest(kind="whole", gpus=body.gpus or body.gpus_per_node or 1, gpu_model=body.gpu_model)
+        if body.gpus is not None and body.gpus_per_host is not None and body.gpus != body.gpus_per_host:
+            raise BadBody("on one host, gpus and gpus_per_host must agree", "$.gpus")
+        request = ResourceRequest(
+            kind="whole", gpus_per_host=body.gpus or body.gpus_per_host or 1, gpu_model=body.gpu_model
+        )
     if body.memory_mib is not None and body.fraction is None:
         raise BadBody("memory_mib goes with a fraction (whole GPUs come with all their memory)", "$.memory_mib")
     if body.on_member_failure == "replace" and request.kind != "gang":
         raise BadBody(
-            "on_member_failure 'replace' is for multi-node jobs (nodes >= 2): a single-host job has no other"
+            "on_member_failure 'replace' is for multi-host jobs (hosts >= 2): a single-host job has no other"
             " member to keep running, it restarts",
             "$.on_member_failure",
         )

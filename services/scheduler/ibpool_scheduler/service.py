@@ -149,9 +149,9 @@ def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord 
     r = spec.request
     if r.kind in ("mig", "remote") or r.mig_profile:
         return f"request kind {r.kind!r} is not scheduled here; ask the pool allocator"
-    if r.hosts < 1 or r.gpus < 1 or not 1 <= r.milli <= 1000:
-        return "request needs hosts >= 1, gpus >= 1 and milli in 1..1000"
-    if r.milli < 1000 and (r.gpus != 1 or r.hosts != 1):
+    if r.hosts < 1 or r.gpus_per_host < 1 or not 1 <= r.milli <= 1000:
+        return "request needs hosts >= 1, gpus (per host) >= 1 and milli in 1..1000"
+    if r.milli < 1000 and (r.gpus_per_host != 1 or r.hosts != 1):
         return "a fraction is one share of one GPU on one host"
     if spec.on_member_failure == "replace" and r.hosts < 2:
         return "on_member_failure 'replace' is for multi-node jobs (hosts >= 2); a single-host job restarts"
@@ -165,7 +165,7 @@ def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord 
         tenant=spec.tenant,
         queue=spec.queue,
         priority=spec.priority,
-        gpus_per_host=r.gpus,
+        gpus_per_host=r.gpus_per_host,
         hosts=r.hosts,
         milli=r.milli,
         memory_mib=r.memory_mib,

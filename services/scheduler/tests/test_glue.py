@@ -78,15 +78,19 @@ def plan(ledger: Ledger, live: list[JobRecord], at: float = 10.0, policy: str = 
 @pytest.mark.parametrize(
     ("name", "body", "want"),
     [
-        ("one GPU by default", {"tenant": "a"}, ResourceRequest(kind="whole", gpus=1)),
-        ("whole GPUs", {"tenant": "a", "gpus": 4}, ResourceRequest(kind="whole", gpus=4)),
+        ("one GPU by default", {"tenant": "a"}, ResourceRequest(kind="whole", gpus_per_host=1)),
+        ("whole GPUs", {"tenant": "a", "gpus": 4}, ResourceRequest(kind="whole", gpus_per_host=4)),
         (
             "gang by shape",
-            {"tenant": "a", "nodes": 2, "gpus_per_node": 8},
-            ResourceRequest(kind="gang", gpus=8, hosts=2),
+            {"tenant": "a", "hosts": 2, "gpus_per_host": 8},
+            ResourceRequest(kind="gang", gpus_per_host=8, hosts=2),
         ),
-        ("gang by total", {"tenant": "a", "nodes": 4, "gpus": 32}, ResourceRequest(kind="gang", gpus=8, hosts=4)),
-        ("fraction", {"tenant": "a", "fraction": 0.25}, ResourceRequest(kind="fraction", gpus=1, milli=250)),
+        (
+            "gang by total",
+            {"tenant": "a", "hosts": 4, "gpus": 32},
+            ResourceRequest(kind="gang", gpus_per_host=8, hosts=4),
+        ),
+        ("fraction", {"tenant": "a", "fraction": 0.25}, ResourceRequest(kind="fraction", gpus_per_host=1, milli=250)),
     ],
 )
 def test_body_becomes_the_request(name: str, body: dict[str, object], want: ResourceRequest) -> None:
@@ -96,8 +100,8 @@ def test_body_becomes_the_request(name: str, body: dict[str, object], want: Reso
 @pytest.mark.parametrize(
     ("body", "path"),
     [
-        ({"tenant": "a", "nodes": 2, "gpus": 7}, "$.gpus_per_node"),
-        ({"tenant": "a", "nodes": 2, "gpus_per_node": 8, "gpus": 8}, "$.gpus"),
+        ({"tenant": "a", "hosts": 2, "gpus": 7}, "$.gpus_per_host"),
+        ({"tenant": "a", "hosts": 2, "gpus_per_host": 8, "gpus": 8}, "$.gpus"),
         ({"tenant": "a", "fraction": 0.5, "gpus": 2}, "$.fraction"),
         ({"tenant": "a", "gpus": 2, "memory_mib": 100}, "$.memory_mib"),
     ],
@@ -133,8 +137,8 @@ def test_invalid_bodies_carry_the_msgspec_path(raw: bytes, path: str | None) -> 
     ("request_", "problem"),
     [
         (ResourceRequest(kind="mig", mig_profile="1g.10gb"), "not scheduled here"),
-        (ResourceRequest(kind="whole", gpus=0), "gpus >= 1"),
-        (ResourceRequest(kind="fraction", gpus=2, milli=500), "one share of one GPU"),
+        (ResourceRequest(kind="whole", gpus_per_host=0), "gpus (per host) >= 1"),
+        (ResourceRequest(kind="fraction", gpus_per_host=2, milli=500), "one share of one GPU"),
     ],
 )
 def test_specs_the_scheduler_cannot_take(request_: ResourceRequest, problem: str) -> None:

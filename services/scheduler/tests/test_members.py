@@ -46,13 +46,13 @@ def gang_job(**kw: object) -> object:
 
 def test_the_declaration_goes_from_the_body_to_the_spec_and_the_record() -> None:
     spec = spec_of(
-        msgspec.convert({"tenant": "a", "nodes": 2, "gpus_per_node": 8, "on_member_failure": "replace"}, JobBody)
+        msgspec.convert({"tenant": "a", "hosts": 2, "gpus_per_host": 8, "on_member_failure": "replace"}, JobBody)
     )
     assert spec.on_member_failure == "replace"
     record = record_from_spec("j", spec, T0)
     assert not isinstance(record, str) and record.on_member_failure == "replace"
     assert (
-        spec_of(msgspec.convert({"tenant": "a", "nodes": 2, "gpus_per_node": 8}, JobBody)).on_member_failure
+        spec_of(msgspec.convert({"tenant": "a", "hosts": 2, "gpus_per_host": 8}, JobBody)).on_member_failure
         == "restart"
     )
 
@@ -60,9 +60,11 @@ def test_the_declaration_goes_from_the_body_to_the_spec_and_the_record() -> None
 def test_replace_on_a_single_host_job_is_refused_with_the_path() -> None:
     with pytest.raises(BadBody) as e:
         spec_of(msgspec.convert({"tenant": "a", "gpus": 8, "on_member_failure": "replace"}, JobBody))
-    assert e.value.path == "$.on_member_failure" and "multi-node" in str(e.value)
+    assert e.value.path == "$.on_member_failure" and "multi-host" in str(e.value)
     # The same from the bus (SubmitJob): the record is refused with the reason.
-    spec = JobSpec(name="", tenant="a", request=ResourceRequest(kind="whole", gpus=8), on_member_failure="replace")
+    spec = JobSpec(
+        name="", tenant="a", request=ResourceRequest(kind="whole", gpus_per_host=8), on_member_failure="replace"
+    )
     assert record_from_spec("j", spec, T0) == (
         "on_member_failure 'replace' is for multi-node jobs (hosts >= 2); a single-host job restarts"
     )
@@ -118,7 +120,7 @@ def test_sharp_stays_on_for_a_replacement_under_the_gangs_leaves_only() -> None:
 
     ledger = gang_ledger()
     env = {"NCCL_COLLNET_ENABLE": "1"}
-    placed = JobPlacement(hosts=["a1", "a2"], sharp=True, sharp_reason="under a SHARP leaf", nccl_env=env)
+    placed = JobPlacement(ranks=["a1", "a2"], sharp=True, sharp_reason="under a SHARP leaf", nccl_env=env)
     with_sharp = gang_job(placement=placed)
     assert sharp_after_replacement(ledger, with_sharp, "a3", LeafSource(LEAF)) == placed
     off = sharp_after_replacement(ledger, with_sharp, "b1", LeafSource(LEAF))
@@ -135,7 +137,7 @@ def test_a_workload_environment_no_process_could_take_is_refused_with_the_path(e
     with pytest.raises(BadBody) as e:
         spec_of(body)
     assert e.value.path == path
-    spec = JobSpec(name="n", tenant="t", request=ResourceRequest(kind="whole", gpus=1), workload=body.workload)
+    spec = JobSpec(name="n", tenant="t", request=ResourceRequest(kind="whole", gpus_per_host=1), workload=body.workload)
     assert "environment variable" in str(record_from_spec("j", spec, T0))
 
 

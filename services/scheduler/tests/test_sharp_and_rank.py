@@ -54,7 +54,7 @@ def test_a_gang_under_a_sharp_leaf_gets_sharp_and_the_nccl_settings() -> None:
     assert p.sharp is True
     assert p.nccl_env == SHARP_NCCL_ENV == {"NCCL_COLLNET_ENABLE": "1", "SHARP_COLL_ENABLE_SAT": "1"}
     assert "SHARP-capable" in p.sharp_reason, p.sharp_reason
-    assert p.hosts == ["n4", "n5"] == host_order(p)
+    assert p.ranks == ["n4", "n5"] == host_order(p)
 
 
 def test_a_gang_on_a_fabric_without_sharp_says_why_and_carries_no_settings() -> None:
@@ -76,14 +76,14 @@ def test_a_gang_over_two_leaves_is_ranked_leaf_by_leaf_and_its_gpus_follow() -> 
     # leaves interleaved by name: name order would cross between leaves at every step of the ring
     nodes = [labelled(f"n{i}", "a" if i % 2 else "b") for i in range(1, 5)]
     p = only(framework_plan(nodes, [job("g", 2, hosts=4)]))
-    assert p.hosts == ["n1", "n3", "n2", "n4"]
-    assert host_order(p) == p.hosts
+    assert p.ranks == ["n1", "n3", "n2", "n4"]
+    assert host_order(p) == p.ranks
     assert [a.gpu_index for a in p.assignments] == [0, 1] * 4
 
 
 def test_a_single_host_job_has_no_sharp_and_says_its_reductions_stay_on_nvlink() -> None:
     p = only(framework_plan([labelled("n1", "a", sharp=True)], [job("s", 4)]))
-    assert (p.sharp, p.hosts, p.nccl_env) == (False, ["n1"], {})
+    assert (p.sharp, p.ranks, p.nccl_env) == (False, ["n1"], {})
     assert p.sharp_reason == SINGLE_HOST_NO_SHARP
 
 
@@ -92,7 +92,7 @@ def test_the_leaf_placer_does_not_decide_sharp_and_says_so() -> None:
     plan = plan_cycle(ledger, [job("g", 8, hosts=2)], T0, make_policy("fifo"), CycleConfig(), LEAF)
     p = only(plan)
     assert (p.sharp, p.sharp_reason, p.nccl_env) == (False, LEAF_PLACER_NO_SHARP, {})
-    assert sorted(p.hosts) == ["n1", "n2"]
+    assert sorted(p.ranks) == ["n1", "n2"]
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ def test_the_proposed_workload_gets_the_placement_env_and_the_job_keeps_its_own(
 
 def test_the_record_keeps_the_placement_until_the_job_goes_back_to_the_queue() -> None:
     placed = JobPlacement(
-        hosts=["n2", "n1"],
+        ranks=["n2", "n1"],
         sharp=True,
         sharp_reason="every switch ...",
         nccl_env=SHARP_NCCL_ENV,
@@ -129,7 +129,7 @@ def test_the_record_keeps_the_placement_until_the_job_goes_back_to_the_queue() -
     granted = jobs.granted(j, "p1", ["n2", "n1"], T0)
     view = msgspec.to_builtins(job_view(granted))
     assert view["placement"] == {
-        "hosts": ["n2", "n1"],
+        "ranks": ["n2", "n1"],
         "sharp": True,
         "sharp_reason": "every switch ...",
         "nccl_env": {"NCCL_COLLNET_ENABLE": "1", "SHARP_COLL_ENABLE_SAT": "1"},
@@ -137,7 +137,7 @@ def test_the_record_keeps_the_placement_until_the_job_goes_back_to_the_queue() -
         "tier": 1,
         "sharp_tree": {"trees": 1, "switches": ("0xa",), "cables": ("n1/0~0xa", "n2/0~0xa")},
     }
-    assert view["hosts"] == ["n2", "n1"]
+    assert view["nodes"] == ["n2", "n1"]
     assert jobs.finished(granted, "completed", "done", T0).placement == placed
     assert jobs.requeued(granted, "node failed", T0, None).placement is None
     assert jobs.rejected(j, "conflict", None).placement is None
@@ -163,7 +163,7 @@ def test_a_start_the_framework_did_not_admit_last_is_ranked_and_decided_again_on
         placer=placer,
     )
     (p,) = placed_starts(request, SchedulingReply(order="fifo", starts=[started]))
-    assert p.placement.hosts == ["n1", "n3", "n2", "n4"]
+    assert p.placement.ranks == ["n1", "n3", "n2", "n4"]
     assert p.hosts == started.hosts and p.planned_end == 1.0
     assert p.placement.sharp is True and p.placement.nccl_env == SHARP_NCCL_ENV  # every leaf, so the spine, aggregates
     assert p.placement.tier == 2

@@ -88,7 +88,7 @@ def test_a_job_fitting_none_of_its_sites_says_so_and_is_not_placed() -> None:
 
 
 def test_sites_in_a_spec_are_checked_and_kept() -> None:
-    spec = JobSpec(name="n", tenant="t", request=ResourceRequest(kind="whole", gpus=1), sites=["a", "a"])
+    spec = JobSpec(name="n", tenant="t", request=ResourceRequest(kind="whole", gpus_per_host=1), sites=["a", "a"])
     assert "distinct" in str(record_from_spec("j", spec, T0))
     kept = record_from_spec("j", msgspec.structs.replace(spec, sites=["b", "a"]), T0)
     assert isinstance(kept, JobRecord) and kept.sites == ["b", "a"] and kept.site is None

@@ -852,7 +852,7 @@ def _describe(r: ResourceRequest) -> str:
     model = r.gpu_model or "any model"
     if r.mig_profile:
         return f"MIG {r.mig_profile} ({model})"
-    gpus = f"{r.gpus} whole GPU" + ("s" if r.gpus != 1 else "")
+    gpus = f"{r.gpus_per_host} whole GPU" + ("s" if r.gpus_per_host != 1 else "")
     if r.kind == "gang":
         return f"{gpus} on each of {r.hosts} hosts ({model})"
     if r.milli < WHOLE:
@@ -861,7 +861,7 @@ def _describe(r: ResourceRequest) -> str:
 
 
 def _request_problem(r: ResourceRequest, client: str | None) -> str | None:
-    if r.gpus < 1 or r.hosts < 1:
+    if r.gpus_per_host < 1 or r.hosts < 1:
         return "gpus and hosts must be at least 1"
     if not 1 <= r.milli <= WHOLE:
         return f"milli {r.milli} is outside 1..{WHOLE}"
@@ -871,7 +871,7 @@ def _request_problem(r: ResourceRequest, client: str | None) -> str | None:
         return "a client node goes with kind remote, and kind remote needs one"
     if r.kind != "mig" and r.mig_profile is not None:
         return "a MIG profile goes with kind mig"
-    single = r.gpus == 1 and r.hosts == 1
+    single = r.gpus_per_host == 1 and r.hosts == 1
     match r.kind:
         case "whole":
             ok, rule = r.milli == WHOLE and r.hosts == 1, "whole: milli 1000 on one host"
@@ -884,7 +884,7 @@ def _request_problem(r: ResourceRequest, client: str | None) -> str | None:
             ok, rule = r.milli == WHOLE, "gang: whole GPUs on every host"
         case _:
             ok, rule = (
-                r.hosts == 1 and (r.milli == WHOLE or r.gpus == 1),
+                r.hosts == 1 and (r.milli == WHOLE or r.gpus_per_host == 1),
                 "remote: whole GPUs or one fraction on one node",
             )
     return None if ok else f"not a valid {rule}"
@@ -912,11 +912,11 @@ def _placed(ledger: Ledger, want: PlacementRequest, picked: list[GpuAssignment])
     if r.kind == "mig":
         ok = len(asks) == 1 and asks[0].mig_profile == r.mig_profile
     elif r.kind == "gang":
-        ok = len(nodes) == r.hosts and all(c == r.gpus for c in per_node.values())
+        ok = len(nodes) == r.hosts and all(c == r.gpus_per_host for c in per_node.values())
     elif r.milli < WHOLE:
         ok = len(asks) == 1 and asks[0].milli == r.milli and r.memory_mib in (None, asks[0].memory_mib)
     else:
-        ok = len(nodes) == 1 and len(asks) == r.gpus and all(a.milli == WHOLE for a in asks)
+        ok = len(nodes) == 1 and len(asks) == r.gpus_per_host and all(a.milli == WHOLE for a in asks)
     return asks if ok else f"{len(asks)} shares on {len(nodes)} nodes for {_describe(r)}"
 
 

@@ -63,10 +63,10 @@ def first_fit(view: Ledger, want: PlacementRequest) -> list[GpuAssignment] | Non
             continue
         gpus = [g for g in node.gpus if g.ready and want.allows(g.model)]
         if r.kind == "gang":
-            whole = _whole(node, gpus, r.gpus)
+            whole = _whole(node, gpus, r.gpus_per_host)
             if whole:
                 found += whole
-                if len(found) == r.gpus * r.hosts:
+                if len(found) == r.gpus_per_host * r.hosts:
                     return found
             continue
         here = _on_node(node, gpus, r)
@@ -103,4 +103,4 @@ def _on_node(node: Node, gpus: list[Gpu], r: ResourceRequest) -> list[GpuAssignm
             if g.fits_share(r.milli, memory):
                 return [GpuAssignment(node_id=node.node_id, gpu_index=g.index, milli=r.milli, memory_mib=memory)]
         return []
-    return _whole(node, gpus, r.gpus)
+    return _whole(node, gpus, r.gpus_per_host)

@@ -159,25 +159,23 @@ class PolicyPlacer:
             if node.free_cpu_milli < want.cpu_milli or node.free_memory_mib < want.host_memory_mib:
                 continue
             usable = [g for g in node.gpus if _usable(g, want) and g.fits_whole()]
-            if len(usable) < r.gpus:
+            if len(usable) < r.gpus_per_host:
                 continue
             free[node_id] = usable
-            hosts.append(
-                fw.HostState(name=node_id, gpu_model="", total_gpus=len(node.gpus), free_gpus=len(usable))
-            )
+            hosts.append(fw.HostState(name=node_id, gpu_model="", total_gpus=len(node.gpus), free_gpus=len(usable)))
         if len(hosts) < r.hosts:
             return None
         if self._framework is None:
             self._framework = fw.Framework(fw.build_profile(SCHEDULER_PROFILE))
         cluster = fw.ClusterView(state.index, hosts, off_fabric=True)
-        ask = fw.PlacementAsk(job_id="gang", gpus_per_node=r.gpus, nodes=r.hosts)
+        ask = fw.PlacementAsk(job_id="gang", gpus_per_host=r.gpus_per_host, hosts=r.hosts)
         result = self._framework.place(ask, cluster, _NO_TIME)
         if result.status != "admitted":
             return None
         answer: list[GpuAssignment] = []
         for node_id in result.hosts:  # rank order: the allocator keeps it in the grants
             node = view.nodes[node_id]
-            answer += [_assignment(node, g, r) for g in free[node_id][: r.gpus]]
+            answer += [_assignment(node, g, r) for g in free[node_id][: r.gpus_per_host]]
         return answer
 
     def _remote(self, view: Ledger, want: PlacementRequest) -> list[GpuAssignment] | None:
@@ -229,7 +227,9 @@ def _pack_request(want: PlacementRequest) -> PackRequest:
             gpu_memory_mib=r.memory_mib or 0,
             gpu_models=models,
         )
-    return PackRequest(cpu_milli=want.cpu_milli, memory_mib=want.host_memory_mib, num_gpu=r.gpus, gpu_models=models)
+    return PackRequest(
+        cpu_milli=want.cpu_milli, memory_mib=want.host_memory_mib, num_gpu=r.gpus_per_host, gpu_models=models
+    )
 
 
 def _usable(g: Gpu, want: PlacementRequest) -> bool:

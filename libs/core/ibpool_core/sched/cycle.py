@@ -110,9 +110,9 @@ class SchedulingReply(msgspec.Struct, frozen=True, kw_only=True):
 
 def needs_of(job: Job) -> str:
     """What a job needs, as its wait reasons say it."""
-    if job.nodes <= 1:
+    if job.hosts <= 1:
         return f"{job.gpus} GPUs on one host"
-    return f"{job.nodes} hosts with {host_shares(job)[0]} free GPUs"
+    return f"{job.hosts} hosts with {host_shares(job)[0]} free GPUs"
 
 
 class _Cycle:
@@ -129,10 +129,10 @@ class _Cycle:
         self.running: Sequence[RunningJob] = request.running
 
     def max_leaves(self, job: Job) -> int | None:
-        if job.nodes <= 1:
+        if job.hosts <= 1:
             return None
         relaxed = job.topology == "preferred" and self.now - job.submit_time >= self.cfg.span_relax_after_s
-        return None if relaxed else min_leaf_span(job.nodes, self.cfg.hosts_per_leaf)
+        return None if relaxed else min_leaf_span(job.hosts, self.cfg.hosts_per_leaf)
 
     def kill_overruns(self) -> None:
         now = self.now
@@ -153,7 +153,7 @@ class _Cycle:
                 job_id=job.id,
                 hosts=placement,
                 leaves=leaves_spanned(placement, self.view.leaf_of),
-                min_leaves=min_leaf_span(job.nodes, self.cfg.hosts_per_leaf),
+                min_leaves=min_leaf_span(job.hosts, self.cfg.hosts_per_leaf),
                 planned_end=self.now + estimated_runtime(job, self.cfg.safety_margin),
             )
         )
@@ -225,7 +225,7 @@ class _Cycle:
             self.explain(job, Wait(code="unresolvable", needs=needs_of(job)))
             return None
         reservation, free_at_shadow = found
-        span = "" if job.nodes <= 1 else f" under {self.max_leaves(job) or 'any number of'} leaves"
+        span = "" if job.hosts <= 1 else f" under {self.max_leaves(job) or 'any number of'} leaves"
         self.explain(job, Wait(code="unschedulable", needs=needs_of(job), span=span, start_at=reservation.start_at))
         return Backfill(reservation, free_at_shadow, self.view)
 
@@ -243,7 +243,7 @@ class _Cycle:
         max_leaves = self.max_leaves(head)
         found = reserve(self.view, running, head, self.now, self.placer, max_leaves=max_leaves)
         if found is not None:
-            span = "" if head.nodes <= 1 else f" under {max_leaves or 'any number of'} leaves"
+            span = "" if head.hosts <= 1 else f" under {max_leaves or 'any number of'} leaves"
             self.waiting[head.id] = Wait(
                 code="unschedulable", needs=needs_of(head), span=span, start_at=found[0].start_at
             )

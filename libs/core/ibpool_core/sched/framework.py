@@ -81,7 +81,7 @@ class HostState(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PlacementAsk(msgspec.Struct, frozen=True, kw_only=True):
-    """What a job needs. `nodes` x `gpus_per_node` (a single-node job: nodes=1, gpus_per_node = its
+    """What a job needs. `hosts` x `gpus_per_host` (a single-host job: hosts=1, gpus_per_host = its
     GPU count).
 
     gpu_model         None = any model (members may then land on different models)
@@ -93,8 +93,8 @@ class PlacementAsk(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     job_id: str
-    gpus_per_node: int
-    nodes: int = 1
+    gpus_per_host: int
+    hosts: int = 1
     gpu_model: str | None = None
     dataset: str | None = None
     data_locality: Locality = "preferred"
@@ -104,10 +104,10 @@ class PlacementAsk(msgspec.Struct, frozen=True, kw_only=True):
     compute_heavy: bool = False
 
     def __post_init__(self) -> None:
-        if self.nodes < 1:
-            raise ValueError(f"job {self.job_id}: nodes must be >= 1, not {self.nodes}")
-        if self.gpus_per_node < 1:
-            raise ValueError(f"job {self.job_id}: gpus_per_node must be >= 1, not {self.gpus_per_node}")
+        if self.hosts < 1:
+            raise ValueError(f"job {self.job_id}: hosts must be >= 1, not {self.hosts}")
+        if self.gpus_per_host < 1:
+            raise ValueError(f"job {self.job_id}: gpus_per_host must be >= 1, not {self.gpus_per_host}")
         if self.topology_level is not None and self.topology_level < 1:
             raise ValueError(f"job {self.job_id}: topology_level must be >= 1, not {self.topology_level}")
 
@@ -457,7 +457,7 @@ class Filter(Protocol):
         """None when `host` may run one member of `ask`; otherwise a short reason ("not ready").
 
         May assume: `host` is in `view`, is cabled to the fabric and has at least
-        `ask.gpus_per_node` free GPUs of some model in the view's capacity index (the framework
+        `ask.gpus_per_host` free GPUs of some model in the view's capacity index (the framework
         checks free GPUs before calling, so a cheap filter stays cheap).
         Must not: change `view`; depend on the other hosts chosen (that is a GangScore's job); be
         slow: it runs on every host of every leaf group the search looks at.
@@ -759,7 +759,7 @@ class _Search:
         hit = self.evaluated.get(group)
         if hit is not None:
             return hit
-        ask, view, g, allowed = self.ask, self.view, self.ask.gpus_per_node, self.allowed
+        ask, view, g, allowed = self.ask, self.view, self.ask.gpus_per_host, self.allowed
         filters = [f for _, f in self.profile.filters]
         scorers = [s for _, s, _ in self.profile.host_scores]
         weights = [w for _, _, w in self.profile.host_scores]
@@ -854,7 +854,7 @@ class Framework:
         self, ask: PlacementAsk, view: ClusterView, allowed: frozenset[str] | None
     ) -> tuple[Candidate, dict[str, float], float] | str:
         """The best candidate with its per-plugin scores and total, or why nothing fits."""
-        n, g = ask.nodes, ask.gpus_per_node
+        n, g = ask.hosts, ask.gpus_per_host
         if allowed is None:
             bound = view.capacity_by_group(ask.gpu_model, g)
         else:
@@ -981,12 +981,12 @@ class Framework:
             return PlacementResult(job_id=job, status="unschedulable", reason=choice)
         cand, scores, total = choice
         ranked = sorted(cand.hosts, key=view.rank_key)  # rank_order.rank_order, with cached keys
-        sharp = decide_sharp(view.index, ask.nodes, ask.wants_sharp, cand.covering)
+        sharp = decide_sharp(view.index, ask.hosts, ask.wants_sharp, cand.covering)
         result = PlacementResult(
             job_id=job,
             status="admitted",
             hosts=tuple(ranked),
-            gpus_per_host=tuple(ask.gpus_per_node for _ in ranked),
+            gpus_per_host=tuple(ask.gpus_per_host for _ in ranked),
             covering_level=cand.covering.level if cand.covering else None,
             covering_index=cand.covering.index if cand.covering else None,
             leaf_groups=cand.leaf_groups,
@@ -1000,7 +1000,7 @@ class Framework:
         done: list[tuple[str, Reserve]] = []
         for host in ranked:
             for name, rp in self.profile.reserves:
-                why = rp.reserve(ask, view, host, ask.gpus_per_node)
+                why = rp.reserve(ask, view, host, ask.gpus_per_host)
                 if why is not None:
                     self._undo(ask, view, done)
                     return msgspec.structs.replace(

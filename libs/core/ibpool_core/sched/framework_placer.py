@@ -178,19 +178,19 @@ class FrameworkPlacer:
         level when "required"; when "preferred", the tighter of its level and the lowest tier whose
         largest group could hold it, until the cycle relaxes it (`max_leaves` None); None for a
         single host or a relaxed gang."""
-        if job.nodes <= 1 or max_leaves is None:
+        if job.hosts <= 1 or max_leaves is None:
             return None
         if job.topology == "required":
             return job.topology_level
-        return max(job.topology_level, self.view.lowest_level_holding(job.nodes))
+        return max(job.topology_level, self.view.lowest_level_holding(job.hosts))
 
     def ask_of(self, job: Job, max_leaves: int | None) -> PlacementAsk:
         hints = self.hints.get(job.id, NO_HINTS)
         level = self.cap_level(job, max_leaves)
         return PlacementAsk(
             job_id=job.id,
-            gpus_per_node=host_shares(job)[0],
-            nodes=job.nodes,
+            gpus_per_host=host_shares(job)[0],
+            hosts=job.hosts,
             gpu_model=hints.gpu_model,
             dataset=hints.dataset,
             data_locality=hints.data_locality,
@@ -205,7 +205,7 @@ class FrameworkPlacer:
         its hints allow; a gang, or with no sample, the allowed hosts; None for all."""
         hints = self.hints.get(job.id, NO_HINTS)
         allowed = hints.hosts
-        if job.nodes > 1 or self.sample <= 0:
+        if job.hosts > 1 or self.sample <= 0:
             return allowed
         names, want = self.names, self.sample
         out: list[str] = []
@@ -233,7 +233,7 @@ class FrameworkPlacer:
         member's GPUs free than the job has members. Most of a reservation's tries end here."""
         if not self._counted_alike(job):
             return None
-        per, n = host_shares(job)[0], job.nodes
+        per, n = host_shares(job)[0], job.hosts
         count = view.hosts_with_at_least(per) if per < len(view.by_free) else 0
         if count >= n:
             return None
@@ -246,11 +246,11 @@ class FrameworkPlacer:
         framework's leaf groups, and no leaf with n hosts that have a member's GPUs free. Most of
         the tries of a reservation for such a gang end here (one per running job released until a
         leaf has room)."""
-        if job.nodes <= 1 or self.cap_level(job, max_leaves) != 1 or not self._counted_alike(job):
+        if job.hosts <= 1 or self.cap_level(job, max_leaves) != 1 or not self._counted_alike(job):
             return None
         if not self._leaves_are_groups(view):
             return None
-        per, n, leaf_of = host_shares(job)[0], job.nodes, view.leaf_of
+        per, n, leaf_of = host_shares(job)[0], job.hosts, view.leaf_of
         by_leaf: dict[int, int] = {}  # leaf -> its hosts with a member's GPUs free (few, when none has room)
         for bucket in itertools.islice(view.by_free, per, None):
             for h in bucket:

@@ -18,7 +18,7 @@ TopologyConstraint = Literal["required", "preferred"]
 class Job(msgspec.Struct, frozen=True, kw_only=True):
     """A job as the queue sees it.
 
-    `gpus` is the whole job's GPU count; `nodes` the hosts its gang spans (1 = single host). The GPUs
+    `gpus` is the whole job's GPU count; `hosts` the hosts its gang spans (1 = single host). The GPUs
     are spread evenly over the hosts (see `host_shares`). `priority` is the priority class, higher
     first. `attained_gpu_s` is the GPU-seconds of service the job already received in earlier runs
     (non-zero after a preemption); attained-service policies order by it. `true_runtime_s` is the
@@ -34,7 +34,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     id: str
     tenant: str
     gpus: int
-    nodes: int = 1
+    hosts: int = 1
     priority: int = 0
     submit_time: float
     time_limit_s: float | None = None
@@ -47,9 +47,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def host_shares(job: Job) -> list[int]:
-    """GPUs per host of the job's gang: `gpus` spread over `nodes` hosts, the larger shares first."""
-    base, extra = divmod(job.gpus, job.nodes)
-    return [base + 1] * extra + [base] * (job.nodes - extra)
+    """GPUs per host of the job's gang: `gpus` spread over `hosts` hosts, the larger shares first."""
+    base, extra = divmod(job.gpus, job.hosts)
+    return [base + 1] * extra + [base] * (job.hosts - extra)
 
 
 def estimated_runtime(job: Job, safety_margin: float = 1.0) -> float:

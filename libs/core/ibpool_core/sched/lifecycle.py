@@ -442,7 +442,7 @@ def _member_lost(step: _Step, node_id: str, why: str, not_before: dt.datetime | 
         lost = f"member on {node_id} lost while the member on {job.replacing} was being replaced"
         _requeue(step, f"{lost}: gang restarted; {why}", not_before)
         return
-    ranked = job.placement.hosts if job.placement is not None and job.placement.hosts else job.nodes
+    ranked = job.placement.ranks if job.placement is not None and job.placement.ranks else job.nodes
     if ranked and node_id == ranked[0]:
         # Rank 0 is the gang's rendezvous (MASTER_ADDR in every member's environment): the survivors
         # would keep pointing at the lost host, so the whole gang starts again.
@@ -486,13 +486,13 @@ def _member_granted(step: _Step, ev: AllocationGranted) -> None:
     )
     placement = job.placement
     if placement is not None:
-        placement = msgspec.structs.replace(placement, hosts=[new if h == lost else h for h in placement.hosts])
+        placement = msgspec.structs.replace(placement, ranks=[new if h == lost else h for h in placement.ranks])
     step.save(
         msgspec.structs.replace(
             job,
             nodes=nodes,
             assignments=assignments,
-            placement=placement or JobPlacement(hosts=nodes),
+            placement=placement or JobPlacement(ranks=nodes),
             replacing=None,
             replace_id=None,
             replace_proposal=[],

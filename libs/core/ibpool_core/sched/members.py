@@ -64,7 +64,7 @@ def choose_host(
             tries.append(set(group.hosts) if group is not None else set())
     else:
         tries.append(None)
-    one = Job(id=job.job_id, tenant=job.tenant, gpus=need, nodes=1, submit_time=job.submitted_at.timestamp())
+    one = Job(id=job.job_id, tenant=job.tenant, gpus=need, hosts=1, submit_time=job.submitted_at.timestamp())
     for allowed in tries:
         counts = [
             len(f) if len(f) >= need and (allowed is None or view.node_ids[h] in allowed) else 0

@@ -96,7 +96,7 @@ class LeafPlacer:
     def place(self, view: FreeView, job: Job, max_leaves: int | None) -> Placement | None:
         if job.gpus > view.total_free:
             return None
-        if job.nodes <= 1:
+        if job.hosts <= 1:
             by_free = view.by_free
             for f in range(job.gpus, len(by_free)):
                 if by_free[f]:
@@ -104,7 +104,7 @@ class LeafPlacer:
             return None
         shares = host_shares(job)
         need = shares[0]  # the largest share: every member host must hold it (shares differ by at most 1)
-        if view.hosts_with_at_least(need) < job.nodes:
+        if view.hosts_with_at_least(need) < job.hosts:
             return None
         eligible_by_leaf: list[tuple[int, int, list[int]]] = []
         free = view.free
@@ -112,11 +112,11 @@ class LeafPlacer:
             eligible = [h for h in hosts if free[h] >= need]
             if eligible:
                 eligible_by_leaf.append((len(eligible), leaf, eligible))
-        fitting = [e for e in eligible_by_leaf if e[0] >= job.nodes]
+        fitting = [e for e in eligible_by_leaf if e[0] >= job.hosts]
         if fitting:
             chosen = min(fitting)[2]
             chosen.sort(key=lambda h: (free[h], h))
-            hosts = chosen[: job.nodes]
+            hosts = chosen[: job.hosts]
         else:
             eligible_by_leaf.sort(key=lambda e: (-e[0], e[1]))
             hosts = []
@@ -124,8 +124,8 @@ class LeafPlacer:
                 if max_leaves is not None and used > max_leaves:
                     return None
                 eligible.sort(key=lambda h: (free[h], h))
-                hosts.extend(eligible[: job.nodes - len(hosts)])
-                if len(hosts) == job.nodes:
+                hosts.extend(eligible[: job.hosts - len(hosts)])
+                if len(hosts) == job.hosts:
                     break
         return list(zip(hosts, shares, strict=True))
 

@@ -155,7 +155,7 @@ def placed_starts(request: PlanRequest, reply: SchedulingReply) -> list[PlannedS
         for s in reply.starts:
             hosts = [names[h] for h, _ in s.hosts]
             reason = LEAF_PLACER_NO_SHARP if len(hosts) > 1 else SINGLE_HOST_NO_SHARP
-            out.append(_start(s, JobPlacement(hosts=hosts, sharp_reason=reason)))
+            out.append(_start(s, JobPlacement(ranks=hosts, sharp_reason=reason)))
         return out
     view = placer.view
     trees = (
@@ -176,7 +176,7 @@ def placed_starts(request: PlanRequest, reply: SchedulingReply) -> list[PlannedS
         if trees is not None:
             decision = trees.reserve(ranked, decision)
         placement = JobPlacement(
-            hosts=ranked,
+            ranks=ranked,
             sharp=decision.enabled,
             sharp_reason=decision.reason,
             nccl_env=decision.env,

@@ -73,8 +73,8 @@ class Proposal(msgspec.Struct, frozen=True, kw_only=True):
     placement: JobPlacement = JobPlacement()
 
     @property
-    def hosts(self) -> list[str]:
-        return self.placement.hosts
+    def ranks(self) -> list[str]:
+        return self.placement.ranks
 
     @property
     def sharp(self) -> bool:
@@ -644,7 +644,7 @@ def core_job(job: JobRecord, predicted: RuntimeEstimate | None = None) -> Job:
         id=job.job_id,
         tenant=job.tenant,
         gpus=job.gpus,
-        nodes=job.hosts,
+        hosts=job.hosts,
         priority=job.priority,
         submit_time=job.submitted_at.timestamp(),
         time_limit_s=job.time_limit_s,
@@ -885,7 +885,7 @@ def assign(
                 milli=job.milli,
                 memory_mib=job.memory_mib if fraction else None,
             )
-            for node_id in start.placement.hosts
+            for node_id in start.placement.ranks
             for g in picked[node_id]
         ]
         out.append(Proposal(job_id=job.job_id, assignments=assignments, placement=start.placement))

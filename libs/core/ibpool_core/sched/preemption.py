@@ -67,15 +67,15 @@ def choose_victims(
         host_plan = _host_plan(host, need, view, victims_on, now)
         if host_plan is not None:
             plans.append((host_plan[0], host, host_plan[1]))
-    if len(plans) < job.nodes:
+    if len(plans) < job.hosts:
         return None
     plans.sort(key=lambda p: (p[0], p[1]))
-    chosen_hosts = plans[: job.nodes]
-    if 1 < job.nodes <= hosts_per_leaf:
+    chosen_hosts = plans[: job.hosts]
+    if 1 < job.hosts <= hosts_per_leaf:
         by_leaf: dict[int, list[tuple[Cost, int, list[RunningJob]]]] = {}
         for plan in plans:
             by_leaf.setdefault(view.leaf_of[plan[1]], []).append(plan)
-        in_one_leaf = [ps[: job.nodes] for ps in by_leaf.values() if len(ps) >= job.nodes]
+        in_one_leaf = [ps[: job.hosts] for ps in by_leaf.values() if len(ps) >= job.hosts]
         if in_one_leaf:
             chosen_hosts = min(in_one_leaf, key=lambda ps: (sum(p[0][0] for p in ps), sum(p[0][1] for p in ps)))
     victims: dict[str, RunningJob] = {}

@@ -27,8 +27,8 @@ HOLDING: tuple[JobState, ...] = ("scheduled", "running")
 
 
 class JobPlacement(msgspec.Struct, frozen=True, kw_only=True):
-    """Where the scheduler placed a job and how: `hosts` in rank order (host i is rank i: ring and
-    tree neighbours close on the fabric; see `ibpool_core.sched.rank_order`), whether SHARP
+    """Where the scheduler placed a job and how: `ranks`, its nodes in rank order (`ranks[i]` is
+    rank i's node: ring and tree neighbours close on the fabric; see `ibpool_core.sched.rank_order`), whether SHARP
     (in-network reduction) is on for it, and why or why not (`ibpool_core.sched.sharp`);
     `nccl_env`: what the proposal added to the workload's environment to turn it on;
     `fabric_version`: the published topology version it was decided on (None: the node labels);
@@ -36,7 +36,7 @@ class JobPlacement(msgspec.Struct, frozen=True, kw_only=True):
     spine group, ...; None for a single host); `sharp_tree`: the SHARP trees it holds while it
     lives (`ibpool_core.sched.sharp.SharpTrees`)."""
 
-    hosts: list[str] = []
+    ranks: list[str] = []
     sharp: bool = False
     sharp_reason: str = ""
     nccl_env: dict[str, str] = {}

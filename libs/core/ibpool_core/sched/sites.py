@@ -67,7 +67,7 @@ def estimate_start(
         return None
 
     def span(j: Job) -> int | None:
-        return min_leaf_span(j.nodes, site.hosts_per_leaf) if j.nodes > 1 and j.topology == "required" else None
+        return min_leaf_span(j.hosts, site.hosts_per_leaf) if j.hosts > 1 and j.topology == "required" else None
 
     # What the site's cycle would start now, backfill included: every queued job that fits now, in
     # order; if the job still fits after them it starts now (the in-order pass below errs late).

@@ -11,13 +11,13 @@ from .args import numeric_args
 
 
 class Fits:
-    """`fits`: the host has at least `gpus_per_node` free GPUs now (its free GPUs less this cycle's
+    """`fits`: the host has at least `gpus_per_host` free GPUs now (its free GPUs less this cycle's
     reservations, `ClusterView.free`). Contract: reads `view.free` only."""
 
     host_local = True
 
     def filter(self, ask: PlacementAsk, view: ClusterView, host: HostState) -> str | None:
-        return None if view.free(host.name) >= ask.gpus_per_node else "too few free GPUs"
+        return None if view.free(host.name) >= ask.gpus_per_host else "too few free GPUs"
 
 
 class Health:

@@ -26,7 +26,7 @@ class ReserveGpus:
 
 class GangBarrier:
     """`gang-barrier` (Permit): a gang is admitted only when all of its members are reserved:
-    `ask.nodes` distinct hosts, each holding `ask.gpus_per_node` GPUs for the job.
+    `ask.hosts` distinct hosts, each holding `ask.gpus_per_host` GPUs for the job.
 
     allow   every member is reserved
     wait    fewer members hold a reservation (members reserved in several steps, e.g. a gang put
@@ -43,15 +43,15 @@ class GangBarrier:
 
     def permit(self, ask: PlacementAsk, view: ClusterView, hosts: Sequence[str]) -> PermitVerdict:
         held = view.held(ask.job_id)
-        wrong = [h for h, g in held.items() if g != ask.gpus_per_node]
+        wrong = [h for h, g in held.items() if g != ask.gpus_per_host]
         if wrong:
             got = held[wrong[0]]
-            return PermitVerdict(kind="reject", reason=f"{wrong[0]} holds {got} GPUs, not {ask.gpus_per_node}")
-        if len(held) > ask.nodes:
-            return PermitVerdict(kind="reject", reason=f"{len(held)} hosts held for a gang of {ask.nodes}")
-        if len(held) < ask.nodes:
+            return PermitVerdict(kind="reject", reason=f"{wrong[0]} holds {got} GPUs, not {ask.gpus_per_host}")
+        if len(held) > ask.hosts:
+            return PermitVerdict(kind="reject", reason=f"{len(held)} hosts held for a gang of {ask.hosts}")
+        if len(held) < ask.hosts:
             return PermitVerdict(
-                kind="wait", reason=f"{len(held)} of {ask.nodes} members reserved", timeout_s=self.timeout_s
+                kind="wait", reason=f"{len(held)} of {ask.hosts} members reserved", timeout_s=self.timeout_s
             )
         return PermitVerdict(kind="allow")
 

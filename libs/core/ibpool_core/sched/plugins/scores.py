@@ -42,7 +42,7 @@ class Topology:
         common = frozenset.intersection(*rail_sets)
         union = frozenset.union(*rail_sets)
         parts.append(100.0 * len(common) / len(union) if union else 0.0)
-        if sharp_wanted(ask.nodes, ask.wants_sharp):
+        if sharp_wanted(ask.hosts, ask.wants_sharp):
             parts.append(100.0 if cov is not None and cov.sharp else 0.0)
         if ask.topology_level is not None and ask.topology_mode == "preferred":
             parts.append(100.0 if cov is not None and cov.level <= ask.topology_level else 0.0)
@@ -109,7 +109,7 @@ class LinkHealthScore:
         return 100.0 if state is None else self._by_state[state]
 
     def filter(self, ask: PlacementAsk, view: ClusterView, host: HostState) -> str | None:
-        if ask.nodes <= 1 and not self.single_hosts:
+        if ask.hosts <= 1 and not self.single_hosts:
             return None
         state = view.host_link.get(host.name)
         return f"link {state}" if state is not None and state in self.reject else None
@@ -128,10 +128,10 @@ class BinPack:
     host_local = True
 
     def score_host(self, ask: PlacementAsk, view: ClusterView, host: HostState) -> float:
-        room = host.total_gpus - ask.gpus_per_node
+        room = host.total_gpus - ask.gpus_per_host
         if room <= 0:
             return 100.0
-        left = view.free(host.name) - ask.gpus_per_node
+        left = view.free(host.name) - ask.gpus_per_host
         return 100.0 * (1.0 - left / room)
 
 
