@@ -27,7 +27,9 @@ BODIES: list[type[msgspec.Struct]] = [JobBody, DeploymentBody, AllocationAsk, Qu
 
 
 class _Request:
-    """What read_body uses of an aiohttp request: the raw body."""
+    """What read_body uses of an aiohttp request: its content type and the raw body."""
+
+    content_type = "application/json"
 
     def __init__(self, body: bytes) -> None:
         self.body = body

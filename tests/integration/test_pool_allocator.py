@@ -78,6 +78,9 @@ def propose(job: str, node_id: str, gpu: int, version: int, lease_s: float = 300
     )
 
 
+JSON = {"Content-Type": "application/json"}
+
+
 async def get(service: Service, path: str) -> tuple[int, Any]:
     async with aiohttp.ClientSession() as s, s.get(f"{service.http_url}{path}") as r:
         return r.status, await r.json()
@@ -85,7 +88,10 @@ async def get(service: Service, path: str) -> tuple[int, Any]:
 
 async def send(service: Service, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
     data = raw if raw is not None else msgspec.json.encode(body) if body is not None else None
-    async with aiohttp.ClientSession() as s, s.request(method, f"{service.http_url}{path}", data=data) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.request(method, f"{service.http_url}{path}", data=data, headers=JSON) as r,
+    ):
         return r.status, await r.json()
 
 
@@ -337,6 +343,42 @@ async def test_http_request_read_release_and_bad_bodies(bus: Bus, store: Store) 
         assert status == 400
         status, body = await send(service, "POST", "/v1/allocations", {**ask(unique("j"), "t", 1), "lease_s": 0})
         assert status == 400
+
+
+async def test_http_inputs_are_bounded_and_an_id_reused_for_another_body_is_409(bus: Bus, store: Store) -> None:
+    node = unique("n")
+    async with running_allocator(bus, store) as (service, allocator):
+        await register(bus, service, node)
+        # Numbers that would overflow a timestamp, and ids that are not subject- and path-safe.
+        for bad, path in (
+            ({"lease_s": 1e16}, "$.lease_s"),
+            ({"lease_s": 31 * 86_400}, "$.lease_s"),
+            ({"id": "a b.c*>"}, "$.id"),
+            ({"id": "../../v1/quotas/evil"}, "$.id"),
+            ({"job_id": "j.1"}, "$.job_id"),
+            ({"cpu_milli": -1}, "$.cpu_milli"),
+        ):
+            status, body = await send(service, "POST", "/v1/allocations", {**ask(unique("j"), "t", 1), **bad})
+            assert status == 400 and body["path"] == path, (bad, body)
+        # A bus command with a lease beyond the bound is refused by the core (no OverflowError).
+        version = allocator.ledger.version
+        cmd = propose(unique("j"), node, 3, version, lease_s=1e16)
+        await bus.publish(cmd)
+
+        async def refused() -> bool:
+            return any("lease_s must be within" in r.detail for r in await events(bus, AllocationRejected, cmd.job_id))
+
+        await eventually(refused, what="the overlong lease refused")
+        # The same id: the same body gets the first answer, another body 409 naming why.
+        job = unique("j")
+        first = {**ask(job, "t", 1), "id": unique("a")}
+        status, granted = await send(service, "POST", "/v1/allocations", first)
+        assert status == 201, granted
+        status, again = await send(service, "POST", "/v1/allocations", first)
+        assert status == 200 and again == granted
+        for other in ({**first, "job_id": unique("j")}, {**first, "tenant": "u"}):
+            status, body = await send(service, "POST", "/v1/allocations", other)
+            assert status == 409 and body["error"] == "allocation id taken" and body["path"] == "$.id", body
 
 
 async def test_two_replicas_never_grant_one_gpu_twice(bus: Bus, store: Store) -> None:

@@ -95,6 +95,9 @@ async def running_scheduler(
         await service.stop()
 
 
+JSON = {"Content-Type": "application/json"}
+
+
 async def pool_stream_next(bus: Bus) -> int:
     """The sequence the next pool message gets: where a ledger replica of a fresh allocator starts."""
     info = await bus.js.stream_info("IBPOOL_POOL")
@@ -103,7 +106,10 @@ async def pool_stream_next(bus: Bus) -> int:
 
 async def call(service: Service[Any], method: str, path: str, body: Any = None) -> tuple[int, Any]:
     data = msgspec.json.encode(body) if body is not None else None
-    async with aiohttp.ClientSession() as s, s.request(method, f"{service.http_url}{path}", data=data) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.request(method, f"{service.http_url}{path}", data=data, headers=JSON) as r,
+    ):
         return r.status, await r.json()
 
 
@@ -353,6 +359,24 @@ async def test_bad_bodies_get_400_with_the_path(bus: Bus, store: Store, stack: S
         assert (await call(service, "GET", "/v1/jobs/nope"))[0] == 404
         status, listed = await call(service, "GET", "/v1/jobs?state=bogus")
         assert status == 400, listed
+
+
+async def test_a_job_id_again_is_the_same_job_or_a_409_naming_what_differs(
+    bus: Bus, store: Store, stack: StackInfo
+) -> None:
+    async with cluster(bus, store, stack, nodes=1) as (service, _, _allocator, _nodes):
+        j = job_id()
+        body = {"id": j, "tenant": "t", "gpus": 1, "workload": {"simulated_runtime_s": 600}}
+        status, first = await call(service, "POST", "/v1/jobs", body)
+        assert status == 201, first
+        status, again = await call(service, "POST", "/v1/jobs", body)
+        assert status == 201 and again["job_id"] == j and again["submitted_at"] == first["submitted_at"], again
+        status, err = await call(service, "POST", "/v1/jobs", {**body, "gpus": 2, "tenant": "u"})
+        assert status == 409 and err["error"] == "job id taken" and err["path"] == "$.id", err
+        assert 'tenant: "t" -> "u"' in err["detail"] and "gpus_per_host: 1 -> 2" in err["detail"], err
+        view = await job_state(service, j)
+        assert (view["tenant"], view["gpus"]) == ("t", 1)  # the stored job is unchanged
+        assert len(await job_events(bus, j, JobQueued)) == 1
 
 
 async def test_job_on_a_failed_node_is_requeued_and_granted_elsewhere(bus: Bus, store: Store, stack: StackInfo) -> None:

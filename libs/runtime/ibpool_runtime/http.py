@@ -1,8 +1,10 @@
 """The HTTP side of a service: /healthz, /readyz, /metrics, its own routes, and clear 4xx errors.
 
 Bodies are ibpool_proto Structs: `await read_body(request, Type)` answers 400 with msgspec's
-error path (`$.gpus[0].memory_mib`) when the JSON is bad or does not validate. Bodies are capped
-at MAX_BODY_BYTES (413).
+error path (`$.gpus[0].memory_mib`) when the JSON is bad or does not validate, and 415 unless the
+request says `Content-Type: application/json` (so a browser's cross-origin "simple" POST, which
+cannot, never reaches a handler). Bodies are capped at MAX_BODY_BYTES (413). A method a path does
+not take answers 405 with `Allow` naming those it does (RFC 9110).
 
 Bearer tokens (`ApiAuth`, on when `api_tokens_file` is set): each token has a role. `operator`
 may do everything; `client` (a scheduler, an autoscaler, a user's tool) may change state except
@@ -27,7 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -41,6 +43,9 @@ log = get_logger(__name__)
 
 T = TypeVar("T")
 MAX_BODY_BYTES = 1 << 20
+# An id a client chooses (a job's, an allocation's): it names NATS subjects and URL paths, so only
+# letters, digits, `_` and `-` (no `.`, `*`, `>`, `/`, spaces).
+SafeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
 
 Readiness = Callable[[], Awaitable[dict[str, bool]]]
 RefreshMetrics = Callable[[], Awaitable[None]]
@@ -60,6 +65,10 @@ def _error(status: int, error: str, detail: str = "", path: str | None = None) -
     return json_response(ErrorBody(error=error, detail=detail, path=path), status=status)
 
 
+class UnsupportedMediaType(Exception):
+    """A request body that is not declared as JSON; answered with 415."""
+
+
 class BadBody(Exception):
     """A request body that is not valid JSON or not the expected Struct; answered with 400."""
 
@@ -70,7 +79,10 @@ class BadBody(Exception):
 
 
 async def read_body(request: web.Request, body_type: type[T]) -> T:
-    """Decode and validate a JSON body as `body_type`; 400 naming the bad field otherwise."""
+    """Decode and validate a JSON body as `body_type`; 400 naming the bad field otherwise, 415
+    when the request does not declare it as JSON."""
+    if request.content_type != "application/json":
+        raise UnsupportedMediaType(request.headers.get("Content-Type", ""))
     raw = await request.read()
     try:
         value = msgspec.json.decode(raw, type=body_type)
@@ -129,12 +141,16 @@ async def _errors(
         return await handler(request)
     except BadBody as e:
         return _error(400, "invalid request body", e.detail, e.path)
+    except UnsupportedMediaType as e:
+        got = f"got {str(e)!r}" if str(e) else "got none"
+        return _error(415, "unsupported media type", f"send the body as Content-Type: application/json ({got})")
     except web.HTTPNotFound:
         return _error(404, "not found", f"no route for {request.method} {request.path}")
     except web.HTTPMethodNotAllowed as e:
-        return _error(
-            405, "method not allowed", f"{request.method} {request.path}; allowed: {sorted(e.allowed_methods)}"
-        )
+        allowed = sorted(e.allowed_methods)
+        response = _error(405, "method not allowed", f"{request.method} {request.path}; allowed: {allowed}")
+        response.headers["Allow"] = ", ".join(allowed)
+        return response
     except web.HTTPRequestEntityTooLarge:
         return _error(413, "request body too large", f"limit is {MAX_BODY_BYTES} bytes")
     except web.HTTPException:
@@ -186,9 +202,13 @@ class ApiAuth:
         return cls(roles, cfg.api_protect_reads, paths)
 
     def role_of(self, header: str | None) -> str | None:
-        if not header or not header.startswith("Bearer "):
+        """The role of the token in an `Authorization` header; the scheme is matched without regard
+        to case (RFC 7235: `Bearer`, `bearer`, `BEARER`)."""
+        scheme, _, token = (header or "").strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
             return None
-        presented = _digest(header.removeprefix("Bearer ").strip())
+        presented = _digest(token)
         found = None
         for digest, role in self.roles.items():  # every digest compared, so timing says nothing
             if hmac.compare_digest(digest, presented):
@@ -320,6 +340,7 @@ def openapi_document(app: web.Application, title: str, auth: ApiAuth | None = No
                 op["requestBody"] = {"required": True, "content": body_content}
                 errors.setdefault(400, "invalid request body")
                 errors.setdefault(413, "request body too large")
+                errors.setdefault(415, "the body is not declared as application/json")
             if doc.query:
                 errors.setdefault(400, "invalid query parameter")
         if params:

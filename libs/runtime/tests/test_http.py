@@ -9,6 +9,8 @@ from ibpool_proto.pool import ProposePlacement
 from ibpool_runtime.http import create_app, json_response, read_body
 from ibpool_runtime.metrics import ServiceMetrics
 
+JSON = {"Content-Type": "application/json"}
+
 
 async def ready() -> dict[str, bool]:
     return {"bus": True, "store": False}
@@ -34,7 +36,7 @@ async def client() -> TestClient:
 async def test_bad_json_is_400_saying_malformed() -> None:
     c = await client()
     try:
-        r = await c.post("/v1/proposals", data=b"{not json")
+        r = await c.post("/v1/proposals", data=b"{not json", headers=JSON)
         body = await r.json()
         assert r.status == 400 and body["error"] == "invalid request body" and "malformed JSON" in body["detail"]
     finally:
@@ -68,12 +70,28 @@ async def test_invalid_body_is_400_with_the_field_path() -> None:
 async def test_too_large_body_is_413_unknown_route_404_wrong_method_405() -> None:
     c = await client()
     try:
-        r = await c.post("/v1/proposals", data=b"x" * (2 << 20))
+        r = await c.post("/v1/proposals", data=b"x" * (2 << 20), headers=JSON)
         assert r.status == 413 and (await r.json())["error"] == "request body too large"
         r = await c.get("/v1/nothing")
         assert r.status == 404 and "GET /v1/nothing" in (await r.json())["detail"]
         r = await c.get("/v1/proposals")
-        assert r.status == 405
+        assert r.status == 405 and r.headers["Allow"] == "POST"
+    finally:
+        await c.close()
+
+
+async def test_a_body_not_declared_as_json_is_415_before_the_handler() -> None:
+    # A browser's cross-origin "simple" POST can only send text/plain, form or multipart bodies.
+    c = await client()
+    try:
+        doc = b'{"job_id": "j"}'
+        for headers in ({"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"}, {}):
+            r = await c.post("/v1/proposals", data=doc, headers=headers)
+            body = await r.json()
+            assert r.status == 415 and body["error"] == "unsupported media type", (headers, body)
+            assert "application/json" in body["detail"]
+        r = await c.post("/v1/proposals", data=doc, headers={"Content-Type": "application/json; charset=utf-8"})
+        assert r.status == 400 and (await r.json())["error"] == "invalid request body"  # JSON, but not a proposal
     finally:
         await c.close()
 

@@ -71,6 +71,16 @@ async def test_each_role_may_do_what_its_role_allows(tmp_path: Path, protect_rea
                 assert r.headers["WWW-Authenticate"].startswith("Bearer")
         r = await c.post("/v1/allocations", headers={"Authorization": "Bearer op-secre"})
         assert r.status == 401 and (await r.json())["error"] == "unauthorized"
+        # RFC 7235: the scheme is case-insensitive; another scheme or no token is not a bearer token
+        for header, want in (
+            (f"bearer {TOKENS['operator']}", 200),
+            (f"BEARER  {TOKENS['operator']}", 200),
+            (f"Basic {TOKENS['operator']}", 401),
+            ("Bearer", 401),
+            (TOKENS["operator"], 401),
+        ):
+            r = await c.put("/v1/quotas/team-a", headers={"Authorization": header})
+            assert r.status == want, (header, r.status)
     finally:
         await c.close()
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 import msgspec
 from aiohttp import web
 
 from ibpool_core.fabric.view import FabricAbout
 from ibpool_core.pool import quotas
+from ibpool_core.pool.allocate import MAX_CPU_MILLI, MAX_HOST_MEMORY_MIB, MAX_LEASE_S
 from ibpool_core.pool.ledger import Allocation, Ledger
 from ibpool_core.pool.pool_fragmentation import Measure, PoolFragmentation, measure_fragmentation
 from ibpool_proto import new_id
@@ -24,7 +26,7 @@ from ibpool_proto.pool import (
     Share,
     WorkloadSpec,
 )
-from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
+from ibpool_runtime.http import BadBody, ErrorBody, SafeId, documented, json_response, read_body
 
 from .service import PoolAllocator
 
@@ -97,18 +99,20 @@ class AllocationView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class AllocationAsk(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """POST /v1/allocations: a RequestAllocation without its envelope. `id` makes a retry idempotent."""
+    """POST /v1/allocations: a RequestAllocation without its envelope. `id` makes a retry idempotent:
+    the same body under the same id gets the first answer again, another body 409. Ids are of the
+    subject-safe alphabet (letters, digits, `_`, `-`): they name NATS subjects and URL paths."""
 
-    job_id: str
-    tenant: str
-    queue: str
+    job_id: SafeId
+    tenant: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    queue: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     request: ResourceRequest
-    lease_s: float | None = None
+    lease_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_LEASE_S)] | None = None
     workload: WorkloadSpec | None = None
-    client_node_id: str | None = None
-    cpu_milli: int = 0
-    host_memory_mib: int = 0
-    id: str | None = None
+    client_node_id: SafeId | None = None
+    cpu_milli: Annotated[int, msgspec.Meta(ge=0, le=MAX_CPU_MILLI)] = 0
+    host_memory_mib: Annotated[int, msgspec.Meta(ge=0, le=MAX_HOST_MEMORY_MIB)] = 0
+    id: SafeId | None = None
 
 
 class QuotaBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -217,6 +221,22 @@ def _not_found(detail: str) -> web.Response:
     return json_response({"error": "not found", "detail": detail}, status=404)
 
 
+def answered_otherwise(answer: Sequence[object], cmd: RequestAllocation, ledger: Ledger) -> str | None:
+    """Why the first answer to `cmd.id` was to another request (its events name another job, or the
+    live allocation of that id another tenant, queue or kind), or None when it is this one again."""
+    for ev in answer:
+        job = getattr(ev, "job_id", None)
+        if job is not None and job != cmd.job_id:
+            return f"was used for job {job}, not {cmd.job_id}"
+    alloc = ledger.allocations.get(cmd.id)
+    if alloc is not None:
+        held = (alloc.tenant, alloc.queue, alloc.kind)
+        asked = (cmd.tenant, cmd.queue, cmd.request.kind)
+        if held != asked:
+            return f"holds tenant/queue/kind {'/'.join(held)}, asked {'/'.join(asked)}"
+    return None
+
+
 def routes(allocator: PoolAllocator) -> web.RouteTableDef:
     r = web.RouteTableDef()
     source = allocator.kit.source
@@ -246,8 +266,6 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
     @documented("Request an allocation", {200: Granted, 201: Granted, 409: ErrorBody}, body=AllocationAsk)
     async def request_allocation(request: web.Request) -> web.Response:
         ask = await read_body(request, AllocationAsk)
-        if ask.lease_s is not None and ask.lease_s <= 0:
-            raise BadBody("lease_s must be positive", "$.lease_s")
         try:
             cmd = RequestAllocation(
                 id=ask.id or new_id(),
@@ -267,6 +285,10 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
         except ValueError as e:
             raise BadBody(str(e), "$.job_id") from None
         decision = await allocator.submit(cmd)
+        if decision.repeat and (differs := answered_otherwise(decision.events, cmd, allocator.ledger)) is not None:
+            return json_response(
+                ErrorBody(error="allocation id taken", detail=f"id {cmd.id} {differs}", path="$.id"), status=409
+            )
         rejection = decision.rejection
         if rejection is not None:
             return json_response(

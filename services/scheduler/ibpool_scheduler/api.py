@@ -15,13 +15,16 @@ from ibpool_core.sched.waits import WaitCode
 from ibpool_proto import new_id
 from ibpool_proto.job import JobSpec, TopologyConstraint
 from ibpool_proto.pool import GpuAssignment, MemberFailure, ResourceRequest, WorkloadSpec
-from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
+from ibpool_runtime.http import BadBody, ErrorBody, SafeId, documented, json_response, read_body
 
 from . import state
 from .predictor import ModelStatus, status_of
-from .service import Scheduler
+from .service import IdTaken, Scheduler
 
-JobId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
+JobId = SafeId
+# The longest time limit a job may name (a year): it becomes a planned end, a number far beyond any
+# job's life is a mistake.
+MAX_TIME_LIMIT_S = 365 * 86_400.0
 _STATES = ("queued", "proposed", "scheduled", "running", "completed", "failed", "cancelled", "killed")
 
 
@@ -53,7 +56,7 @@ class JobBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     topology: TopologyBody = TopologyBody()
     dataset: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] | None = None
     gpu_model: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
-    time_limit_s: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
+    time_limit_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_TIME_LIMIT_S)] | None = None
     workload: WorkloadSpec | None = None
     # A gang's answer to a failed member: "restart" the gang, or "replace" only the failed member
     # (elastic or hot-spare-capable multi-node jobs); not for single-host jobs.
@@ -296,7 +299,7 @@ def _query_int(request: web.Request, name: str, default: int, low: int, high: in
 def routes(scheduler: Scheduler) -> list[web.RouteDef]:
     store = scheduler.kit.store
 
-    @documented("Submit a job", {201: JobView}, body=JobBody)
+    @documented("Submit a job", {201: JobView, 409: ErrorBody}, body=JobBody)
     async def submit(request: web.Request) -> web.Response:
         body = await read_body(request, JobBody)
         spec = spec_of(body)
@@ -305,6 +308,8 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
             accepted = await scheduler.accept(tx, job_id, spec)
         if isinstance(accepted, str):
             return json_response({"error": "not accepted", "detail": accepted}, status=400)
+        if isinstance(accepted, IdTaken):
+            return json_response(ErrorBody(error="job id taken", detail=accepted.text(), path="$.id"), status=409)
         return json_response(job_view(accepted), status=201)
 
     @documented(

@@ -144,6 +144,16 @@ def seeded_usage(
     return FairShareState(usage_gpu_s=usage, updated_at=now.timestamp())
 
 
+class IdTaken(msgspec.Struct, frozen=True, kw_only=True):
+    """A submission under the id of another job: what differs (`field: stored -> asked`)."""
+
+    job_id: str
+    differences: list[str]
+
+    def text(self) -> str:
+        return f"job id {self.job_id} is taken by a different job: " + "; ".join(self.differences)
+
+
 def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord | str:
     """The new job's record, or what is wrong with the spec."""
     r = spec.request
@@ -154,7 +164,7 @@ def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord 
     if r.milli < 1000 and (r.gpus_per_host != 1 or r.hosts != 1):
         return "a fraction is one share of one GPU on one host"
     if spec.on_member_failure == "replace" and r.hosts < 2:
-        return "on_member_failure 'replace' is for multi-node jobs (hosts >= 2); a single-host job restarts"
+        return "on_member_failure 'replace' is for multi-host jobs (hosts >= 2); a single-host job restarts"
     if spec.workload is not None and (bad := jobs.env_problem(spec.workload.env)) is not None:
         return bad[1]
     if len(set(spec.sites)) != len(spec.sites) or not all(spec.sites):
@@ -341,6 +351,8 @@ class Scheduler:
             accepted = await self.accept(ctx.tx, message.job_id, message.spec)
             if isinstance(accepted, str):
                 log.info("submission not accepted", job_id=message.job_id, why=accepted)
+            elif isinstance(accepted, IdTaken):
+                log.warning("submission not accepted: its job id is taken", job_id=message.job_id, why=accepted.text())
             return
         assert isinstance(message, lifecycle.News)
         job = await state.lock_job(ctx.tx, message.job_id)
@@ -391,8 +403,9 @@ class Scheduler:
             return 'a job naming sites needs the framework placement (`placement = "framework"`)'
         return record
 
-    async def accept(self, tx: Transaction, job_id: str, spec: JobSpec) -> JobRecord | str:
-        """Queue a new job (JobQueued); a repeated id returns the stored job; a bad spec, why."""
+    async def accept(self, tx: Transaction, job_id: str, spec: JobSpec) -> JobRecord | str | IdTaken:
+        """Queue a new job (JobQueued). The same submission again returns the stored job; another
+        one under a taken id is `IdTaken` (its differences); a bad spec, why."""
         done, stored = state.taken_insert(tx, job_id)  # inserted by `prepare` with its batch
         if done and stored is not None:
             record = stored
@@ -403,7 +416,11 @@ class Scheduler:
                 return admitted
             record = admitted
             if done or not await state.insert_job(tx.conn, record, now):
-                return await state.read_job(tx, job_id) or record
+                held = await state.read_job(tx, job_id)
+                if held is None:
+                    return record
+                differences = jobs.spec_differences(held, record)
+                return IdTaken(job_id=job_id, differences=differences) if differences else held
         await tx.outbox(
             JobQueued(
                 source=self.kit.source,

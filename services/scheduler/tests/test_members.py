@@ -66,7 +66,7 @@ def test_replace_on_a_single_host_job_is_refused_with_the_path() -> None:
         name="", tenant="a", request=ResourceRequest(kind="whole", gpus_per_host=8), on_member_failure="replace"
     )
     assert record_from_spec("j", spec, T0) == (
-        "on_member_failure 'replace' is for multi-node jobs (hosts >= 2); a single-host job restarts"
+        "on_member_failure 'replace' is for multi-host jobs (hosts >= 2); a single-host job restarts"
     )
 
 

@@ -16,7 +16,7 @@ news (NodeFailed ...) is idempotent by state: news that changes nothing gives no
 Commit rule of ProposePlacement (an exact assignment computed on ledger version V). The checks
 run in this order; the first that fails is the rejection's reason:
 
-1. invalid: no assignment, V above the ledger's version, a lease of 0 s or less, a node never
+1. invalid: no assignment, V above the ledger's version, a lease outside (0 s, 30 days], a node never
    registered, a GPU index the node does not have, a GPU named twice, milli outside 1..1000, a
    fraction's memory outside 1..the GPU's, a whole GPU with less than all its memory, a MIG
    profile the GPU cannot run, or no kind fits the shape (see `_shape`); for remote use, a client
@@ -369,8 +369,8 @@ def _propose(ctx: _Ctx, cmd: proto.ProposePlacement) -> Decision:
 
     if not cmd.assignments:
         return reject("invalid", "the proposal assigns no GPU")
-    if cmd.lease_s <= 0 or cpu < 0 or host_memory < 0:
-        return reject("invalid", "lease_s must be positive, cpu_milli and host_memory_mib not negative")
+    if (problem := _amounts_problem(cmd.lease_s, cpu, host_memory)) is not None:
+        return reject("invalid", problem)
     shaped = _admitted(ledger, cmd, {a.node_id for a in cmd.assignments}, client)
     if isinstance(shaped, _Refusal):
         return reject(*shaped)
@@ -762,9 +762,7 @@ def _request(ctx: _Ctx, cmd: proto.RequestAllocation) -> Decision:
     def reject(reason: RejectReason, detail: str) -> Decision:
         return ctx.reject(cmd.id, cmd.job_id, reason, detail)
 
-    problem = _request_problem(r, client)
-    if problem is None and (cmd.lease_s <= 0 or cpu < 0 or host_memory < 0):
-        problem = "lease_s must be positive, cpu_milli and host_memory_mib not negative"
+    problem = _request_problem(r, client) or _amounts_problem(cmd.lease_s, cpu, host_memory)
     if problem is not None:
         return reject("invalid", problem)
     what = _describe(r)
@@ -860,6 +858,23 @@ def _describe(r: ResourceRequest) -> str:
     return f"{gpus} ({model})"
 
 
+# The longest lease a grant or a renewal may ask (30 days): every lease becomes a timestamp, and a
+# lease far beyond any job's life is a mistake or an attack (1e16 s overflows a datetime).
+MAX_LEASE_S = 30 * 86_400.0
+# Host CPU and memory a request may ask beside its GPUs: bounds far above any node's.
+MAX_CPU_MILLI = 1 << 30
+MAX_HOST_MEMORY_MIB = 1 << 40
+
+
+def _amounts_problem(lease_s: float, cpu_milli: int, host_memory_mib: int) -> str | None:
+    """What is wrong with a command's lease and host amounts (NaN and infinity included), or None."""
+    if not 0 < lease_s <= MAX_LEASE_S:
+        return f"lease_s must be within (0, {MAX_LEASE_S:.0f}] s, got {lease_s}"
+    if not 0 <= cpu_milli <= MAX_CPU_MILLI or not 0 <= host_memory_mib <= MAX_HOST_MEMORY_MIB:
+        return "cpu_milli and host_memory_mib must not be negative (nor absurdly large)"
+    return None
+
+
 def _request_problem(r: ResourceRequest, client: str | None) -> str | None:
     if r.gpus_per_host < 1 or r.hosts < 1:
         return "gpus and hosts must be at least 1"
@@ -952,8 +967,8 @@ def _renew(ctx: _Ctx, cmd: RenewLease) -> Decision:
         return ctx.reject(
             cmd.id, alloc.job_id, "invalid", f"{cmd.holder!r} does not hold allocation {cmd.allocation_id}"
         )
-    if cmd.extend_s <= 0:
-        return ctx.reject(cmd.id, alloc.job_id, "invalid", "extend_s must be positive")
+    if not 0 < cmd.extend_s <= MAX_LEASE_S:
+        return ctx.reject(cmd.id, alloc.job_id, "invalid", f"extend_s must be within (0, {MAX_LEASE_S:.0f}] s")
     if ctx.now >= alloc.lease_expires_at:
         return ctx.reject(cmd.id, alloc.job_id, "invalid", f"the lease ran out at {alloc.lease_expires_at.isoformat()}")
     expires = max(alloc.lease_expires_at, ctx.now + dt.timedelta(seconds=cmd.extend_s))

@@ -140,6 +140,39 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_ENV_BYTES = 64 * 1024
 
 
+# What a submission asks, field by field: two submissions under one job id are the same job only
+# when these agree (the job's state, times and placement are not asked for).
+SPEC_FIELDS = (
+    "name",
+    "tenant",
+    "queue",
+    "priority",
+    "gpus_per_host",
+    "hosts",
+    "milli",
+    "memory_mib",
+    "topology",
+    "topology_level",
+    "dataset",
+    "gpu_model",
+    "sites",
+    "time_limit_s",
+    "workload",
+    "on_member_failure",
+)
+
+
+def spec_differences(stored: JobRecord, asked: JobRecord) -> list[str]:
+    """The fields of `asked` (a new submission's record) that differ from the job stored under the
+    same id, as `field: stored -> asked`; empty when it is the same submission again."""
+    out = []
+    for name in SPEC_FIELDS:
+        a, b = getattr(stored, name), getattr(asked, name)
+        if a != b:
+            out.append(f"{name}: {msgspec.json.encode(a).decode()} -> {msgspec.json.encode(b).decode()}")
+    return out
+
+
 def env_problem(env: dict[str, str]) -> tuple[str, str] | None:
     """(the variable, what is wrong) for an environment no process could be started with, else None:
     names are letters, digits and `_` (not starting with a digit), values hold no NUL byte, and all of
