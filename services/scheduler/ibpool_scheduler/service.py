@@ -34,7 +34,7 @@ from ibpool_core.fabric.view import FabricState, FabricView
 from ibpool_core.sched import lifecycle
 from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
-from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors
+from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors, seeded_usage
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
 from ibpool_core.sched.pool_cycle import (
     CyclePlan,
@@ -44,11 +44,12 @@ from ibpool_core.sched.pool_cycle import (
     ProposalStamp,
     QueueRule,
     job_changes,
+    leases_due,
     plan_cycle,
 )
 from ibpool_core.sched.profiles import SCHEDULER_PROFILE
 from ibpool_core.sched.queueing import QueuePolicy, make_policy
-from ibpool_core.sched.records import JobRecord
+from ibpool_core.sched.records import JobRecord, record_from_spec
 from ibpool_proto import Message
 from ibpool_proto.health import RequeueRequested
 from ibpool_proto.job import (
@@ -124,26 +125,6 @@ class Every:
         self._last = -math.inf
 
 
-def seeded_usage(
-    history: list[tuple[str, int, float, dt.datetime]],
-    live: list[JobRecord],
-    now: dt.datetime,
-    half_life_s: float,
-) -> FairShareState:
-    """Fair-share usage at `now` from the job history: each ended job's GPU-seconds, decayed from
-    when it ended, plus what the jobs holding GPUs used since they started (decay inside a job's
-    run is not modelled). What a new leader starts from."""
-    usage: dict[str, float] = {}
-    for tenant, gpus, runtime_s, ended in history:
-        age = max(0.0, (now - ended).total_seconds())
-        usage[tenant] = usage.get(tenant, 0.0) + gpus * runtime_s * 0.5 ** (age / half_life_s)
-    for job in live:
-        since = job.started_at or job.scheduled_at
-        if job.holding and since is not None:
-            usage[job.tenant] = usage.get(job.tenant, 0.0) + job.gpus * max(0.0, (now - since).total_seconds())
-    return FairShareState(usage_gpu_s=usage, updated_at=now.timestamp())
-
-
 class IdTaken(msgspec.Struct, frozen=True, kw_only=True):
     """A submission under the id of another job: what differs (`field: stored -> asked`)."""
 
@@ -152,44 +133,6 @@ class IdTaken(msgspec.Struct, frozen=True, kw_only=True):
 
     def text(self) -> str:
         return f"job id {self.job_id} is taken by a different job: " + "; ".join(self.differences)
-
-
-def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord | str:
-    """The new job's record, or what is wrong with the spec."""
-    r = spec.request
-    if r.kind in ("mig", "remote") or r.mig_profile:
-        return f"request kind {r.kind!r} is not scheduled here; ask the pool allocator"
-    if r.hosts < 1 or r.gpus_per_host < 1 or not 1 <= r.milli <= 1000:
-        return "request needs hosts >= 1, gpus (per host) >= 1 and milli in 1..1000"
-    if r.milli < 1000 and (r.gpus_per_host != 1 or r.hosts != 1):
-        return "a fraction is one share of one GPU on one host"
-    if spec.on_member_failure == "replace" and r.hosts < 2:
-        return "on_member_failure 'replace' is for multi-host jobs (hosts >= 2); a single-host job restarts"
-    if spec.workload is not None and (bad := jobs.env_problem(spec.workload.env)) is not None:
-        return bad[1]
-    if len(set(spec.sites)) != len(spec.sites) or not all(spec.sites):
-        return f"sites must be distinct, non-empty names, got {spec.sites}"
-    return JobRecord(
-        job_id=job_id,
-        name=spec.name,
-        tenant=spec.tenant,
-        queue=spec.queue,
-        priority=spec.priority,
-        gpus_per_host=r.gpus_per_host,
-        hosts=r.hosts,
-        milli=r.milli,
-        memory_mib=r.memory_mib,
-        topology=spec.topology,
-        topology_level=spec.topology_level,
-        dataset=spec.dataset,
-        gpu_model=r.gpu_model,
-        sites=list(spec.sites),
-        time_limit_s=spec.runtime_limit_s,
-        workload=spec.workload,
-        submitted_at=now,
-        queued_at=now,
-        on_member_failure=spec.on_member_failure,
-    )
 
 
 class Scheduler:
@@ -714,24 +657,20 @@ class Scheduler:
         )
 
     def renewals(self, live: list[JobRecord], now: dt.datetime) -> list[RenewLease]:
-        """Renew the leases of held allocations with less than half of `lease_s` left (once per quarter)."""
+        """Renew the leases the core finds due (`leases_due`), each at most once per quarter of `lease_s`."""
         out: list[RenewLease] = []
-        half = dt.timedelta(seconds=self.cfg.lease_s / 2)
         clock = time.monotonic()
         allocations = self.feed.ledger.allocations
-        for job in live:
-            alloc = allocations.get(job.allocation_id or "") if job.holding else None
-            if alloc is None or alloc.lease_expires_at - now > half:
-                continue
-            if clock - self._renewed.get(alloc.allocation_id, -1e18) < self.cfg.lease_s / 4:
-                continue
-            self._renewed[alloc.allocation_id] = clock
+        for job_id, allocation_id in leases_due(live, allocations, now, self.cfg.lease_s):
+            if clock - self._renewed.get(allocation_id, -1e18) < self.cfg.lease_s / 4:
+                continue  # renewed lately: the renewal is on its way
+            self._renewed[allocation_id] = clock
             out.append(
                 RenewLease(
                     source=self.kit.source,
-                    key=alloc.allocation_id,
-                    allocation_id=alloc.allocation_id,
-                    holder=job.job_id,
+                    key=allocation_id,
+                    allocation_id=allocation_id,
+                    holder=job_id,
                     extend_s=self.cfg.lease_s,
                 )
             )

@@ -23,7 +23,7 @@ from ibpool_core.sched.pool_cycle import (
     taken_in_flight,
 )
 from ibpool_core.sched.queueing import make_policy
-from ibpool_core.sched.records import JobRecord
+from ibpool_core.sched.records import JobRecord, record_from_spec
 from ibpool_proto.job import JobSpec
 from ibpool_proto.node import GpuInfo, NodeRegistered
 from ibpool_proto.pool import GpuAssignment, ProposePlacement, ResourceRequest
@@ -34,7 +34,7 @@ from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit
 from ibpool_scheduler.api import JobBody, spec_of
 from ibpool_scheduler.config import SchedulerConfig
-from ibpool_scheduler.service import Scheduler, record_from_spec
+from ibpool_scheduler.service import Scheduler
 
 T0 = dt.datetime(2026, 12, 1, 14, 0, tzinfo=dt.UTC)
 MODEL = "NVIDIA H100 80GB HBM3"

@@ -37,3 +37,30 @@ def test_a_start_is_proposed_a_wait_is_explained_and_an_unchanged_wait_is_not_wr
     # The next cycle reads what was written: the same wait changes nothing.
     again = job_changes(plan, {**by_id, "too-big": waiting}, now, LifecycleConfig(source="scheduler-1"), STAMP)
     assert "too-big" not in again
+
+
+def test_leases_with_less_than_half_left_are_due_for_renewal() -> None:
+    from ibpool_core.pool.ledger import Allocation
+    from ibpool_core.sched.pool_cycle import leases_due
+
+    now = T0 + dt.timedelta(hours=1)
+
+    def alloc(name: str, left_s: float) -> Allocation:
+        return Allocation(
+            allocation_id=f"a-{name}",
+            command_id=f"a-{name}",
+            job_id=name,
+            tenant="t",
+            queue="q",
+            kind="whole",
+            nodes=("n1",),
+            grants=(),
+            lease_expires_at=now + dt.timedelta(seconds=left_s),
+        )
+
+    held = {name: job(name, 1, state="running", allocation_id=f"a-{name}") for name in ("soon", "later", "edge")}
+    allocations = {a.allocation_id: a for a in (alloc("soon", 100), alloc("later", 200), alloc("edge", 150))}
+    queued = job("queued", 1, allocation_id="a-soon")  # not holding: never renewed
+    due = leases_due([*held.values(), queued], allocations, now, lease_s=300)
+    assert due == [("soon", "a-soon"), ("edge", "a-edge")]
+    assert leases_due([job("gone", 1, state="running", allocation_id="a-x")], allocations, now, 300) == []

@@ -10,12 +10,12 @@ import pytest
 from ibpool_core.pool import allocate as al
 from ibpool_core.sched.members import choose_host, replacements_due
 from ibpool_core.sched.pool_cycle import LeafSource
+from ibpool_core.sched.records import record_from_spec
 from ibpool_proto.health import NodeFailed
 from ibpool_proto.job import JobSpec
 from ibpool_proto.pool import GpuAssignment, ProposePlacement, ResourceRequest
 from ibpool_runtime.http import BadBody
 from ibpool_scheduler.api import JobBody, spec_of
-from ibpool_scheduler.service import record_from_spec
 
 from .test_glue import T0, job, ledger_of, node
 

@@ -15,7 +15,7 @@ from ibpool_core.fabric.model import rename_hosts
 from ibpool_core.fabric.view import FabricView, fabric_state
 from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
-from ibpool_core.sched.fairshare import fairshare_factors
+from ibpool_core.sched.fairshare import fairshare_factors, seeded_usage
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
 from ibpool_core.sched.pool_cycle import PlacementInputs, PlanCache, plan_cycle
 from ibpool_core.sched.queueing import make_policy
@@ -29,7 +29,7 @@ from ibpool_runtime.service import Kit
 from ibpool_scheduler.api import queue_views
 from ibpool_scheduler.config import SchedulerConfig
 from ibpool_scheduler.node_feed import NodeFeed, link_guids, telemetry_of
-from ibpool_scheduler.service import DEFAULT_PROFILE, Scheduler, seeded_usage
+from ibpool_scheduler.service import DEFAULT_PROFILE, Scheduler
 
 from .test_glue import T0, job, ledger_of, node
 

@@ -10,10 +10,9 @@ import msgspec
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.pool_cycle import PlacementInputs, plan_cycle
 from ibpool_core.sched.queueing import make_policy
-from ibpool_core.sched.records import JobRecord
+from ibpool_core.sched.records import JobRecord, record_from_spec
 from ibpool_proto.job import JobSpec
 from ibpool_proto.pool import GpuAssignment, ResourceRequest
-from ibpool_scheduler.service import record_from_spec
 
 from .test_glue import T0, job, ledger_of, node
 from .test_placement_and_queues import framework, hosts_of

@@ -9,9 +9,14 @@ policy adds `fairshare_weight * F` to a job's score.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
+
+if TYPE_CHECKING:
+    from ibpool_core.sched.records import JobRecord
 
 DEFAULT_HALF_LIFE_S = 7 * 86_400.0  # Slurm's PriorityDecayHalfLife default
 
@@ -53,3 +58,23 @@ def fairshare_factors(
         share = raw_shares[tenant] / total_shares
         factors[tenant] = 2.0 ** (-used / share) if share > 0 else 0.0
     return factors
+
+
+def seeded_usage(
+    history: Sequence[tuple[str, int, float, dt.datetime]],
+    live: Sequence[JobRecord],
+    now: dt.datetime,
+    half_life_s: float,
+) -> FairShareState:
+    """Fair-share usage at `now` from the job history: each ended job's GPU-seconds, decayed from
+    when it ended, plus what the jobs holding GPUs used since they started (decay inside a job's
+    run is not modelled). What a new leader starts from."""
+    usage: dict[str, float] = {}
+    for tenant, gpus, runtime_s, ended in history:
+        age = max(0.0, (now - ended).total_seconds())
+        usage[tenant] = usage.get(tenant, 0.0) + gpus * runtime_s * 0.5 ** (age / half_life_s)
+    for job in live:
+        since = job.started_at or job.scheduled_at
+        if job.holding and since is not None:
+            usage[job.tenant] = usage.get(job.tenant, 0.0) + job.gpus * max(0.0, (now - since).total_seconds())
+    return FairShareState(usage_gpu_s=usage, updated_at=now.timestamp())

@@ -19,7 +19,7 @@ import msgspec
 from ibpool_core.fabric.index import FabricIndex
 from ibpool_core.fabric.link_health import LinkState
 from ibpool_core.fabric.view import FabricState
-from ibpool_core.pool.ledger import Ledger, Node
+from ibpool_core.pool.ledger import Allocation, Ledger, Node
 from ibpool_core.sched import framework as fw
 from ibpool_core.sched import lifecycle, records
 from ibpool_core.sched.cycle import CycleConfig
@@ -962,3 +962,17 @@ def job_changes(
         if (new.site, new.site_reason) != (site, why):
             changes[job_id] = (old, msgspec.structs.replace(new, site=site, site_reason=why), commands)
     return changes
+
+
+def leases_due(
+    live: Iterable[JobRecord], allocations: Mapping[str, Allocation], now: dt.datetime, lease_s: float
+) -> list[tuple[str, str]]:
+    """(job id, allocation id) of every held allocation whose lease has less than half of `lease_s`
+    left: the scheduler renews them (`RenewLease`, extending by `lease_s`)."""
+    half = dt.timedelta(seconds=lease_s / 2)
+    out = []
+    for job in live:
+        alloc = allocations.get(job.allocation_id or "") if job.holding else None
+        if alloc is not None and alloc.lease_expires_at - now <= half:
+            out.append((job.job_id, alloc.allocation_id))
+    return out

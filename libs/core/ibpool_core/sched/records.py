@@ -18,7 +18,7 @@ import msgspec
 
 from ibpool_core.sched.sharp import SharpTree
 from ibpool_core.sched.waits import WaitCode
-from ibpool_proto.job import FinalState, TopologyConstraint
+from ibpool_proto.job import FinalState, JobSpec, TopologyConstraint
 from ibpool_proto.pool import GpuAssignment, MemberFailure, WorkloadSpec
 
 JobState = Literal["queued", "proposed", "scheduled", "running", "completed", "failed", "cancelled", "killed"]
@@ -276,4 +276,42 @@ def finished(
 ) -> JobRecord:
     return msgspec.structs.replace(
         job, state=state, reason=why, finished_at=at, exit_code=exit_code, runtime_s=runtime_s, proposal=[]
+    )
+
+
+def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord | str:
+    """The new job's record, or what is wrong with the spec."""
+    r = spec.request
+    if r.kind in ("mig", "remote") or r.mig_profile:
+        return f"request kind {r.kind!r} is not scheduled here; ask the pool allocator"
+    if r.hosts < 1 or r.gpus_per_host < 1 or not 1 <= r.milli <= 1000:
+        return "request needs hosts >= 1, gpus (per host) >= 1 and milli in 1..1000"
+    if r.milli < 1000 and (r.gpus_per_host != 1 or r.hosts != 1):
+        return "a fraction is one share of one GPU on one host"
+    if spec.on_member_failure == "replace" and r.hosts < 2:
+        return "on_member_failure 'replace' is for multi-host jobs (hosts >= 2); a single-host job restarts"
+    if spec.workload is not None and (bad := env_problem(spec.workload.env)) is not None:
+        return bad[1]
+    if len(set(spec.sites)) != len(spec.sites) or not all(spec.sites):
+        return f"sites must be distinct, non-empty names, got {spec.sites}"
+    return JobRecord(
+        job_id=job_id,
+        name=spec.name,
+        tenant=spec.tenant,
+        queue=spec.queue,
+        priority=spec.priority,
+        gpus_per_host=r.gpus_per_host,
+        hosts=r.hosts,
+        milli=r.milli,
+        memory_mib=r.memory_mib,
+        topology=spec.topology,
+        topology_level=spec.topology_level,
+        dataset=spec.dataset,
+        gpu_model=r.gpu_model,
+        sites=list(spec.sites),
+        time_limit_s=spec.runtime_limit_s,
+        workload=spec.workload,
+        submitted_at=now,
+        queued_at=now,
+        on_member_failure=spec.on_member_failure,
     )
