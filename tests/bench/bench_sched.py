@@ -560,7 +560,7 @@ def cycle_only(args: argparse.Namespace) -> dict[str, Any]:
     from ibpool_core.pool import allocate as al
     from ibpool_core.pool.ledger import Ledger
     from ibpool_core.sched import records as job_states
-    from ibpool_core.sched.pool_cycle import plan_cycle
+    from ibpool_core.sched.pool_cycle import ProposalStamp, job_changes, plan_cycle
     from ibpool_core.sched.records import JobRecord
     from ibpool_runtime.clock import SystemClock
     from ibpool_scheduler.state import tally_of
@@ -574,6 +574,7 @@ def cycle_only(args: argparse.Namespace) -> dict[str, Any]:
         al.handle(ledger, registered(f"bn{i:04d}", args.gpus), t0)
     live: dict[str, JobRecord] = {}
     pending: list[tuple[int, str, ProposePlacement]] = []
+    stamp = ProposalStamp(source="bench", group=sched.group, lease_s=cfg.lease_s)
     cpu = wall = 0.0
     GC.start()
     for c in range(args.cycles):
@@ -596,19 +597,10 @@ def cycle_only(args: argparse.Namespace) -> dict[str, Any]:
         )
         cpu += time.process_time() - c0
         wall += time.perf_counter() - w0
-        for p in plan.proposals:
-            job = live[p.job_id]
-            cmd = ProposePlacement(
-                source="bench",
-                key=job.job_id,
-                job_id=job.job_id,
-                tenant=job.tenant,
-                queue=job.queue,
-                ledger_version=plan.ledger_version,
-                assignments=p.assignments,
-            )
-            live[p.job_id] = job_states.proposed(job, cmd.id, p.assignments, None)
-            pending.append((c + args.grant_delay, p.job_id, cmd))
+        # What the service writes for the plan (waits and proposals), as its cycle does.
+        for job_id, (_, written, commands) in job_changes(plan, live, now, sched.lifecycle, stamp).items():
+            live[job_id] = written
+            pending.extend((c + args.grant_delay, job_id, cmd) for cmd in commands if isinstance(cmd, ProposePlacement))
         while pending and pending[0][0] <= c:
             _, job_id, cmd = pending.pop(0)
             al.handle(ledger, cmd, now)
