@@ -27,6 +27,7 @@ run: env
 
 lint: env
 	$(VENV)/bin/ruff check proto libs services tests examples
+	$(VENV)/bin/ruff format --check proto libs services tests examples
 	$(VENV)/bin/mypy --strict proto/ibpool_proto $(wildcard libs/*/ibpool_*) $(wildcard services/*/ibpool_*)
 
 docs: env

@@ -199,8 +199,13 @@ class Subscriber:
             say("crash", ce_type, ce_id, where, f"{CRASH_ENV}: state written, exiting before the ack")
             os._exit(CRASH_EXIT)
         await msg.ack_sync()
-        say("applied", ce_type, ce_id, where,
-            f"allocation={payload['allocation_id']} node={payload['node_id']} state={new_state}")
+        say(
+            "applied",
+            ce_type,
+            ce_id,
+            where,
+            f"allocation={payload['allocation_id']} node={payload['node_id']} state={new_state}",
+        )
 
     async def reject(self, msg: Msg, why: str, where: str, ce_type: str = "?", ce_id: str = "?") -> None:
         await msg.term()  # a payload that breaks the contract will not get better on redelivery
@@ -242,8 +247,9 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        nc = await nats.connect(args.nats, name=f"subscriber-{args.durable}", connect_timeout=5,
-                                max_reconnect_attempts=-1)
+        nc = await nats.connect(
+            args.nats, name=f"subscriber-{args.durable}", connect_timeout=5, max_reconnect_attempts=-1
+        )
     except Exception as e:  # nats-py raises several unrelated types here
         print(f"cannot connect to {args.nats}: {e!r}", file=sys.stderr)
         return 1
@@ -265,8 +271,11 @@ async def run(args: argparse.Namespace) -> int:
                 await subscriber.handle(msg)
                 handled += 1
             last_new = time.monotonic()
-        print(f"done: {handled} message(s), {subscriber.applied} applied, "
-              f"{len(subscriber.state['allocations'])} allocation(s) in {args.state}", flush=True)
+        print(
+            f"done: {handled} message(s), {subscriber.applied} applied, "
+            f"{len(subscriber.state['allocations'])} allocation(s) in {args.state}",
+            flush=True,
+        )
         return 0
     finally:
         # Every ack was confirmed (ack_sync). Unsubscribe before draining: nats-py's drain otherwise

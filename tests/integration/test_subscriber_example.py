@@ -57,11 +57,23 @@ async def run_subscriber(
     stack: StackInfo, durable: str, state: Path, node: str, *args: str, env: dict[str, str] | None = None
 ) -> tuple[int, list[str]]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(SUBSCRIBER),
-        "--nats", stack.nats_url, "--durable", durable, "--state", str(state), "--key", node,
-        "--ack-wait", ACK_WAIT_S, *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **(env or {})}, cwd=ROOT,
+        sys.executable,
+        str(SUBSCRIBER),
+        "--nats",
+        stack.nats_url,
+        "--durable",
+        durable,
+        "--state",
+        str(state),
+        "--key",
+        node,
+        "--ack-wait",
+        ACK_WAIT_S,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     lines = out.decode().splitlines()
@@ -93,10 +105,22 @@ async def test_resumes_where_it_stopped_with_no_gap(stack: StackInfo, bus: Bus, 
 
     second: list[Message] = [granted(node, n) for n in range(5, 8)]
     second += [
-        AllocationReleased(source="t", key=node, allocation_id=first[0].allocation_id, job_id=first[0].job_id,
-                           node_id=node, ledger_version=10),
-        AllocationExpired(source="t", key=node, allocation_id=first[3].allocation_id, job_id=first[3].job_id,
-                          node_id=node, ledger_version=11),
+        AllocationReleased(
+            source="t",
+            key=node,
+            allocation_id=first[0].allocation_id,
+            job_id=first[0].job_id,
+            node_id=node,
+            ledger_version=10,
+        ),
+        AllocationExpired(
+            source="t",
+            key=node,
+            allocation_id=first[3].allocation_id,
+            job_id=first[3].job_id,
+            node_id=node,
+            ledger_version=11,
+        ),
     ]
     await publish(bus, *second)
     code, lines = await run_subscriber(stack, durable, state, node, "--idle-exit", "2")
@@ -115,9 +139,7 @@ async def test_resumes_where_it_stopped_with_no_gap(stack: StackInfo, bus: Bus, 
     assert final["gpu_milli_granted"] == {"acme": 8 * 2 * 1000}
 
 
-async def test_crash_after_apply_before_ack_has_no_second_effect(
-    stack: StackInfo, bus: Bus, tmp_path: Path
-) -> None:
+async def test_crash_after_apply_before_ack_has_no_second_effect(stack: StackInfo, bus: Bus, tmp_path: Path) -> None:
     node, durable, state = unique("subnode"), unique("billing"), tmp_path / "billing.json"
     events = [granted(node, n, gpus=4) for n in range(3)]
     await publish(bus, *events)
@@ -148,8 +170,14 @@ async def test_invalid_payload_is_rejected_without_effect(stack: StackInfo, bus:
     node, durable, state = unique("subnode"), unique("billing"), tmp_path / "billing.json"
     good = granted(node, 1)
     ce_id = str(uuid.uuid4())
-    bad_headers = {"ce-id": ce_id, "Nats-Msg-Id": ce_id, "ce-type": AllocationGranted.ce_type(),
-                   "ce-specversion": "1.0", "ce-source": "test", "content-type": "application/json"}
+    bad_headers = {
+        "ce-id": ce_id,
+        "Nats-Msg-Id": ce_id,
+        "ce-type": AllocationGranted.ce_type(),
+        "ce-specversion": "1.0",
+        "ce-source": "test",
+        "content-type": "application/json",
+    }
     bad_body = json.dumps({"type": AllocationGranted.ce_type(), "source": "t", "key": node}).encode()
     await bus.js.publish(AllocationGranted.subject(node), bad_body, headers=bad_headers)
     await publish(bus, good)
