@@ -182,6 +182,9 @@ class RequestAllocation(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.
     client_node_id: str | None = None
     cpu_milli: int = 0
     host_memory_mib: int = 0
+    # A job holds one live allocation; true asks for another one beside it (e.g. an inference
+    # service's second replica under the same job id).
+    additional: bool = False
 
 
 class ReleaseAllocation(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.allocation.release.v1"):

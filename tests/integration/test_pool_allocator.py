@@ -379,6 +379,11 @@ async def test_http_inputs_are_bounded_and_an_id_reused_for_another_body_is_409(
         for other in ({**first, "job_id": unique("j")}, {**first, "tenant": "u"}):
             status, body = await send(service, "POST", "/v1/allocations", other)
             assert status == 409 and body["error"] == "allocation id taken" and body["path"] == "$.id", body
+        # One live allocation per job: a second one under a new id is refused unless it says additional.
+        status, body = await send(service, "POST", "/v1/allocations", {**first, "id": unique("a")})
+        assert status == 409 and body["error"] == "conflict" and "already holds" in body["detail"], body
+        status, body = await send(service, "POST", "/v1/allocations", {**first, "id": unique("a"), "additional": True})
+        assert status == 201, body
 
 
 async def test_two_replicas_never_grant_one_gpu_twice(bus: Bus, store: Store) -> None:

@@ -41,3 +41,18 @@ def test_host_amounts_are_bounded() -> None:
     for cpu in (-1, al.MAX_CPU_MILLI + 1):
         decision = al.decide(ledger, propose("j", a("n1", 0), cpu=cpu), T0)
         assert decision.rejection is not None and decision.rejection.reason == "invalid"
+
+
+def test_a_job_holds_one_live_allocation_unless_it_asks_for_another() -> None:
+    ledger = pool(node("n1", gpus=4))
+    first = al.handle(ledger, request("j", gpus=1, cmd_id="first"), T0)
+    assert first.rejection is None and first.events
+    again = al.handle(ledger, request("j", gpus=1, cmd_id="first"), T0)  # the same command: its answer
+    assert again.repeat and again.rejection is None
+    second = al.decide(ledger, request("j", gpus=1, cmd_id="second"), T0)
+    assert second.rejection is not None and second.rejection.reason == "conflict"
+    assert "already holds allocation first" in second.rejection.detail
+    extra = al.handle(ledger, msgspec.structs.replace(request("j", gpus=1, cmd_id="extra"), additional=True), T0)
+    assert extra.rejection is None and extra.events
+    other_job = al.decide(ledger, request("k", gpus=1, cmd_id="k1"), T0)
+    assert other_job.rejection is None

@@ -113,6 +113,8 @@ class AllocationAsk(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     cpu_milli: Annotated[int, msgspec.Meta(ge=0, le=MAX_CPU_MILLI)] = 0
     host_memory_mib: Annotated[int, msgspec.Meta(ge=0, le=MAX_HOST_MEMORY_MIB)] = 0
     id: SafeId | None = None
+    # A job holds one live allocation; true asks for another one beside it (409 otherwise).
+    additional: bool = False
 
 
 class QuotaBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -280,6 +282,7 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
                 client_node_id=ask.client_node_id,
                 cpu_milli=ask.cpu_milli,
                 host_memory_mib=ask.host_memory_mib,
+                additional=ask.additional,
             )
             RequestAllocation.subject(ask.job_id)
         except ValueError as e:

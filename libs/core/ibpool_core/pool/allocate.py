@@ -765,6 +765,11 @@ def _request(ctx: _Ctx, cmd: proto.RequestAllocation) -> Decision:
     problem = _request_problem(r, client) or _amounts_problem(cmd.lease_s, cpu, host_memory)
     if problem is not None:
         return reject("invalid", problem)
+    if not cmd.additional and (held := _held_by(ledger, cmd.job_id)) is not None:
+        return reject(
+            "conflict",
+            f"job {cmd.job_id} already holds allocation {held}; release it first, or ask with additional: true",
+        )
     what = _describe(r)
     matching: list[Node] = []
     distances: dict[str, int] = {}
@@ -864,6 +869,13 @@ MAX_LEASE_S = 30 * 86_400.0
 # Host CPU and memory a request may ask beside its GPUs: bounds far above any node's.
 MAX_CPU_MILLI = 1 << 30
 MAX_HOST_MEMORY_MIB = 1 << 40
+
+
+def _held_by(ledger: Ledger, job_id: str) -> str | None:
+    """The id of a live allocation of `job_id` (the first by id), or None. A scan of the live
+    allocations: only the direct `RequestAllocation` path asks, not the scheduler's proposals."""
+    found = [a.allocation_id for a in ledger.allocations.values() if a.job_id == job_id]
+    return min(found) if found else None
 
 
 def _amounts_problem(lease_s: float, cpu_milli: int, host_memory_mib: int) -> str | None:
