@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ibpool_runtime import devstack
+from ibpool_runtime.bus import redact_url
 
 from . import autoscale_sim
 
@@ -17,12 +18,21 @@ def _dev(args: argparse.Namespace) -> int:
     state = Path(args.state_dir)
     try:
         if args.action == "up":
-            info = devstack.up(state, sync_always=not args.default_fsync)
+            info = devstack.up(state, sync_always=not args.default_fsync, secure=not args.insecure)
             print(f"nats      {info.nats_url}  (monitor {info.nats_monitor_url}, pid {info.nats_pid})")
-            print(f"postgres  {info.postgres_dsn}  (pid {info.postgres_pid})")
+            print(f"postgres  {redact_url(info.postgres_dsn)}  (pid {info.postgres_pid})")
+            if info.secured:
+                print(f"secrets   {info.secrets_dir}  (a NATS user per service and admin, API tokens, Postgres)")
+                import asyncio
+
+                from .streams import ensure_streams
+
+                # The services may not create streams on a secured stack: the admin makes them now.
+                asyncio.run(ensure_streams(devstack.nats_url_as(info, "admin")))
             print(
                 f"env file  {Path(info.state_dir) / devstack.ENV_FILE}"
-                "  (services read IBPOOL_NATS_URL, IBPOOL_POSTGRES_DSN)"
+                "  (services read IBPOOL_NATS_URL, IBPOOL_POSTGRES_DSN"
+                + (", and each its own IBPOOL_<SERVICE>_NATS_URL and API tokens file)" if info.secured else ")")
             )
         elif args.action == "down":
             print("stopped" if devstack.down(state) else f"nothing running for {state}")
@@ -66,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument(
         "--default-fsync", action="store_true", help="JetStream default fsync instead of sync_interval: always"
     )
+    dev.add_argument(
+        "--insecure",
+        action="store_true",
+        help="an open stack for experiments: no NATS users, no API tokens, Postgres without a password",
+    )
 
     run = sub.add_parser("run", help="the main job: stack, services, simulated cluster, live view")
     run.add_argument("--nodes", type=int, default=16)
@@ -73,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--serve", action="store_true", help="keep the system up until Ctrl-C")
     run.add_argument("--seed", type=int, default=42)
     run.add_argument("--state-dir", default=None, help="default: a fresh folder under .ibpool/")
+    run.add_argument(
+        "--insecure",
+        action="store_true",
+        help="an open stack for experiments: no NATS users, no API tokens, Postgres without a password",
+    )
 
     sub.add_parser("topo", help="fabric topologies: convert, show, diff, generate (ibpool topo --help)")
     sub.add_parser("predict", help="runtime prediction on traces: `ibpool predict eval --help`")

@@ -45,8 +45,10 @@ from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
 from ibpool_proto.scale import ElasticJobResized, ScaleDecided
 from ibpool_runtime import devstack
-from ibpool_runtime.bus import Bus
+from ibpool_runtime.bus import Bus, redact_url
 from ibpool_runtime.grant_signing import SIGNER_HEADER, new_seed, public_key_of
+
+from .streams import ensure_streams
 
 HEARTBEAT_DEADLINE_S = 10.0
 SOURCE = "ibpool-run"
@@ -577,6 +579,11 @@ async def _leaf_groups_of(http: aiohttp.ClientSession, fabric_url: str, nodes: l
 
 def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -> list[ServiceProcess]:
     base = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn)
+    if info.secured:  # each service on its own NATS user, its API behind the stack's tokens
+        for service in devstack.SERVICE_USERS:
+            prefix = f"IBPOOL_{service.upper()}_"
+            base[prefix + "NATS_URL"] = devstack.nats_url_as(info, service)
+            base[prefix + "API_TOKENS_FILE"] = devstack.api_tokens_file(info)
     nodes = ("--nodes", str(args.nodes), "--seed", str(args.seed), "--prefix", "node")
     spare = ("--nodes", "1", "--first", str(args.nodes + 1), "--seed", str(args.seed), "--prefix", "node")
     # The allocator signs what the agents act on; they trust its key only (a seed made for this run).
@@ -626,14 +633,24 @@ def run_main(args: argparse.Namespace) -> int:
     )
     t0 = time.monotonic()
     try:
-        info = devstack.up(state)
+        info = devstack.up(state, secure=not args.insecure)
     except devstack.StackError as e:
         console.print(f"[red]embedded stack failed:[/] {e}")
         return 1
-    console.print(f"stack up in {time.monotonic() - t0:.1f} s: nats {info.nats_url}, postgres {info.postgres_dsn}")
+    locked = (
+        f"locked: a NATS user per service, API tokens and the Postgres password in {info.secrets_dir}"
+        if info.secured
+        else "[yellow]open (--insecure): no NATS users, no API tokens, Postgres trusts everyone[/]"
+    )
+    console.print(
+        f"stack up in {time.monotonic() - t0:.1f} s: nats {info.nats_url}, postgres {redact_url(info.postgres_dsn)}; "
+        + locked
+    )
     services = _services(args, info, state)
     code = 1
     try:
+        # The admin makes the streams; the services, each on its own user, find them in place.
+        asyncio.run(ensure_streams(devstack.nats_url_as(info, "admin")))
         for s in services:
             s.start()
         code = asyncio.run(_scenario(args, info, services, console))
@@ -690,11 +707,13 @@ async def _scenario(
     args: argparse.Namespace, info: devstack.StackInfo, services: list[ServiceProcess], console: Console
 ) -> int:
     obs = Observed()
-    nc = await nats.connect(info.nats_url, name="ibpool-run")
+    admin = devstack.nats_url_as(info, "admin")  # the operator's view: every subject
+    nc = await nats.connect(admin, name="ibpool-run")
     await nc.subscribe(every_subject(), cb=_observer(obs, args.nodes + 1))
-    bus = await Bus.connect(info.nats_url, name="ibpool-run")
+    bus = await Bus.connect(admin, name="ibpool-run")
     await bus.ensure_streams()
-    http = aiohttp.ClientSession()
+    token = devstack.api_token(info)
+    http = aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"} if token else None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -788,7 +807,7 @@ async def _scenario(
                 for s in services:
                     console.print(f"{s.name:<16} {s.url}  (/healthz /readyz /metrics, API under /v1)")
                 console.print(f"{'nats':<16} {info.nats_url}  monitor {info.nats_monitor_url}")
-                console.print(f"{'postgres':<16} {info.postgres_dsn}")
+                console.print(f"{'postgres':<16} {redact_url(info.postgres_dsn)}")
                 served_printed = True
             phase = "serving (Ctrl-C to stop)" if args.serve else "scenario"
             if plan is not None and plan.injected and not plan.cleared:
@@ -820,6 +839,7 @@ async def _scenario(
     ramp_stop.set()
     if ramp_task is not None:
         await ramp_task
+    locked = await _refused_without_credentials(info, by_name["scheduler"].url) if info.secured else None
     # Stop the services while still watching, to see the agents deregister.
     for s in services:
         s.terminate()
@@ -831,7 +851,45 @@ async def _scenario(
     await http.close()
     await bus.close()
     await nc.drain()
-    return _summary(console, obs, args, pool, plan, services, submitted, gangs)
+    return _summary(console, obs, args, pool, plan, services, submitted, gangs, locked)
+
+
+async def _refused_without_credentials(info: devstack.StackInfo, scheduler_url: str) -> dict[str, bool]:
+    """Whether a secured stack turns away who has no credentials: an anonymous NATS client, a POST
+    without a token (the scheduler's API; the services all check the same file), and a Postgres
+    connection without the password. Tried against the live stack."""
+    refused: dict[str, bool] = {}
+    try:
+        anonymous = await nats.connect(info.nats_url, name="anonymous", allow_reconnect=False, connect_timeout=2)
+    except Exception:  # nats.py raises the server's authorization error, or gives up connecting
+        refused["nats"] = True
+    else:
+        refused["nats"] = False
+        await anonymous.close()
+    try:
+        async with (
+            aiohttp.ClientSession() as anon,
+            anon.post(f"{scheduler_url}/v1/jobs", json={"tenant": "anonymous", "gpus": 1}) as r,
+        ):
+            refused["api"] = r.status == 401
+    except aiohttp.ClientError:
+        refused["api"] = False
+    import asyncpg
+
+    try:
+        conn = await asyncpg.connect(info.postgres_dsn.replace(f":{_pg_password(info)}@", "@", 1), timeout=5)
+    except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError):
+        refused["postgres"] = True
+    except Exception:
+        refused["postgres"] = False
+    else:
+        refused["postgres"] = False
+        await conn.close()
+    return refused
+
+
+def _pg_password(info: devstack.StackInfo) -> str:
+    return (Path(info.secrets_dir) / "postgres.password").read_text().strip()
 
 
 def _summary(
@@ -843,6 +901,7 @@ def _summary(
     services: list[ServiceProcess],
     submitted: int = 0,
     gangs: GangsSeen | None = None,
+    locked: dict[str, bool] | None = None,
 ) -> int:
     t = Table(title="ibpool run: summary")
     t.add_column("check")
@@ -976,6 +1035,16 @@ def _summary(
             obs.signed > 0 and obs.unsigned == 0,
         ),
     ]
+    if locked is not None:
+        checks.append(
+            (
+                "without credentials: NATS, the APIs and Postgres refuse (the services each on their own user)",
+                ", ".join(f"{k} {'refused' if v else 'LET IN'}" for k, v in locked.items()),
+                all(locked.values()),
+            )
+        )
+    else:
+        checks.append(("stack locked (users, tokens, passwords)", "no: --insecure", True))
     for s in services:
         rc = s.proc.returncode if s.proc is not None else None
         checks.append((f"{s.name} exit code", str(rc), rc == 0))

@@ -34,12 +34,19 @@ def main(argv: list[str]) -> int:
 
 
 async def _ensure(url: str, replicas: int, attempts: int, tls_ca: str) -> int:
+    await ensure_streams(url, replicas, attempts, tls_ca, show=True)
+    return 0
+
+
+async def ensure_streams(
+    url: str, replicas: int = 1, attempts: int = 10, tls_ca: str = "", *, show: bool = False
+) -> None:
+    """Create or update every stream through `url` (the admin's credentials); `show` prints them."""
     bus = await Bus.connect(url, name="ibpool-streams", attempts=attempts, tls_ca=tls_ca)
     try:
         await bus.ensure_streams(replicas)
-        for spec in STREAMS:
+        for spec in STREAMS if show else ():
             info = await bus.js.stream_info(spec.name)
             print(f"{spec.name:<14} replicas {info.config.num_replicas}  subjects {', '.join(spec.subjects)}")
     finally:
         await bus.close()
-    return 0

@@ -3,6 +3,13 @@
 
 No root, no system packages, no Docker. When run as root (CI containers), PostgreSQL, which
 refuses to run as root, runs as an unprivileged system user created for it.
+
+`up(..., secure=True)` (what `ibpool run` and `ibpool dev up` do unless `--insecure`) starts the
+stack locked: nats-server with one user per service and its permissions
+(`ibpool_runtime.bus_permissions`) plus `admin`, PostgreSQL with a password (scram-sha-256), and an
+HTTP API tokens file (an operator and a client token). The credentials are generated once into
+`<state>/secrets` (mode 0700, files 0600) and kept there; `nats_url_as(info, user)`,
+`api_token(info)` and `StackInfo.postgres_dsn` hand them out.
 """
 
 from __future__ import annotations
@@ -22,9 +29,16 @@ from pathlib import Path
 
 import msgspec
 
+from .bus_permissions import PUBLISHES, render_authorization
 from .processes import process_alive
 
 STACK_FILE = "stack.json"
+SECRETS_DIR = "secrets"
+API_TOKENS_FILE = "api-tokens"
+# Every NATS user of a secured stack: the admin (streams, the operator's tools) and one per service.
+NATS_USERS = ("admin", *PUBLISHES)
+# The users that are services (the others: `operator` for people's tools, `subscriber` for readers).
+SERVICE_USERS = tuple(u for u in PUBLISHES if u not in ("operator", "subscriber"))
 ENV_FILE = "stack.env"
 PG_SYSTEM_USER = "ibpool_pg"
 
@@ -42,6 +56,12 @@ class StackInfo(msgspec.Struct, frozen=True, kw_only=True):
     postgres_pid: int
     postgres_data: str
     sync_always: bool
+    # Where the credentials of a secured stack are ("": an open stack, no users, no passwords).
+    secrets_dir: str = ""
+
+    @property
+    def secured(self) -> bool:
+        return bool(self.secrets_dir)
 
 
 def _ephemeral_low() -> int:
@@ -178,7 +198,11 @@ def _make_traversable(path: Path) -> None:
                 p.chmod(mode | 0o001)
 
 
-def start_postgres(state_dir: Path, *, fsync: bool = True, port: int | None = None) -> tuple[int, str, Path]:
+def start_postgres(
+    state_dir: Path, *, fsync: bool = True, port: int | None = None, password: str | None = None
+) -> tuple[int, str, Path]:
+    """PostgreSQL in `state_dir`; with `password` the `postgres` role has it and every connection
+    must give it (scram-sha-256), else local connections are trusted. Returns (pid, DSN, data dir)."""
     bindir = postgres_bin_dir()
     data = state_dir / "pgdata"
     log = state_dir / "postgres.log"
@@ -197,21 +221,35 @@ def start_postgres(state_dir: Path, *, fsync: bool = True, port: int | None = No
         log.touch()
         os.chown(log, pw.pw_uid, pw.pw_gid)
     if not (data / "PG_VERSION").exists():
-        r = subprocess.run(
-            [
-                str(bindir / "initdb"),
-                "-D",
-                str(data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--no-instructions",
-            ],
-            capture_output=True,
-            text=True,
-            **_run_as(user),  # type: ignore[call-overload]
-        )
+        auth = ["--auth=trust"]
+        pwfile = state_dir / "pg-initdb.password"
+        if password is not None:
+            pwfile.write_text(password + "\n")
+            pwfile.chmod(0o600)
+            if user is not None:
+                import pwd
+
+                pw = pwd.getpwnam(user)
+                os.chown(pwfile, pw.pw_uid, pw.pw_gid)
+            auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
+        try:
+            r = subprocess.run(
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    *auth,
+                    "--encoding=UTF8",
+                    "--no-instructions",
+                ],
+                capture_output=True,
+                text=True,
+                **_run_as(user),  # type: ignore[call-overload]
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
         if r.returncode != 0:
             raise StackError(f"initdb failed in {data}: {r.stderr.strip() or r.stdout.strip()}")
     port = port or free_port()
@@ -231,7 +269,8 @@ def start_postgres(state_dir: Path, *, fsync: bool = True, port: int | None = No
             f"PostgreSQL failed to start (pg_ctl: {r.stderr.strip() or r.stdout.strip()}); see {log}:\n{_tail(log)}"
         )
     pid = int((data / "postmaster.pid").read_text().splitlines()[0])
-    return pid, f"postgresql://postgres@127.0.0.1:{port}/postgres", data
+    who = "postgres" if password is None else f"postgres:{password}"
+    return pid, f"postgresql://{who}@127.0.0.1:{port}/postgres", data
 
 
 def stop_postgres(data: Path) -> None:
@@ -265,8 +304,55 @@ def _stop_pid(pid: int, timeout_s: float = 10) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True) -> StackInfo:
-    """Start both servers (or return the running stack of this state dir) and write stack.env."""
+def _secret(folder: Path, name: str) -> str:
+    """The secret in `folder/name`, made (random, URL-safe, mode 0600) the first time."""
+    path = folder / name
+    if not path.exists():
+        import secrets
+
+        path.write_text(secrets.token_urlsafe(24) + "\n")
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def _secrets(state_dir: Path) -> tuple[Path, dict[str, str], str]:
+    """The secrets folder of a secured stack, its NATS users' passwords and the Postgres password;
+    the API tokens file (an operator and a client token) is made there too."""
+    folder = state_dir / SECRETS_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    folder.chmod(0o700)
+    passwords = {user: _secret(folder, f"nats-{user}.password") for user in NATS_USERS}
+    tokens = folder / API_TOKENS_FILE
+    if not tokens.exists():
+        lines = [f"{role} {_secret(folder, f'api-{role}.token')}" for role in ("operator", "client")]
+        tokens.write_text("# role token (ibpool_runtime.http.ApiAuth)\n" + "\n".join(lines) + "\n")
+        tokens.chmod(0o600)
+    return folder, passwords, _secret(folder, "postgres.password")
+
+
+def nats_url_as(info: StackInfo, user: str) -> str:
+    """The stack's NATS URL with `user`'s credentials (a secured stack), else the open URL."""
+    if not info.secured:
+        return info.nats_url
+    password = (Path(info.secrets_dir) / f"nats-{user}.password").read_text().strip()
+    return info.nats_url.replace("nats://", f"nats://{user}:{password}@", 1)
+
+
+def api_tokens_file(info: StackInfo) -> str:
+    """The API tokens file the services of a secured stack check ("" for an open stack)."""
+    return str(Path(info.secrets_dir) / API_TOKENS_FILE) if info.secured else ""
+
+
+def api_token(info: StackInfo, role: str = "operator") -> str | None:
+    """A bearer token of `role` for a secured stack's HTTP APIs; None for an open stack."""
+    if not info.secured:
+        return None
+    return (Path(info.secrets_dir) / f"api-{role}.token").read_text().strip()
+
+
+def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True, secure: bool = False) -> StackInfo:
+    """Start both servers (or return the running stack of this state dir) and write stack.env;
+    `secure`: with users, passwords and API tokens (module docstring)."""
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     existing = read_info(state_dir)
@@ -274,9 +360,11 @@ def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True) -> S
         return existing
     if existing is not None:
         down(state_dir)
-    nats_proc, nats_url, monitor = start_nats(state_dir, sync_always=sync_always)
+    folder, passwords, pg_password = _secrets(state_dir) if secure else (None, {}, None)
+    extra = render_authorization(passwords) if secure else ""
+    nats_proc, nats_url, monitor = start_nats(state_dir, sync_always=sync_always, extra_config=extra)
     try:
-        pg_pid, dsn, data = start_postgres(state_dir, fsync=pg_fsync)
+        pg_pid, dsn, data = start_postgres(state_dir, fsync=pg_fsync, password=pg_password)
     except BaseException:
         _stop_pid(nats_proc.pid)
         raise
@@ -289,14 +377,28 @@ def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True) -> S
         postgres_pid=pg_pid,
         postgres_data=str(data),
         sync_always=sync_always,
+        secrets_dir=str(folder) if folder is not None else "",
     )
-    (state_dir / STACK_FILE).write_bytes(msgspec.json.format(msgspec.json.encode(info)))
-    (state_dir / ENV_FILE).write_text(env_text(info))
+    for name, text in (
+        (STACK_FILE, msgspec.json.format(msgspec.json.encode(info)).decode()),
+        (ENV_FILE, env_text(info)),
+    ):
+        path = state_dir / name
+        path.write_text(text)
+        if secure:
+            path.chmod(0o600)  # the Postgres password is in the DSN, the users' in the env file
     return info
 
 
 def env_text(info: StackInfo) -> str:
-    return f"IBPOOL_NATS_URL={info.nats_url}\nIBPOOL_POSTGRES_DSN={info.postgres_dsn}\n"
+    """stack.env: the shared URLs, and on a secured stack each service's own NATS user and the API
+    tokens file (`IBPOOL_<SERVICE>_<FIELD>` overrides the shared field)."""
+    lines = [f"IBPOOL_NATS_URL={info.nats_url}", f"IBPOOL_POSTGRES_DSN={info.postgres_dsn}"]
+    if info.secured:
+        for service in SERVICE_USERS:
+            lines.append(f"IBPOOL_{service.upper()}_NATS_URL={nats_url_as(info, service)}")
+            lines.append(f"IBPOOL_{service.upper()}_API_TOKENS_FILE={api_tokens_file(info)}")
+    return "\n".join(lines) + "\n"
 
 
 def read_info(state_dir: Path) -> StackInfo | None:
