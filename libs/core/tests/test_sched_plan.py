@@ -15,7 +15,7 @@ import pytest
 
 from ibpool_core.fabric.generators import generate
 from ibpool_core.fabric.index import FabricIndex
-from ibpool_core.sched.cycle import CycleConfig
+from ibpool_core.sched.cycle import CycleConfig, Preemption, SchedulingReply, Start
 from ibpool_core.sched.framework import ClusterView, Framework, HostState, build_profile
 from ibpool_core.sched.framework_placer import FrameworkPlacer
 from ibpool_core.sched.jobs import FreeCapacity, Job
@@ -25,6 +25,7 @@ from ibpool_core.sched.plan import (
     PlanReply,
     PlanRequest,
     QueueRequest,
+    placed_starts,
     plan,
 )
 from ibpool_core.sched.profiles import SCHEDULER_PROFILE
@@ -123,12 +124,14 @@ def test_sharp_trees_are_bounded_by_the_limits_and_by_the_trees_already_held() -
     first, _, _ = on_fabric([fifo(gang("a", 2, level=1))], sharp_limits=limits)
     (a,) = first.starts
     assert a.placement.sharp and a.placement.sharp_tree is not None
-    again, _, _ = on_fabric([fifo(gang("b", 2, level=1))], sharp_limits=limits, sharp_held=[a.placement.sharp_tree])
+    again, _, _ = on_fabric(
+        [fifo(gang("b", 2, level=1))], sharp_limits=limits, sharp_held={"a": a.placement.sharp_tree}
+    )
     (b,) = again.starts
     assert b.placement.ranks == a.placement.ranks  # the same free cluster: the same leaf
     assert not b.placement.sharp and b.placement.sharp_tree is None and b.placement.nccl_env == {}
     assert b.placement.sharp_reason.startswith("SHARP-capable, but")
-    unbounded, _, _ = on_fabric([fifo(gang("c", 2, level=1))], sharp_held=[a.placement.sharp_tree])
+    unbounded, _, _ = on_fabric([fifo(gang("c", 2, level=1))], sharp_held={"a": a.placement.sharp_tree})
     assert unbounded.starts[0].placement.sharp  # no limits: SHARP on, no tree counted
 
 
@@ -140,3 +143,29 @@ def test_a_reused_placer_decides_as_a_fresh_one_and_the_same_request_gives_the_s
     reused = plan(PlanRequest(now=100.0, queues=queues, cluster=free, names=names, placer=placer))
     assert msgspec.json.encode(reused) == msgspec.json.encode(fresh)
     assert len(fresh.starts) == 3
+
+
+def test_a_job_preempted_or_killed_in_the_plan_gives_its_sharp_tree_to_the_starts() -> None:
+    limits = SharpLimits(per="switch", trees_per_switch=1)
+    first, placer, names = on_fabric([fifo(gang("victim", 2, level=1))], sharp_limits=limits)
+    (victim,) = first.starts
+    assert victim.placement.sharp_tree is not None
+    # The same hosts go to "g" in a plan that preempts the victim: its leaf's only tree is free again.
+    start = Start(job_id="g", hosts=victim.hosts, leaves=1, min_leaves=1, planned_end=1.0)
+    _, _, free = fabric_placer()
+    request = PlanRequest(
+        now=0.0,
+        queues=[],
+        cluster=free,
+        names=names,
+        placer=placer,
+        sharp_limits=limits,
+        sharp_held={"victim": victim.placement.sharp_tree},
+    )
+    preempting = SchedulingReply(order="x", starts=[start], preemptions=[Preemption(job_id="victim", for_job_id="g")])
+    (g,) = placed_starts(request, preempting)
+    assert g.placement.sharp and g.placement.sharp_tree == victim.placement.sharp_tree
+    killing = SchedulingReply(order="x", starts=[start], kills=["victim"])
+    assert placed_starts(request, killing)[0].placement.sharp
+    keeping = SchedulingReply(order="x", starts=[start])  # the victim runs on: no tree for "g"
+    assert not placed_starts(request, keeping)[0].placement.sharp

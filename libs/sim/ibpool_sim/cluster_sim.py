@@ -578,7 +578,7 @@ def simulate(
                 fairshare=queues.fairshare,
                 placer=placer,
                 sharp_limits=config.sharp_limits if real is not None else None,
-                sharp_held=list(held_trees.values()),
+                sharp_held=held_trees,
             )
         )
         cycles += 1

@@ -526,11 +526,11 @@ class Scheduler:
             sample=self.cfg.placement_sample,
             fairshare=self.fairshare_factors,
             sharp_limits=self.cfg.sharp_limits,
-            sharp_held=[
-                j.placement.sharp_tree
+            sharp_held={
+                j.job_id: j.placement.sharp_tree
                 for j in live
                 if j.placement is not None and j.placement.sharp_tree is not None and j.state in HOLDS_SHARP
-            ],
+            },
         )
 
     def fabric_in_force(self) -> FabricState | None:

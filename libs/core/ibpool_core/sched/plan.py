@@ -60,8 +60,9 @@ class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
     `cluster`: free and total GPUs per host index and each host's leaf; `names`: host index -> host
     name (the placer's and the fabric's); `running`: jobs holding GPUs (`running_sorted_by_end`:
     already in planned-end order). `placer`: None for the core's `LeafPlacer`. `sharp_limits`: how
-    many SHARP trees the fabric runs at once (None: no bound), `sharp_held` the trees running jobs
-    hold. `fabric_version`: the published fabric the decision is made on, recorded in every placement.
+    many SHARP trees the fabric runs at once (None: no bound); `sharp_held`: the trees running jobs
+    hold, by job id (a job this plan preempts or kills gives its trees back to the starts).
+    `fabric_version`: the published fabric the decision is made on, recorded in every placement.
     """
 
     now: float
@@ -73,7 +74,7 @@ class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
     fairshare: Mapping[str, float] = {}
     placer: Placer | None = None
     sharp_limits: SharpLimits | None = None
-    sharp_held: Sequence[SharpTree] = ()
+    sharp_held: Mapping[str, SharpTree] = {}
     fabric_version: int | None = None
 
 
@@ -159,7 +160,9 @@ def placed_starts(request: PlanRequest, reply: SchedulingReply) -> list[PlannedS
         return out
     view = placer.view
     trees = (
-        SharpTrees(view.index, request.sharp_limits, request.sharp_held) if request.sharp_limits is not None else None
+        SharpTrees(view.index, request.sharp_limits, held_after(request.sharp_held, reply))
+        if request.sharp_limits is not None
+        else None
     )
     for s in reply.starts:
         hosts = [names[h] for h, _ in s.hosts]
@@ -186,6 +189,13 @@ def placed_starts(request: PlanRequest, reply: SchedulingReply) -> list[PlannedS
         )
         out.append(_start(s, placement))
     return out
+
+
+def held_after(held: Mapping[str, SharpTree], reply: SchedulingReply) -> list[SharpTree]:
+    """The SHARP trees still held once `reply` is carried out: the jobs it preempts or kills give
+    theirs back before its starts reserve any (as their GPUs are free for the starts)."""
+    gone = set(reply.kills) | {p.job_id for p in reply.preemptions}
+    return [tree for job_id, tree in held.items() if job_id not in gone]
 
 
 def _start(s: Start, placement: JobPlacement) -> PlannedStart:

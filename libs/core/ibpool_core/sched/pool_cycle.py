@@ -280,7 +280,7 @@ class PlacementInputs:
     sample      hosts scored per single-host job (0: all)
     fairshare   tenant -> fair-share factor (`ibpool_core.sched.fairshare`), read by the policies
     sharp_limits, sharp_held   how many SHARP trees the fabric runs at once, and the trees the live
-                jobs hold (`ibpool_core.sched.sharp.SharpTrees`)
+                jobs hold, by job id (`ibpool_core.sched.sharp.SharpTrees`)
     """
 
     def __init__(
@@ -299,7 +299,7 @@ class PlacementInputs:
         sample: int = 0,
         fairshare: Mapping[str, float] | None = None,
         sharp_limits: SharpLimits = DEFAULT_SHARP_LIMITS,
-        sharp_held: Sequence[SharpTree] = (),
+        sharp_held: Mapping[str, SharpTree] | None = None,
     ) -> None:
         self.framework = framework
         self.fabric = fabric
@@ -314,7 +314,7 @@ class PlacementInputs:
         self.sample = sample
         self.fairshare = fairshare or {}
         self.sharp_limits = sharp_limits
-        self.sharp_held = sharp_held
+        self.sharp_held = sharp_held or {}
 
 
 NO_PLACEMENT_INPUTS = PlacementInputs()
