@@ -27,15 +27,15 @@ class FabricMonitorConfig(BaseConfig, frozen=True, kw_only=True):
     perfquery_command: str = "perfquery -G {guid} {port}"
     # Hosts whose adapters' links perfquery watches (comma-separated); empty: every link.
     perfquery_hosts: str = ""
-    poll_interval_s: float = 5.0
+    poll_interval_s: Annotated[float, msgspec.Meta(gt=0.0)] = 5.0
     seed: int = 0
     flap_changes: int = 3
     flap_window_s: float = 60.0
     errors_per_s: float = 1.0
     congestion_ratio: float = 0.5
     clear_after_s: float = 30.0
-    # Counter samples kept per link (older ones are deleted).
-    history_per_link: int = 120
+    # Counter samples kept per link: a ring of this many polls (state.record_samples).
+    history_per_link: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 120
     # Topology versions kept (each holds the whole topology); older ones are deleted when a new one is made.
     topology_versions_kept: Annotated[int, msgspec.Meta(ge=1)] = 100
     # Base URL others use to fetch topologies (goes into TopologyPublished); empty: this service's own.

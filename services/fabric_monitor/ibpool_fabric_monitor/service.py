@@ -133,7 +133,7 @@ class FabricMonitor:
             events += link_events(before, after, findings, topology_version=self.version, source=self.kit.source)
         async with self.kit.store.transaction() as tx:
             await state.save_health(tx.conn, list(updated.values()), now)
-            await state.record_samples(tx.conn, samples, self.cfg.history_per_link)
+            await state.record_samples(tx.conn, samples, self.cfg.history_per_link, self.cfg.poll_interval_s)
             await tx.outbox(*events)
         self.healths.update(updated)
         self.polls += 1

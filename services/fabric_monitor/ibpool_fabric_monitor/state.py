@@ -85,15 +85,26 @@ async def save_health(conn: asyncpg.Connection, healths: list[LinkHealth], now: 
     )
 
 
-async def record_samples(conn: asyncpg.Connection, samples: list[PortSample], keep: int) -> None:
+def sample_slot(at: dt.datetime, interval_s: float, keep: int) -> int:
+    """The ring slot of a sample taken at `at`: polls `interval_s` apart take consecutive slots, and
+    the slot `keep` polls later is the same one, so each link keeps its last `keep` samples."""
+    return int(at.timestamp() // interval_s) % keep
+
+
+async def record_samples(conn: asyncpg.Connection, samples: list[PortSample], keep: int, interval_s: float) -> None:
+    """Store one poll's samples in the per-link ring (migration 002): each overwrites its slot, so
+    the rows of a link never exceed `keep` and no prune runs."""
     await conn.executemany(
-        "INSERT INTO counter_samples (link_id, at, up, sample) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-        [(s.link_id, s.at, s.up, msgspec.json.encode(s).decode()) for s in samples],
+        "INSERT INTO counter_ring (link_id, slot, at, up, sample) VALUES ($1, $2, $3, $4, $5)"
+        " ON CONFLICT (link_id, slot) DO UPDATE SET at = $3, up = $4, sample = $5",
+        [
+            (s.link_id, sample_slot(s.at, interval_s, keep), s.at, s.up, msgspec.json.encode(s).decode())
+            for s in samples
+        ],
     )
-    # Keep the newest `keep` samples of every link.
-    await conn.execute(
-        "DELETE FROM counter_samples c USING ("
-        " SELECT link_id, at, row_number() OVER (PARTITION BY link_id ORDER BY at DESC) AS n FROM counter_samples"
-        ") old WHERE old.n > $1 AND c.link_id = old.link_id AND c.at = old.at",
-        keep,
-    )
+
+
+async def recent_samples(conn: asyncpg.Connection | asyncpg.Pool, link_id: str) -> list[PortSample]:
+    """The samples kept of `link_id`, newest first."""
+    rows = await conn.fetch("SELECT sample FROM counter_ring WHERE link_id = $1 ORDER BY at DESC", link_id)
+    return [msgspec.json.decode(r["sample"], type=PortSample) for r in rows]
