@@ -17,9 +17,13 @@ def test_dev_up_status_down() -> None:
     up = subprocess.run([*CLI, "dev", "up", "--state-dir", str(state)], capture_output=True, text=True, timeout=120)
     try:
         assert up.returncode == 0, up.stderr
-        assert "nats://127.0.0.1:" in up.stdout and "postgresql://postgres@127.0.0.1:" in up.stdout
+        # Locked by default: the Postgres password is never printed, the secrets are in the state dir.
+        assert "nats://127.0.0.1:" in up.stdout and "postgresql://postgres:***@127.0.0.1:" in up.stdout
+        password = (state / "secrets" / "postgres.password").read_text().strip()
+        assert password and password not in up.stdout and f"secrets   {state.resolve()}/secrets" in up.stdout
         env = (state / "stack.env").read_text()
-        assert env.startswith("IBPOOL_NATS_URL=nats://127.0.0.1:") and "IBPOOL_POSTGRES_DSN=" in env
+        assert env.startswith("IBPOOL_NATS_URL=nats://127.0.0.1:") and f":{password}@" in env
+        assert "IBPOOL_SCHEDULER_NATS_URL=nats://scheduler:" in env and "IBPOOL_SCHEDULER_API_TOKENS_FILE=" in env
         status = subprocess.run([*CLI, "dev", "status", "--state-dir", str(state)], capture_output=True, text=True)
         assert status.returncode == 0 and status.stdout.count(", up)") == 2, status.stdout
         assert "jetstream_sync" in status.stdout and "always" in status.stdout
@@ -29,6 +33,21 @@ def test_dev_up_status_down() -> None:
     after = subprocess.run([*CLI, "dev", "status", "--state-dir", str(state)], capture_output=True, text=True)
     shutil.rmtree(root, ignore_errors=True)
     assert "not running" in after.stdout
+
+
+def test_dev_up_insecure_is_an_open_stack() -> None:
+    root = stack_dir()
+    state = root / "open"
+    cmd = [*CLI, "dev", "up", "--insecure", "--state-dir", str(state)]
+    up = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "postgresql://postgres@127.0.0.1:" in up.stdout and "secrets" not in up.stdout
+        assert not (state / "secrets").exists()
+        assert "_NATS_URL=" not in (state / "stack.env").read_text().split("\n", 1)[1]
+    finally:
+        subprocess.run([*CLI, "dev", "down", "--state-dir", str(state)], capture_output=True, text=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
