@@ -10,7 +10,8 @@ read files slurmctld would refuse, such as a site's hand-made one).
 
 Export: the tree of `hierarchy.build_hierarchy` (leaf groups; multi-rail hosts under the group of
 leaves they share), which slurmctld accepts: one root reaching every node, every node under exactly
-one leaf, no switch listing its parent. Node names are hostlist-compressed (python-hostlist).
+one leaf, no switch listing its parent. Node names are hostlist-compressed in the forms Slurm's
+parser reads (`compress_hostlist`).
 """
 
 from __future__ import annotations
@@ -53,10 +54,51 @@ def expand_hostlist(expression: str, *, file: str = "<hostlist>", line: int | No
     return names
 
 
+_TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$")
+
+
 def compress_hostlist(names: Collection[str]) -> str:
-    """The shortest hostlist expression for `names` (python-hostlist's collect_hostlist)."""
-    text: str = hostlist.collect_hostlist(list(names))
-    return text
+    """A hostlist expression for `names` in the only forms Slurm's own parser reads back.
+
+    Slurm (22.05) takes a bracket range at the end of a name only (`node[01-03]`; `node[01-02]-ib`
+    and `r[1-2]n1` are "Invalid hostlist"), so only a name's trailing number is ranged; a name with
+    none, or with text after its digits, is listed as it is. Zero-padded numbers are ranged only with
+    numbers of the same width (`node[08-10]` expands to node08..node10; `n[9-10]` to n9, n10). Groups
+    are in name order, ranges ascending: the same names give the same text. Checked against
+    `scontrol show hostnames` (libs/core/tests/test_slurm_hostlists.py)."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    plain: list[str] = []
+    for name in set(names):
+        m = _TRAILING_NUMBER.match(name)
+        if m is None:
+            plain.append(name)
+            continue
+        prefix, digits = m.group(1), m.group(2)
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        groups.setdefault((prefix, width), []).append(int(digits))
+    # An unpadded number as wide as a padded group of its prefix reads the same inside it (node10 in node[08-10]).
+    for prefix, _ in [k for k in groups if k[1] == 0]:
+        unpadded = groups[(prefix, 0)]
+        for n in list(unpadded):
+            if (prefix, len(str(n))) in groups:
+                groups[(prefix, len(str(n)))].append(n)
+                unpadded.remove(n)
+        if not unpadded:
+            del groups[(prefix, 0)]
+    pieces: list[tuple[str, str]] = [(name, name) for name in plain]
+    for (prefix, width), numbers in groups.items():
+        numbers.sort()
+        if len(numbers) == 1:
+            text = f"{prefix}{numbers[0]:0{width}d}"
+            pieces.append((text, text))
+            continue
+        runs: list[str] = []
+        for _, run in itertools.groupby(enumerate(numbers), key=lambda iv: iv[1] - iv[0]):
+            values = [v for _, v in run]
+            lo, hi = f"{values[0]:0{width}d}", f"{values[-1]:0{width}d}"
+            runs.append(lo if lo == hi else f"{lo}-{hi}")
+        pieces.append((f"{prefix}{numbers[0]:0{width}d}", f"{prefix}[{','.join(runs)}]"))
+    return ",".join(text for _, text in sorted(pieces))
 
 
 def _conf_lines(text: str) -> list[tuple[int, dict[str, str]]]:
