@@ -331,3 +331,15 @@ def test_garbage_never_gives_a_traceback(kind: str) -> None:
             import_topology(kind, garbage, file="garbage")
         except FormatError as error:
             assert str(error).startswith("garbage")
+
+
+def test_a_dump_with_no_host_cabled_to_a_switch_exports_no_slurm_file_and_says_why() -> None:
+    # One adapter, no port lines, no switches: slurmctld refuses an empty topology.conf ("No switches
+    # configured"), so the tree and block exports refuse too; the yaml export keeps a flat topology.
+    from ibpool_core.fabric.formats.slurm import export_slurm_block, export_slurm_tree, export_slurm_yaml
+
+    dump = import_ibnetdiscover('Ca\t1 "H-0002c903000e0b72"\t\t# "lonely HCA-1"\n')
+    for export in (export_slurm_tree, export_slurm_block):
+        with pytest.raises(FabricError, match="no host of the topology is cabled to a switch"):
+            export(dump)
+    assert "flat: true" in export_slurm_yaml(dump).text

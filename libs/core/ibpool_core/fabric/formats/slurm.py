@@ -39,6 +39,7 @@ __all__ = [
     "import_slurm_yaml",
 ]
 
+_NOTHING_CABLED = "nothing to export: no host of the topology is cabled to a switch"
 _BAD_NAME = re.compile(r"[^A-Za-z0-9_.\-]")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -375,8 +376,7 @@ def export_slurm_tree(topology: Topology, *, nodes: Collection[str] | None = Non
     warnings += hierarchy.warnings
     lines = [f"# Slurm topology.conf (topology/tree) written by ibpool from topology {topology.name!r}"]
     if hierarchy.root is None:
-        warnings.append("no host is cabled to a switch: the tree is empty")
-        return Exported("\n".join(lines) + "\n", warnings)
+        raise FabricError(_NOTHING_CABLED + " (slurmctld refuses a topology/tree file without switches)")
     walk = hierarchy.walk()
     names = unique_names(walk, _slurm_name)
     for unit_name in walk:
@@ -406,8 +406,7 @@ def export_slurm_block(topology: Topology, *, nodes: Collection[str] | None = No
     lines = [f"# Slurm topology.conf (topology/block) written by ibpool from topology {topology.name!r}"]
     leaves = hierarchy.leaf_units()
     if not leaves:
-        warnings.append("no host is cabled to a switch: no blocks")
-        return Exported("\n".join(lines) + "\n", warnings)
+        raise FabricError(_NOTHING_CABLED + " (slurmctld refuses a topology/block file without blocks)")
     names = unique_names([u.name for u in leaves], _slurm_name)
     switch_names = {s.guid: s.name for s in topology.switches}
     for unit in leaves:
