@@ -438,3 +438,21 @@ def test_dispatch_by_cli_names() -> None:
         export_topology("xml", topology)
     with pytest.raises(ValueError, match="name map applies to ibnetdiscover input only"):
         import_topology("slurm", "SwitchName=a Nodes=n1\n", file="t.conf", names={"0x1": "x"})
+
+
+def test_volcano_leaves_out_hosts_that_cannot_be_kubernetes_nodes() -> None:
+    # `x5570_comp1` is not a Kubernetes node name (the HyperNode CRD refuses it); a leaf holding only
+    # such hosts is not written, and its parent does not name it.
+    topology = import_slurm_tree(
+        "SwitchName=a Nodes=x5570_comp[1-2]\nSwitchName=b Nodes=gpu[1-2],GPU2\nSwitchName=top Switches=a,b\n",
+        file="t.conf",
+    )
+    out = export_volcano(topology)
+    docs = [d for d in yaml.safe_load_all(out.text) if d]
+    by_name = {d["metadata"]["name"]: d for d in docs}
+    assert set(by_name) == {"top", "b"}
+    assert by_name["top"]["spec"]["members"] == [{"type": "HyperNode", "selector": {"exactMatch": {"name": "b"}}}]
+    nodes = [m["selector"]["exactMatch"]["name"] for m in by_name["b"]["spec"]["members"]]
+    assert nodes == ["gpu1", "gpu2"]
+    assert "host 'x5570_comp1' is not a valid Kubernetes node name; left out" in out.warnings
+    assert any("'GPU2'" in w and "both node 'gpu2'" in w for w in out.warnings), out.warnings

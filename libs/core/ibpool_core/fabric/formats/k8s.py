@@ -43,6 +43,13 @@ def k8s_name(name: str) -> str:
     return clean or "x"
 
 
+def k8s_node_name(host: str) -> str | None:
+    """The Kubernetes node name of `host` (lower case), or None when it cannot be one (a DNS
+    subdomain: `[a-z0-9.-]`, alphanumeric at both ends, at most 253 characters)."""
+    node = host.lower()
+    return node if _NODE_NAME.match(node) and len(node) <= 253 else None
+
+
 def _level_label(index: int, prefix: str) -> str:
     return f"{prefix}/{_LEVEL_NAMES.get(index, f'tier{index}')}"
 
@@ -79,8 +86,8 @@ def export_k8s_labels(
         path.reverse()  # root first
         by_depth = {depths[n]: n for n in path}
         for host in unit.hosts:
-            node = host.lower()
-            if not _NODE_NAME.match(node) or len(node) > 253:
+            node = k8s_node_name(host)
+            if node is None:
                 warnings.append(f"host {host!r} is not a valid Kubernetes node name; left out")
                 continue
             if node != host:

@@ -17,7 +17,7 @@ from typing import Any
 from ..model import LANE_GBPS, FabricError, Topology
 from .diagnostics import Exported, FormatError, dump_yaml, line_of, load_yaml, where
 from .hierarchy import TreeEntry, build_hierarchy, check_tree, topology_from_tree, unique_names
-from .k8s import k8s_name
+from .k8s import k8s_name, k8s_node_name
 from .slurm import compress_hostlist
 
 __all__ = ["API_VERSION", "export_volcano", "hostlist_regex", "import_volcano"]
@@ -99,26 +99,49 @@ def export_volcano(topology: Topology, *, nodes: Collection[str] | None = None, 
     warnings = list(hierarchy.warnings)
     walk = hierarchy.walk()
     names = unique_names(walk, k8s_name)
-    docs: list[dict[str, Any]] = []
-    for unit_name in walk:
+    # The nodes of each leaf group that can be Kubernetes nodes (the HyperNode CRD takes node names
+    # only: `x5570_comp1` is refused), as the k8s-labels export leaves the others out; a HyperNode
+    # left with no member is not written, nor named by its parent.
+    members_of: dict[str, list[dict[str, Any]]] = {}
+    seen: dict[str, str] = {}
+    for unit_name in reversed(walk):  # children before their parents
         unit = hierarchy.units[unit_name]
-        members: list[dict[str, Any]]
         if unit.hosts:
-            node_names = sorted({h.lower() for h in unit.hosts})
+            node_names = []
+            for host in sorted(unit.hosts):
+                node = k8s_node_name(host)
+                if node is None:
+                    warnings.append(f"host {host!r} is not a valid Kubernetes node name; left out")
+                elif node in seen:
+                    warnings.append(f"hosts {seen[node]!r} and {host!r} are both node {node!r}; kept the first")
+                else:
+                    seen[node] = host
+                    node_names.append(node)
+            node_names.sort()
+            if not node_names:
+                continue
             if regex:
-                members = [{"type": "Node", "selector": {"regexMatch": {"pattern": hostlist_regex(node_names)}}}]
+                members_of[unit_name] = [
+                    {"type": "Node", "selector": {"regexMatch": {"pattern": hostlist_regex(node_names)}}}
+                ]
             else:
-                members = [{"type": "Node", "selector": {"exactMatch": {"name": n}}} for n in node_names]
+                members_of[unit_name] = [{"type": "Node", "selector": {"exactMatch": {"name": n}}} for n in node_names]
         else:
-            members = [{"type": "HyperNode", "selector": {"exactMatch": {"name": names[c]}}} for c in unit.children]
-        docs.append(
-            {
-                "apiVersion": API_VERSION,
-                "kind": "HyperNode",
-                "metadata": {"name": names[unit_name]},
-                "spec": {"tier": unit.tier, "members": members},
-            }
-        )
+            kept = [c for c in unit.children if c in members_of]
+            if kept:
+                members_of[unit_name] = [
+                    {"type": "HyperNode", "selector": {"exactMatch": {"name": names[c]}}} for c in kept
+                ]
+    docs: list[dict[str, Any]] = [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "HyperNode",
+            "metadata": {"name": names[unit_name]},
+            "spec": {"tier": hierarchy.units[unit_name].tier, "members": members_of[unit_name]},
+        }
+        for unit_name in walk
+        if unit_name in members_of
+    ]
     if not docs:
         warnings.append("no host is cabled to a switch: no HyperNodes")
     header = f"# Volcano HyperNodes written by ibpool from topology {topology.name!r}\n"
