@@ -56,3 +56,13 @@ def test_a_job_holds_one_live_allocation_unless_it_asks_for_another() -> None:
     assert extra.rejection is None and extra.events
     other_job = al.decide(ledger, request("k", gpus=1, cmd_id="k1"), T0)
     assert other_job.rejection is None
+
+
+def test_an_id_answered_for_another_request_is_a_conflict_not_that_answer() -> None:
+    ledger = pool(node("n1", gpus=4))
+    assert al.handle(ledger, request("j", gpus=1, cmd_id="same"), T0).rejection is None
+    assert al.decide(ledger, request("j", gpus=1, cmd_id="same"), T0).conflict == ""
+    other_job = al.decide(ledger, request("k", gpus=1, cmd_id="same"), T0)
+    assert other_job.repeat and "was used for job j, not k" in other_job.conflict
+    other_tenant = al.decide(ledger, request("j", gpus=1, cmd_id="same", tenant="t9"), T0)
+    assert other_tenant.repeat and "tenant/queue/kind t1/q1/whole, asked t9/q1/whole" in other_tenant.conflict

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
 from typing import Annotated, Any
 
 import msgspec
@@ -223,22 +222,6 @@ def _not_found(detail: str) -> web.Response:
     return json_response({"error": "not found", "detail": detail}, status=404)
 
 
-def answered_otherwise(answer: Sequence[object], cmd: RequestAllocation, ledger: Ledger) -> str | None:
-    """Why the first answer to `cmd.id` was to another request (its events name another job, or the
-    live allocation of that id another tenant, queue or kind), or None when it is this one again."""
-    for ev in answer:
-        job = getattr(ev, "job_id", None)
-        if job is not None and job != cmd.job_id:
-            return f"was used for job {job}, not {cmd.job_id}"
-    alloc = ledger.allocations.get(cmd.id)
-    if alloc is not None:
-        held = (alloc.tenant, alloc.queue, alloc.kind)
-        asked = (cmd.tenant, cmd.queue, cmd.request.kind)
-        if held != asked:
-            return f"holds tenant/queue/kind {'/'.join(held)}, asked {'/'.join(asked)}"
-    return None
-
-
 def routes(allocator: PoolAllocator) -> web.RouteTableDef:
     r = web.RouteTableDef()
     source = allocator.kit.source
@@ -288,9 +271,9 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
         except ValueError as e:
             raise BadBody(str(e), "$.job_id") from None
         decision = await allocator.submit(cmd)
-        if decision.repeat and (differs := answered_otherwise(decision.events, cmd, allocator.ledger)) is not None:
+        if decision.conflict:
             return json_response(
-                ErrorBody(error="allocation id taken", detail=f"id {cmd.id} {differs}", path="$.id"), status=409
+                ErrorBody(error="allocation id taken", detail=decision.conflict, path="$.id"), status=409
             )
         rejection = decision.rejection
         if rejection is not None:

@@ -192,6 +192,8 @@ class PoolAllocator:
             await self.catch_up(tx)
             self._locked = None if tx.in_savepoint else tx
         decision = choose(self.ledger, self.clock.now())
+        if decision.conflict:  # an id reused for another request: the first answer stands, nothing is sent
+            log.warning("command id reused for another request", why=decision.conflict)
         if decision.events and not decision.repeat:
             try:
                 await tx.outbox(*decision.events)

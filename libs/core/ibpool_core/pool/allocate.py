@@ -160,13 +160,16 @@ DEFAULT_CONFIG = AllocatorConfig()
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """The events to publish, which are also the ledger's changes (`apply` them), in order.
 
-    repeat  the input was answered before: these are that answer's events and change nothing
-    note    why nothing happened, when there are no events
+    repeat    the input was answered before: these are that answer's events and change nothing
+    note      why nothing happened, when there are no events
+    conflict  with `repeat`: the id was answered for another request (another job, or a live
+              allocation of another tenant, queue or kind), and why; "" when it is this one again
     """
 
     events: tuple[LedgerEvent, ...] = ()
     repeat: bool = False
     note: str = ""
+    conflict: str = ""
 
     @property
     def granted(self) -> list[AllocationGranted]:
@@ -192,7 +195,8 @@ def decide(
         case (
             proto.ProposePlacement() | proto.ReplaceGangMember() | proto.RequestAllocation() | RenewLease() | SetQuota()
         ) if command.id in ledger.answers:
-            return Decision(events=ledger.answer(command.id), repeat=True)
+            answer = ledger.answer(command.id)
+            return Decision(events=answer, repeat=True, conflict=_answered_otherwise(ledger, answer, command))
         case proto.ProposePlacement():
             return _propose(ctx, command)
         case proto.ReplaceGangMember():
@@ -209,6 +213,24 @@ def decide(
             return _registered(ctx, command)
         case _:
             return _health(ctx, command)
+
+
+def _answered_otherwise(ledger: Ledger, answer: tuple[LedgerEvent, ...], command: Input) -> str:
+    """Why the first answer to `command.id` was to another request: its events name another job, or
+    the live allocation of that id has another tenant, queue or kind; "" when it is this one again."""
+    job = getattr(command, "job_id", None)
+    if job is not None:
+        for ev in answer:
+            other = getattr(ev, "job_id", None)
+            if other is not None and other != job:
+                return f"id {command.id} was used for job {other}, not {job}"
+    alloc = ledger.allocations.get(command.id)
+    if isinstance(command, proto.RequestAllocation) and alloc is not None:
+        held = (alloc.tenant, alloc.queue, alloc.kind)
+        asked = (command.tenant, command.queue, command.request.kind)
+        if held != asked:
+            return f"id {command.id} holds tenant/queue/kind {'/'.join(held)}, asked {'/'.join(asked)}"
+    return ""
 
 
 def expire(ledger: Ledger, now: dt.datetime, *, config: AllocatorConfig = DEFAULT_CONFIG) -> Decision:
