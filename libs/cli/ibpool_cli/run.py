@@ -877,7 +877,9 @@ async def _refused_without_credentials(info: devstack.StackInfo, scheduler_url: 
     import asyncpg
 
     try:
-        conn = await asyncpg.connect(info.postgres_dsn.replace(f":{_pg_password(info)}@", "@", 1), timeout=5)
+        conn = await asyncpg.connect(
+            info.postgres_dsn.replace(f":{devstack.postgres_password(info)}@", "@", 1), timeout=5
+        )
     except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError):
         refused["postgres"] = True
     except Exception:
@@ -886,10 +888,6 @@ async def _refused_without_credentials(info: devstack.StackInfo, scheduler_url: 
         refused["postgres"] = False
         await conn.close()
     return refused
-
-
-def _pg_password(info: devstack.StackInfo) -> str:
-    return (Path(info.secrets_dir) / "postgres.password").read_text().strip()
 
 
 def _summary(

@@ -35,6 +35,7 @@ from .processes import process_alive
 STACK_FILE = "stack.json"
 SECRETS_DIR = "secrets"
 API_TOKENS_FILE = "api-tokens"
+PG_PASSWORD_FILE = "postgres.password"
 # Every NATS user of a secured stack: the admin (streams, the operator's tools) and one per service.
 NATS_USERS = ("admin", *PUBLISHES)
 # The users that are services (the others: `operator` for people's tools, `subscriber` for readers).
@@ -327,7 +328,7 @@ def _secrets(state_dir: Path) -> tuple[Path, dict[str, str], str]:
         lines = [f"{role} {_secret(folder, f'api-{role}.token')}" for role in ("operator", "client")]
         tokens.write_text("# role token (ibpool_runtime.http.ApiAuth)\n" + "\n".join(lines) + "\n")
         tokens.chmod(0o600)
-    return folder, passwords, _secret(folder, "postgres.password")
+    return folder, passwords, _secret(folder, PG_PASSWORD_FILE)
 
 
 def nats_url_as(info: StackInfo, user: str) -> str:
@@ -336,6 +337,13 @@ def nats_url_as(info: StackInfo, user: str) -> str:
         return info.nats_url
     password = (Path(info.secrets_dir) / f"nats-{user}.password").read_text().strip()
     return info.nats_url.replace("nats://", f"nats://{user}:{password}@", 1)
+
+
+def postgres_password(info: StackInfo) -> str | None:
+    """The Postgres password of a secured stack (it is in `postgres_dsn` too); None for an open one."""
+    if not info.secured:
+        return None
+    return (Path(info.secrets_dir) / PG_PASSWORD_FILE).read_text().strip()
 
 
 def api_tokens_file(info: StackInfo) -> str:
