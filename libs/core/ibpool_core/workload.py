@@ -4,6 +4,12 @@ The agent's service feeds these functions the grant, what already runs and the t
 the returned workload and publishes the returned events. The simulated launcher's work ends
 after the grant's `simulated_runtime_s`; work whose simulated memory exceeds the grant's memory
 limit is killed as OOM, which is how the simulated agent enforces fractional grants.
+
+Event ids derive from what caused the event (`ibpool_core.ids.event_id`), never drawn at random:
+JobStarted and a refusal's JobExited from the grant (`<grant id>/started`, `<grant id>/refused`), a
+stop from the news that ended the allocation (`<its id>/stopped/<node>`), a workload's own end from
+the workload (`<allocation>/<node>/<started at>/exited`). The same input gives the same event, so a
+redelivered grant or a repeated tick publishes what JetStream's duplicate window drops.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import msgspec
 
 from ibpool_proto.job import ExitReason, JobExited, JobStarted
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
+
+from .ids import event_id
 
 OOM_EXIT_CODE = 137  # what a kernel OOM kill looks like from the parent: 128 + SIGKILL
 REVOKED_EXIT_CODE = 143  # 128 + SIGTERM
@@ -135,7 +143,7 @@ def admit_grant(
             command=list(spec.command),
             whole=whole,
         )
-        return GrantAdmitted(workload=process, started=_started(process, source))
+        return GrantAdmitted(workload=process, started=_started(process, grant, source))
     runtime_s = spec.simulated_runtime_s if spec and spec.simulated_runtime_s is not None else default_runtime_s
     limit = grant.enforcement.memory_limit_mib
     demand = spec.simulated_memory_mib if spec else None
@@ -155,11 +163,12 @@ def admit_grant(
         env=dict(grant.enforcement.env),
         whole=whole,
     )
-    return GrantAdmitted(workload=workload, started=_started(workload, source))
+    return GrantAdmitted(workload=workload, started=_started(workload, grant, source))
 
 
-def _started(w: Workload, source: str) -> JobStarted:
+def _started(w: Workload, grant: AllocationGranted, source: str) -> JobStarted:
     return JobStarted(
+        id=event_id(w.started_at, f"{grant.id}/started", 0),
         source=source,
         key=w.job_id,
         occurred_at=w.started_at,
@@ -177,10 +186,11 @@ def process_exited(
     """The exit of a workload's process. `returncode` as asyncio reports it (-N: killed by signal N;
     None: unknown, the agent restarted while it ran); `xids` the XID codes its GPUs raised meanwhile,
     which make a failure an "xid" exit."""
+    cause = _end_of(w)
     if returncode is None:
-        return _exited(w, now, source, -1, "lost", "exit code unknown: the agent restarted while it ran")
+        return _exited(w, now, source, -1, "lost", "exit code unknown: the agent restarted while it ran", cause)
     if returncode == 0:
-        return _exited(w, now, source, 0, "completed", "")
+        return _exited(w, now, source, 0, "completed", "", cause)
     seen = f"; XID {', '.join(map(str, xids))} on its GPUs" if xids else ""
     if returncode < 0:
         try:
@@ -188,13 +198,15 @@ def process_exited(
         except ValueError:
             name = f"signal {-returncode}"
         code = 128 - returncode  # as a shell reports it
-        return _exited(w, now, source, code, "xid" if xids else "signal", f"killed by {name}{seen}")
-    return _exited(w, now, source, returncode, "xid" if xids else "failed", f"exit code {returncode}{seen}")
+        return _exited(w, now, source, code, "xid" if xids else "signal", f"killed by {name}{seen}", cause)
+    why = f"exit code {returncode}{seen}"
+    return _exited(w, now, source, returncode, "xid" if xids else "failed", why, cause)
 
 
 def refuse_grant(grant: AllocationGranted, *, now: dt.datetime, source: str, detail: str) -> JobExited:
     """The exit of a job whose grant this node cannot honour: it fails at once, saying why."""
     return JobExited(
+        id=event_id(now, f"{grant.id}/refused", 0),
         source=source,
         key=grant.job_id,
         occurred_at=now,
@@ -209,15 +221,16 @@ def refuse_grant(grant: AllocationGranted, *, now: dt.datetime, source: str, det
 
 def finish_due(workloads: list[Workload], *, now: dt.datetime, source: str) -> list[tuple[Workload, JobExited]]:
     """The workloads whose simulated end has come, each with its exit event."""
-    done = []
+    done: list[tuple[Workload, JobExited]] = []
     for w in workloads:
         if w.ends_at is None or w.ends_at > now:
             continue
+        n = len(done)
         if w.planned_exit == "oom":
             detail = f"simulated memory {w.memory_demand_mib} MiB exceeded the grant's limit {w.memory_limit_mib} MiB"
-            done.append((w, _exited(w, now, source, OOM_EXIT_CODE, "oom", detail)))
+            done.append((w, _exited(w, now, source, OOM_EXIT_CODE, "oom", detail, _end_of(w), n)))
         else:
-            done.append((w, _exited(w, now, source, 0, w.planned_exit, "")))
+            done.append((w, _exited(w, now, source, 0, w.planned_exit, "", _end_of(w), n)))
     return done
 
 
@@ -236,11 +249,27 @@ def stop_revoked(
             detail = f"allocation released: {ended.reason}"
         case AllocationExpired():
             detail = "allocation lease expired"
-    return _exited(workload, now, source, REVOKED_EXIT_CODE, "revoked", detail)
+    cause = f"{ended.id}/stopped/{workload.node_id}"
+    return _exited(workload, now, source, REVOKED_EXIT_CODE, "revoked", detail, cause)
 
 
-def _exited(w: Workload, now: dt.datetime, source: str, code: int, reason: ExitReason, detail: str) -> JobExited:
+def _end_of(w: Workload) -> str:
+    """The cause of a workload's own end: the workload (its allocation, node and start)."""
+    return f"{w.allocation_id}/{w.node_id}/{w.started_at.isoformat()}/exited"
+
+
+def _exited(
+    w: Workload,
+    now: dt.datetime,
+    source: str,
+    code: int,
+    reason: ExitReason,
+    detail: str,
+    cause: str,
+    n: int = 0,
+) -> JobExited:
     return JobExited(
+        id=event_id(now, cause, n),
         source=source,
         key=w.job_id,
         occurred_at=now,

@@ -5,6 +5,11 @@ returns the new health and the verdicts to publish. Rates come from counter delt
 samples; a counter that went backwards wrapped (when it was near its maximum) or was reset (to
 zero). Hysteresis: a problem is raised once when it appears and cleared once it has stayed away
 for `clear_after_s`, so a noisy link does not produce an event storm.
+
+`link_events(before, after, findings)` turns what `observe` found into events. Their ids derive from
+the cause (`ibpool_core.ids.event_id`): the sample judged (the link, its time and counters) and the
+change of state it made, with each event's position; the same judgement gives the same events, ids
+included, never a random id.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import msgspec
 
 from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkStateChanged
 from ibpool_proto.message import Event
+
+from ..ids import EventIds
 
 Problem = Literal["down", "flapping", "errors", "degraded_width", "degraded_speed", "congested"]
 Verdict = Literal["raised", "cleared"]
@@ -157,6 +164,7 @@ def observe(
 
 
 class _Common(TypedDict):
+    id: str
     source: str
     key: str
     occurred_at: dt.datetime
@@ -176,21 +184,33 @@ def link_events(
     assert after.last is not None
     now = after.last.at
     link = after.link_id
-    common = _Common(source=source, key=link, occurred_at=now, link_id=link, topology_version=topology_version)
+    ids = EventIds(now)
+    cause = f"link/{before.state}->{after.state}/{msgspec.json.encode(after.last).decode()}"
+
+    def common() -> _Common:
+        return _Common(
+            id=ids.next(cause),
+            source=source,
+            key=link,
+            occurred_at=now,
+            link_id=link,
+            topology_version=topology_version,
+        )
+
     events: list[Event] = []
     if before.state != after.state:
         reasons = "; ".join(f.reason for f in findings) or "no active problem"
         evidence = {k: v for f in findings for k, v in f.evidence.items()}
         events.append(
             LinkStateChanged(
-                **common, state=after.state, previous_state=before.state, reason=reasons, evidence=evidence
+                **common(), state=after.state, previous_state=before.state, reason=reasons, evidence=evidence
             )
         )
     for f in findings:
         if f.verdict == "cleared":
-            events.append(LinkRecovered(**common, problem=f.problem, quiet_s=f.evidence.get("quiet_s", 0.0)))
+            events.append(LinkRecovered(**common(), problem=f.problem, quiet_s=f.evidence.get("quiet_s", 0.0)))
         elif f.problem == "flapping":
-            events.append(LinkFlapping(**common, changes=int(f.evidence["changes"]), window_s=f.evidence["window_s"]))
+            events.append(LinkFlapping(**common(), changes=int(f.evidence["changes"]), window_s=f.evidence["window_s"]))
         elif f.problem != "down":
-            events.append(LinkDegraded(**common, problem=f.problem, evidence=f.evidence, reason=f.reason))
+            events.append(LinkDegraded(**common(), problem=f.problem, evidence=f.evidence, reason=f.reason))
     return events

@@ -43,7 +43,12 @@ Verdicts and their actions:
   unreachable nodes stay suspected and ClusterDegraded is raised (once); ClusterRestored when the
   count is back within the limit. Failures reported by a node itself (XID 79) are not held back.
 
-Pure: no I/O, no wall clock; ids come from `ibpool_proto.new_id`.
+Pure: no I/O, no wall clock, no randomness. Event ids derive from what caused them
+(`ibpool_core.ids.EventIds`): the observation's id for what an observation did, `clock/<verdict>`
+for what the clock decided (`clock/heartbeat`: a node's suspicion, recovery or lifted GPU cordons,
+`clock/lost`: a node failed by silence, `clock/cluster`: the split-brain guard), with the event's
+key and its position among the decision's events. The same request gives the same reply, byte
+for byte, so JetStream's duplicate window drops a recomputed event.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ from ibpool_proto.message import Event
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
 
+from ..ids import EventIds
 from .gpu_signals import GpuRules, judge_gpu
 from .heartbeat import HeartbeatRules, clear_after_s, liveness
 from .job_exits import RetryRules, blame, flagged, may_requeue, requeue_backoff_s
@@ -260,6 +266,7 @@ def with_topology(state: HealthState, targets: dict[str, LinkTarget], version: i
 
 
 class _Envelope(TypedDict):
+    id: str
     source: str
     key: str
     occurred_at: dt.datetime
@@ -283,6 +290,9 @@ class _Decision:
         self.finished = dict(s.finished)
         self.events: list[Event] = []
         self.notes: list[str] = []
+        # What the events made now answer (see the module docstring); the ids number every event.
+        self.cause = "clock/heartbeat"
+        self.ids = EventIds(request.now)
 
     def state(self) -> HealthState:
         return HealthState(
@@ -300,7 +310,12 @@ class _Decision:
     # -- envelope --------------------------------------------------------------------------------
 
     def env(self, key: str) -> _Envelope:
-        return {"source": self.cfg.source, "key": key, "occurred_at": self.now}
+        return {
+            "id": self.ids.next(f"{self.cause}/{key}"),
+            "source": self.cfg.source,
+            "key": key,
+            "occurred_at": self.now,
+        }
 
     def emit(self, *events: Event) -> None:
         self.events.extend(events)
@@ -326,6 +341,7 @@ class _Decision:
     # -- observations ----------------------------------------------------------------------------
 
     def observe(self, obs: Observation) -> None:
+        self.cause = f"{type(obs).__name__}/{obs.id}"
         match obs:
             case NodeHeartbeat() | TelemetryReported() | NodeRegistered() if self.said_before_leaving(obs):
                 self.notes.append(f"{obs.node_id}: {type(obs).__name__} from before it deregistered")
@@ -626,6 +642,7 @@ class _Decision:
         # decided by one comparison against its interval's latest on-time beat (computed once per
         # interval): nothing else in the loop can change such a node.
         on_time_after: dict[float, dt.datetime] = {}
+        self.cause = "clock/heartbeat"
         for node_id in sorted(self.nodes):
             n = self.nodes[node_id]
             last_beat = n.last_beat
@@ -680,6 +697,7 @@ class _Decision:
         # overloaded pipeline), also when the nodes cross the fail window one by one. The guard
         # holds until that many are no longer late.
         late = sorted(n.node_id for n in self.nodes.values() if n.status == "suspect")
+        self.cause = "clock/cluster"
         if failed + max(len(late), len(lost)) > limit:
             if lost and not self.degraded:
                 self.degraded = True
@@ -694,9 +712,11 @@ class _Decision:
                     )
                 )
             return
+        self.cause = "clock/lost"
         for n in lost:
             gap = (self.heard - n.last_beat).total_seconds() if n.last_beat is not None else math.inf
             self.fail_node(n.node_id, f"no heartbeat for {gap:.1f}s")
+        self.cause = "clock/cluster"
         if self.degraded:
             self.degraded = False
             nodes = pool_size(self.nodes.values())

@@ -16,7 +16,9 @@ Three actions, each idempotent (a second one finds "nothing to do" and publishes
 
 An action on a node the controller does not know is `not_found`; a GPU index the node did not
 register is `not_found` too. The reason (who and why) goes into every event that has a reason.
-Pure: no I/O, no wall clock.
+Pure: no I/O, no wall clock, no randomness. The action has no id of its own: the events' ids derive
+from the action itself (`operator/<action as JSON>`, with each event's key and position, as in
+`decide`), so the same action at the same time gives the same events, ids included.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def act(request: OperatorRequest) -> OperatorReply:
     """Apply one operator action to the health picture. See the module docstring."""
     d = _Decision(FailoverRequest(state=request.state, now=request.now, config=request.config))
     a = request.action
+    d.cause = f"operator/{msgspec.json.encode(a).decode()}"
     n = d.nodes.get(a.node_id)
     if n is None:
         return OperatorReply(

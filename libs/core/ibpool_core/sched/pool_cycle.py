@@ -7,6 +7,11 @@ ready GPUs, the published fabric's leaf groups, the sites) and maps its starts b
 GPU indices, the exact assignment a `ProposePlacement` carries. GPUs are counted as taken when the
 ledger holds a grant on them, and also while the ledger replica has not seen yet what the
 scheduler already knows: a proposal in flight, or a grant the replica has not folded in.
+
+`job_changes` turns a plan into records and commands. A `ProposePlacement`'s id (also the allocation
+id of its grant) derives from the proposal (`ibpool_core.ids.event_id`): the job, its attempt and
+rejections so far (a new proposal of the job each time), the scheduler group and fencing term, and
+the ledger version it was computed on; the same cycle on the same input proposes the same command.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import msgspec
 from ibpool_core.fabric.index import FabricIndex
 from ibpool_core.fabric.link_health import LinkState
 from ibpool_core.fabric.view import FabricState
+from ibpool_core.ids import event_id
 from ibpool_core.pool.ledger import Allocation, Ledger, Node
 from ibpool_core.sched import framework as fw
 from ibpool_core.sched import lifecycle, records
@@ -930,7 +936,10 @@ def job_changes(
         changes[killed_id] = (live[killed_id], t.job, t.events)
     for p in plan.proposals:
         job = live[p.job_id]
+        cause = f"{job.job_id}/proposed/{job.attempt}/{job.rejections}/{stamp.group}/{stamp.term}/{plan.ledger_version}"
         cmd = ProposePlacement(
+            id=event_id(now, cause, 0),
+            occurred_at=now,
             source=stamp.source,
             key=job.job_id,
             job_id=job.job_id,
