@@ -30,9 +30,15 @@ from ibpool_proto import DecodeError, Message, decode, encode, misaddressed
 
 from . import telemetry
 from .logs import get_logger
+from .metrics import ServiceMetrics, count_failure
+from .outages import OUTAGES
 from .streams import DLQ_SUBJECT_PREFIX, STREAMS, StreamSpec, stream_for_subject
 
 log = get_logger(__name__)
+
+# What reading a delivered message's JetStream metadata (`Msg.metadata`) raises when its reply
+# subject is not one of JetStream's (`NotJSMessageError`) or does not parse (numbers, a timestamp).
+BAD_METADATA: tuple[type[Exception], ...] = (nats.errors.Error, ValueError, IndexError, OverflowError, OSError)
 
 CE_SPECVERSION = "1.0"
 CONTENT_TYPE = "application/json"
@@ -150,11 +156,13 @@ class Bus:
         backoff_s: float = 0.5,
         window: int = 256,
         tls_ca: str = "",
+        metrics: ServiceMetrics | None = None,
     ) -> Bus:
         """Connect with bounded retries; raise BusUnavailable naming the URL when all fail.
 
         `url` may list several servers of a cluster, comma-separated; passwords in it never reach logs.
-        With `tls_ca` (a PEM file) the servers are verified against that CA over TLS.
+        With `tls_ca` (a PEM file) the servers are verified against that CA over TLS. `metrics`
+        counts failed attempts and failed reconnect listeners (`ibpool_loop_failures`).
         """
         tls = None
         if tls_ca:
@@ -173,8 +181,11 @@ class Bus:
             for listener in list(listeners):
                 try:
                     await listener()
-                except Exception as e:  # one listener's failure must not stop the others
-                    log.warning("reconnect listener failed", error=str(e) or type(e).__name__)
+                except Exception as e:
+                    # Any error, not only an outage: one listener's failure must not stop the others,
+                    # and this runs in nats-py's reconnect task, which an error escaping here would end.
+                    count_failure(metrics, "nats reconnect listener", e)
+                    log.warning("reconnect listener failed", error=str(e) or type(e).__name__, exc_info=e)
 
         async def on_error(e: Exception) -> None:
             seen.append(e)
@@ -198,7 +209,8 @@ class Bus:
                     timeout=3,
                 )
                 return cls(nc, nc.jetstream(publish_async_max_pending=window), listeners)
-            except Exception as e:  # nats-py raises several unrelated types here
+            except OUTAGES as e:  # nats-py raises OSError, TimeoutError and its own errors (a bad URL too)
+                count_failure(metrics, "nats connect", e)
                 last = seen[-1] if isinstance(e, TimeoutError) and seen else e
                 error = redact_url(str(e)) or type(e).__name__
                 log.warning("nats connect failed", url=shown, attempt=attempt, error=error)
@@ -337,7 +349,7 @@ class Bus:
         headers = dlq_headers(msg.headers or {})
         try:
             seq = msg.metadata.sequence.stream
-        except Exception:
+        except BAD_METADATA:  # not a JetStream message (never so from a pull consumer): sequence 0 in its id
             seq = 0
         headers.update(
             {

@@ -37,9 +37,10 @@ from opentelemetry import trace
 from ibpool_proto import Message
 
 from . import faults, telemetry
-from .bus import Bus, Rejected, decode_delivered
+from .bus import BAD_METADATA, Bus, Rejected, decode_delivered
 from .logs import get_logger
 from .metrics import ServiceMetrics
+from .outages import OUTAGES
 from .store import Store, Transaction
 from .streams import stream_for_subject
 
@@ -265,11 +266,13 @@ class Consumer:
                     continue
                 except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
                     break
-                except Exception as e:
+                except OUTAGES as e:  # the bus away, or the durable gone (NotFoundError): see which
+                    self.metrics.loop_failed(f"{self.sub.durable} fetch", e)
                     log.warning("fetch failed", consumer=self.sub.durable, error=str(e) or type(e).__name__)
                     try:
                         await self.recreate_if_gone()
-                    except Exception as again:  # the bus is away (not known to be gone), or it may not be made
+                    except OUTAGES as again:  # the bus is away (not known to be gone), or it may not be made
+                        self.metrics.loop_failed(f"{self.sub.durable} recreate", again)
                         if self.missing:
                             log.error(
                                 "durable consumer not made again yet", consumer=self.sub.durable, error=str(again)
@@ -316,7 +319,7 @@ class Consumer:
                 for o in outcomes:
                     o.error, o.duplicate, o.refused = None, False, False
                 await self._handle_batch_isolated(outcomes, self.store)
-            except Exception as e:  # the commit itself failed: nothing of the batch happened
+            except OUTAGES as e:  # the commit itself failed: nothing of the batch happened
                 self._commit_failed(outcomes, e)
         else:
             for o in outcomes:
@@ -345,6 +348,9 @@ class Consumer:
             try:
                 await self.sub.prepare([o.event for o in outcomes if not o.duplicate], tx)
             except Exception as e:
+                # Any error: `prepare` is only a read-ahead, and the batch run again one event at a time
+                # without it is right whatever it met (a bug in it is logged and counted every batch).
+                self.metrics.loop_failed(f"{self.sub.durable} prepare", e)
                 log.warning(
                     "batch prepare failed; the batch runs again one event at a time",
                     consumer=self.sub.durable,
@@ -363,10 +369,12 @@ class Consumer:
             async with store.transaction() as tx:
                 for o in outcomes:
                     await self._handle_one(o, tx, isolated=True)
-        except Exception as e:
+        except OUTAGES as e:  # the commit failed (or the store went away between savepoints)
             self._commit_failed(outcomes, e)
 
     def _commit_failed(self, outcomes: list[_Outcome], e: Exception) -> None:
+        """Nothing of the batch was committed: every event is nak'd (counted in `ibpool_events_failed`
+        when settled), so the outage is not counted again here."""
         log.warning("batch commit failed", consumer=self.sub.durable, error=str(e))
         for o in outcomes:
             o.error = o.error or f"commit: {e}"
@@ -408,6 +416,9 @@ class Consumer:
                         await faults.delay_if_armed("handler.delay_s")
                         await self.sub.handler(o.event, ctx)
                 except Exception as e:
+                    # Any error: a handler that raises naks its message, which comes again and after
+                    # `max_deliver` attempts goes to the DLQ with the reason; one event's bug must not
+                    # stop the consumer. Counted in `ibpool_events_failed` (or dead-lettered, Refused).
                     o.error = f"{type(e).__name__}: {e}"
                     o.refused = isinstance(e, Refused)
                     span.record_exception(e)
@@ -450,7 +461,7 @@ class Consumer:
         log.error("dead-lettering message", consumer=self.sub.durable, subject=msg.subject, reason=reason)
         try:
             await self.bus.dead_letter(msg, consumer=self.sub.durable, reason=reason, deliveries=_deliveries(msg))
-        except Exception as e:  # DLQ unreachable: not acked, so it comes again; loud, and not ready meanwhile
+        except OUTAGES as e:  # DLQ unreachable: not acked, so it comes again; loud, and not ready meanwhile
             self.dlq_failing = True
             self.metrics.dead_letter_failures.labels(self.sub.durable).inc()
             log.error("dead-letter publish failed; the message is kept", consumer=self.sub.durable, error=str(e))
@@ -465,5 +476,5 @@ class Consumer:
 def _deliveries(msg: Msg) -> int:
     try:
         return int(msg.metadata.num_delivered)
-    except Exception:
+    except BAD_METADATA:  # not a JetStream message (never so from a pull consumer): its first delivery
         return 1

@@ -49,6 +49,7 @@ from .config import ConfigError
 from .consumer import HandlerContext, Subscription
 from .follow import follow_latest
 from .logs import get_logger
+from .outages import OUTAGES
 from .service import Kit
 from .streams import stream_for_subject
 
@@ -246,7 +247,8 @@ class FabricFeed:
                             newest = m
             finally:
                 await sub.unsubscribe()
-        except Exception as e:  # no stream yet, bus hiccup: the subscription will bring the next one
+        except OUTAGES as e:  # no stream yet, bus hiccup: the subscription will bring the next one
+            self.kit.metrics.loop_failed("fabric topology load", e)
             log.warning("could not read the last published topology", error=str(e) or type(e).__name__)
             return
         if newest is None:
@@ -257,7 +259,7 @@ class FabricFeed:
                 log.warning("last published topology not loaded", why=event.why, error=event.error)
             elif isinstance(event, TopologyPublished):
                 await self.on_topology(event)
-        except Exception as e:
+        except FabricFetchFailed as e:  # already counted (`ibpool_fabric_fetch_failures`) and logged with the URL
             log.warning("last published topology not loaded", error=str(e) or type(e).__name__)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -267,7 +269,10 @@ class FabricFeed:
             if self.follow_links:
                 bus = self.kit.bus
                 await asyncio.gather(
-                    *(follow_latest(bus, t.subject_pattern(), stop, self.on_link) for t in LINK_NEWS),
+                    *(
+                        follow_latest(bus, t.subject_pattern(), stop, self.on_link, metrics=self.kit.metrics)
+                        for t in LINK_NEWS
+                    ),
                     stop.wait(),
                 )
             else:

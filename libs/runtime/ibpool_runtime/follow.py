@@ -21,8 +21,10 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from .bus import Bus, Rejected, decode_delivered
+from .bus import BAD_METADATA, Bus, Rejected, decode_delivered
 from .logs import get_logger
+from .metrics import ServiceMetrics, count_failure
+from .outages import OUTAGES
 from .service import sleep_unless_stopped
 from .streams import stream_for_subject
 
@@ -41,6 +43,7 @@ async def follow_latest(
     batch: int = BATCH,
     inactive_s: float = INACTIVE_S,
     progress: Callable[[float, float], None] | None = None,
+    metrics: ServiceMetrics | None = None,
 ) -> None:
     """Call `handle` with every decoded message of `pattern`, from the newest of each subject on,
     until `stop` is set or the connection closes. `handle` must not block (it runs on the loop).
@@ -51,7 +54,10 @@ async def follow_latest(
     was stored, so a follower that falls behind its input knows by how much (now - t).
     `stored_late_s` is how long after their `occurred_at` the messages of the fetch were stored, at
     most (0 for an empty fetch): the delay before the follower could see them at all (a publisher
-    starved of CPU, a server slow to store). A message created at c is read once t >= c + that."""
+    starved of CPU, a server slow to store). A message created at c is read once t >= c + that.
+
+    A failed fetch (the bus away, the consumer dropped by the server) is counted in `metrics`
+    (`ibpool_loop_failures{loop="follow <pattern>"}`) and the consumer made anew."""
     sub = None
     while not stop.is_set():
         asked = time.time()
@@ -73,7 +79,8 @@ async def follow_latest(
             continue
         except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
             break
-        except Exception as e:  # the server dropped the consumer (reconnect, inactivity): start anew
+        except OUTAGES as e:  # the server dropped the consumer (reconnect, inactivity): start anew
+            count_failure(metrics, f"follow {pattern}", e)
             log.warning("following failed; resubscribing", subject=pattern, error=str(e) or type(e).__name__)
             sub = None
             await sleep_unless_stopped(stop, 0.5)
@@ -98,7 +105,7 @@ def _stored_late(m: Msg, occurred_at: float) -> float:
     """How long after it occurred `m` was stored (0 when unknown or when its clock runs ahead)."""
     try:
         return max(0.0, m.metadata.timestamp.timestamp() - occurred_at)
-    except Exception:
+    except BAD_METADATA:  # no JetStream metadata: not known
         return 0.0
 
 
@@ -107,7 +114,7 @@ def _read_until(last: Msg, asked: float) -> float:
     after it, else when `last` was stored (`asked` at most)."""
     try:
         meta = last.metadata
-    except Exception:  # no JetStream metadata: claim no progress beyond what is certain
+    except BAD_METADATA:  # no JetStream metadata: claim no progress beyond what is certain
         return 0.0
     if meta.num_pending == 0:
         return asked

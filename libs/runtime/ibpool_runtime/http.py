@@ -33,11 +33,13 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .config import BaseConfig, ConfigError
 from .logs import get_logger
 from .metrics import ServiceMetrics
+from .outages import OUTAGES
 
 log = get_logger(__name__)
 
@@ -128,9 +130,21 @@ def _unstorable_text_at(value: Any, path: str) -> str | None:
     return None
 
 
-@web.middleware
+def _errors_middleware(metrics: ServiceMetrics) -> Middleware:
+    """Clear 4xx answers for what a client got wrong, and a 500 for anything else a handler raised
+    (counted in `ibpool_loop_failures{loop="http"}`)."""
+
+    @web.middleware
+    async def errors(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        return await _errors(request, handler, metrics)
+
+    return errors
+
+
 async def _errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]], metrics: ServiceMetrics
 ) -> web.StreamResponse:
     if _unstorable(request.path):
         return _error(404, "not found", "no resource name has a NUL character")
@@ -156,6 +170,9 @@ async def _errors(
     except web.HTTPException:
         raise
     except Exception as e:
+        # Any error: a request must be answered (500 naming the error class), and one request's bug
+        # or the store away must not take the server down; logged with its traceback, and counted.
+        metrics.loop_failed("http", e)
         log.exception("unhandled error in HTTP handler", path=request.path)
         return _error(500, "internal error", type(e).__name__)
 
@@ -396,7 +413,8 @@ def create_app(
     auth: ApiAuth | None = None,
     title: str = "ibpool service",
 ) -> web.Application:
-    middlewares = [_errors] if auth is None else [_errors, _auth_middleware(auth)]
+    errors = _errors_middleware(metrics)
+    middlewares = [errors] if auth is None else [errors, _auth_middleware(auth)]
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
 
     @documented("Liveness", {200: _Health})
@@ -414,8 +432,9 @@ def create_app(
         if refresh_metrics is not None:
             try:
                 await refresh_metrics()
-            except Exception as e:  # a scrape must not fail because a gauge could not refresh
-                log.warning("metrics refresh failed", error=str(e))
+            except OUTAGES as e:  # a scrape must not fail because the bus or the store could not refresh a gauge
+                metrics.loop_failed("metrics refresh", e)
+                log.warning("metrics refresh failed", error=str(e) or type(e).__name__)
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app.router.add_get("/healthz", healthz)

@@ -55,6 +55,8 @@ from ibpool_proto.pool import (
 
 from .bus import Bus, Rejected, decode_delivered
 from .logs import get_logger
+from .metrics import ServiceMetrics, count_failure
+from .outages import OUTAGES
 from .service import sleep_unless_stopped
 from .streams import stream_for_subject
 
@@ -71,6 +73,10 @@ LEDGER_EVENTS = (
     QuotaChanged,
 )
 BATCH = 512
+# What makes a replica replay the stream from its first event instead of starting at the snapshot:
+# the snapshot damaged (ValueError: not a snapshot, another ledger format, chunks not matching the
+# digest), refused (a NATS user without the bucket's permissions: a timeout), or the bus away.
+SNAPSHOT_UNUSABLE: tuple[type[Exception], ...] = (ValueError, *OUTAGES)
 INACTIVE_S = 10.0
 
 # The pool allocator's snapshots of its ledger: one object, replaced by every new snapshot.
@@ -135,10 +141,13 @@ async def read_object(bus: Bus, bucket: str, name: str) -> bytes | None:
 
 
 class LedgerReplica:
-    def __init__(self, bus: Bus, from_seq: int | None = None) -> None:
+    def __init__(self, bus: Bus, from_seq: int | None = None, *, metrics: ServiceMetrics | None = None) -> None:
         """`from_seq`: replay from this stream sequence instead of the first (tests sharing one
-        stream between allocators with ledgers of their own)."""
+        stream between allocators with ledgers of their own). `metrics`: where the failures the
+        replica survives are counted (`ibpool_loop_failures`, loops "pool ledger" and "pool ledger
+        snapshot")."""
         self.bus = bus
+        self.metrics = metrics
         self.from_seq = from_seq
         self.ledger = Ledger(past_kept=0)
         self.caught_up = False
@@ -162,7 +171,8 @@ class LedgerReplica:
         try:
             snapshot = await read_snapshot(self.bus)
             ledger = None if snapshot is None else decode_ledger(snapshot.ledger, past_kept=0)
-        except Exception as e:  # damaged, refused (a NATS user without the bucket's permissions), timed out
+        except SNAPSHOT_UNUSABLE as e:
+            count_failure(self.metrics, "pool ledger snapshot", e)
             # The stream may still hold the ledger's first event; if not, the gap brings us back here.
             log.error(
                 "the pool ledger snapshot cannot be read; replaying the stream from its first event",
@@ -251,7 +261,8 @@ class LedgerReplica:
                 await sleep_unless_stopped(stop, 1.0)
             except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
                 break
-            except Exception as e:  # the server dropped the consumer (reconnect, inactivity): start anew
+            except OUTAGES as e:  # the server dropped the consumer (reconnect, inactivity): start anew
+                count_failure(self.metrics, "pool ledger", e)
                 log.warning("following the pool ledger failed; replaying", error=str(e) or type(e).__name__)
                 await sleep_unless_stopped(stop, 0.5)
             finally:

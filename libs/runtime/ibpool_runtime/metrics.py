@@ -55,5 +55,22 @@ class ServiceMetrics:
             ["consumer"],
             registry=self.registry,
         )
+        self.loop_failures = Counter(
+            "ibpool_loop_failures",
+            "Failures a service loop survived and tried again after (an outage of the bus or the store,"
+            " bad input it skipped), by loop and exception class",
+            ["loop", "error"],
+            registry=self.registry,
+        )
         self.info = Gauge("ibpool_service_info", "Service identity", ["service"], registry=self.registry)
         self.info.labels(**labels).set(1)
+
+    def loop_failed(self, loop: str, error: BaseException) -> None:
+        """Count one failure that `loop` survived (`ibpool_loop_failures{loop, error}`)."""
+        self.loop_failures.labels(loop, type(error).__name__).inc()
+
+
+def count_failure(metrics: ServiceMetrics | None, loop: str, error: BaseException) -> None:
+    """`metrics.loop_failed(loop, error)`, for the pieces whose metrics are optional (None: not counted)."""
+    if metrics is not None:
+        metrics.loop_failed(loop, error)

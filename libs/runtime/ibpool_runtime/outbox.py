@@ -29,6 +29,8 @@ import msgspec
 from . import faults
 from .bus import Bus, OutgoingMessage
 from .logs import get_logger
+from .metrics import ServiceMetrics, count_failure
+from .outages import OUTAGES
 from .store import Store
 
 log = get_logger(__name__)
@@ -57,8 +59,10 @@ class OutboxRelay:
         poll_s: float = 0.5,
         hold_idle_s: float = 5.0,
         linger_s: float = 0.05,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics  # counts the rounds that met an outage (`ibpool_loop_failures`)
         self.linger_s = min(linger_s, poll_s)
         # Seqs of rows published and not yet deleted: the next round's statement deletes them.
         self._published: list[int] = []
@@ -82,7 +86,8 @@ class OutboxRelay:
                 try:
                     while await self.publish_pending() == self.window:
                         pass
-                except Exception as e:  # the bus or the store is down: retry on the next tick
+                except OUTAGES as e:  # the bus or the store is down: retry on the next tick
+                    count_failure(self.metrics, "outbox relay", e)
                     log.warning("outbox relay failed, will retry", error=str(e) or type(e).__name__)
                     await self._let_go(broken=True)
                 waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
@@ -174,8 +179,8 @@ class OutboxRelay:
                     "RESET synchronous_commit; RESET idle_session_timeout; SELECT pg_advisory_unlock_all()"
                 )
                 undone = True
-        except Exception:
-            pass
+        except OUTAGES as e:  # the store away: the connection is closed below (anything else propagates, after that)
+            count_failure(self.metrics, "outbox relay", e)
         finally:
             if not undone:
                 with contextlib.suppress(Exception):
@@ -192,7 +197,8 @@ class OutboxRelay:
 
         try:
             await asyncio.wait_for(_drain(), timeout=timeout_s)
-        except Exception as e:
+        except OUTAGES as e:  # the bus or the store away at shutdown, or past `timeout_s`
+            count_failure(self.metrics, "outbox flush", e)
             log.warning("outbox flush incomplete; rows stay for the next start", error=str(e) or type(e).__name__)
         finally:
             await self._let_go()

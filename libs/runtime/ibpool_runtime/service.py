@@ -3,7 +3,9 @@
 connect (bounded retries) -> migrate -> streams -> consumers, outbox relay, HTTP, own tasks -> run;
 on SIGTERM/SIGINT: stop fetching, finish the batch in hand (bounded), stop own tasks, flush the
 outbox, drain NATS, close Postgres, exit 0. NATS or Postgres unreachable at start: exit 1 with a
-message that says which and where.
+message that says which and where. A loop survives an outage of the bus or the store
+(`outages.OUTAGES`, counted in `ibpool_loop_failures`); a task that ends with any other error (a
+bug) is logged with its traceback and stops the service the same graceful way, then exit 1.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from .config import BaseConfig, ConfigError, load_config
 from .consumer import Consumer, ConsumerSettings, Subscription
 from .http import ApiAuth, create_app
 from .logs import configure_logging, get_logger
-from .metrics import ServiceMetrics
+from .metrics import ServiceMetrics, count_failure
+from .outages import OUTAGES
 from .outbox import OutboxRelay
 from .store import MigrationError, Store, StoreUnavailable
 from .streams import STREAMS
@@ -91,13 +94,16 @@ class Service(Generic[C]):
             Consumer(kit.bus, kit.store if s.transactional else None, s, settings, kit.metrics, kit.source)
             for s in spec.subscriptions
         ]
-        self.relay = OutboxRelay(kit.store, kit.bus, window=cfg.outbox_window)
+        self.relay = OutboxRelay(kit.store, kit.bus, window=cfg.outbox_window, metrics=kit.metrics)
         self._consumer_tasks: list[asyncio.Task[None]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._relay_stop = asyncio.Event()
         self._relay_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.http_url: str | None = None
+        # Names of the tasks that ended with an error (a bug: what a loop survives it catches):
+        # the service stops, and exits non-zero.
+        self.crashed: list[str] = []
 
     async def start(self) -> None:
         kit = self.kit
@@ -110,9 +116,9 @@ class Service(Generic[C]):
         await kit.bus.ensure_streams(kit.config.stream_replicas)
         for c in self.consumers:
             await c.start()
-        self._relay_task = asyncio.create_task(self.relay.run(self._relay_stop), name="outbox-relay")
+        self._relay_task = self._supervised(self.relay.run(self._relay_stop), "outbox-relay")
         for c in self.consumers:
-            self._consumer_tasks.append(asyncio.create_task(c.run(kit.stop), name=f"consumer-{c.sub.durable}"))
+            self._consumer_tasks.append(self._supervised(c.run(kit.stop), f"consumer-{c.sub.durable}"))
         app = create_app(
             kit.metrics, self.readiness, self.refresh_metrics, self.spec.add_routes, auth, title=f"ibpool {kit.name}"
         )
@@ -125,13 +131,29 @@ class Service(Generic[C]):
         if self.spec.on_start is not None:
             await self.spec.on_start()
         for t in [*self.spec.tasks, self.prune_inbox]:
-            self._tasks.append(asyncio.create_task(t(kit.stop), name=getattr(t, "__name__", "task")))
+            self._tasks.append(self._supervised(t(kit.stop), getattr(t, "__name__", "task")))
         log.info("service started", http=self.http_url, consumers=[c.sub.durable for c in self.consumers])
+
+    def _supervised(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task of the service whose error ends the service: every loop survives what it means to
+        (`outages.OUTAGES`, and bad input where it says so), so an error out of one is a bug, and a
+        service running on without that loop would look alive and do nothing of its work."""
+        task = asyncio.create_task(work, name=name)
+        task.add_done_callback(self._task_ended)
+        return task
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        self.crashed.append(task.get_name())
+        log.error("service task failed; stopping the service", task=task.get_name(), exc_info=error)
+        self.kit.stop.set()
 
     async def prune_inbox(self, stop: asyncio.Event) -> None:
         """Delete handled event ids past `inbox_retention_s`, every `inbox_prune_interval_s`, so the
         inbox holds what the streams still hold and no more. Every replica does it (deletes of the
-        same rows are harmless); a store error is logged and tried again next time."""
+        same rows are harmless); a store outage is logged, counted and tried again next time."""
         cfg = self.kit.config
         longest = max(spec.max_age_s for spec in STREAMS)
         if cfg.inbox_retention_s < longest:
@@ -147,12 +169,12 @@ class Service(Generic[C]):
             if deleted:
                 log.info("inbox pruned", deleted=deleted, older_than_s=cfg.inbox_retention_s)
 
-        await repeat_until_stopped(stop, cfg.inbox_prune_interval_s, prune, "inbox pruning")
+        await repeat_until_stopped(stop, cfg.inbox_prune_interval_s, prune, "inbox pruning", metrics=self.kit.metrics)
 
     async def readiness(self) -> dict[str, bool]:
         return {
             "bus": self.kit.bus.connected,
-            "store": await self.kit.store.ping(),
+            "store": await self.kit.store.ping(self.kit.metrics),
             "consumers": all(c.running and not c.missing for c in self.consumers),
             "dead_letters": not any(c.dlq_failing for c in self.consumers),
         }
@@ -169,17 +191,20 @@ class Service(Generic[C]):
         # Consumers finish the batch in hand (handled, committed, acked) and fetch no more.
         await _wait_bounded(self._consumer_tasks, grace, "consumers")
         await _wait_bounded(self._tasks, grace, "service tasks")
-        if self.spec.on_stop is not None:
-            try:
-                await asyncio.wait_for(self.spec.on_stop(), timeout=grace)
-            except Exception as e:
-                log.warning("on_stop failed", error=str(e) or type(e).__name__)
-        self._relay_stop.set()
-        if self._relay_task is not None:
-            await _wait_bounded([self._relay_task], grace, "outbox relay")
-        await self.relay.flush(timeout_s=grace)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        try:
+            if self.spec.on_stop is not None:
+                try:
+                    await asyncio.wait_for(self.spec.on_stop(), timeout=grace)
+                except OUTAGES as e:  # the bus or the store away at shutdown, or past the grace: stop anyway
+                    kit.metrics.loop_failed("on_stop", e)
+                    log.warning("on_stop failed", error=str(e) or type(e).__name__)
+        finally:  # a bug in on_stop propagates, after the outbox is flushed and HTTP closed
+            self._relay_stop.set()
+            if self._relay_task is not None:
+                await _wait_bounded([self._relay_task], grace, "outbox relay")
+            await self.relay.flush(timeout_s=grace)
+            if self._runner is not None:
+                await self._runner.cleanup()
         log.info("service stopped", published=self.relay.published)
 
     async def serve(self) -> None:
@@ -198,15 +223,22 @@ async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
 
 
 async def repeat_until_stopped(
-    stop: asyncio.Event, interval_s: float, step: Callable[[], Awaitable[object]], what: str
+    stop: asyncio.Event,
+    interval_s: float,
+    step: Callable[[], Awaitable[object]],
+    what: str,
+    *,
+    metrics: ServiceMetrics | None = None,
 ) -> None:
     """Run `step` now and every `interval_s` after it until `stop` is set: a service's periodic work.
-    A step that raises (a store hiccup, a bad read) is logged as "`what` failed" and runs again at
-    its next time; it never ends the loop."""
+    A step that meets an outage of the bus or the store (`outages.OUTAGES`) is logged as "`what`
+    failed", counted in `metrics` (`ibpool_loop_failures{loop=what}`) and runs again at its next
+    time. Any other error is a bug: it ends the loop (and `Service` then stops the service)."""
     while not stop.is_set():
         try:
             await step()
-        except Exception as e:
+        except OUTAGES as e:
+            count_failure(metrics, what, e)
             log.warning(f"{what} failed", error=str(e) or type(e).__name__)
         await sleep_unless_stopped(stop, interval_s)
 
@@ -230,6 +262,7 @@ Build = Callable[[Kit[C]], Awaitable[ServiceSpec]]
 
 
 async def connect_kit(name: str, config: C, schema: str) -> Kit[C]:
+    metrics = ServiceMetrics(name)
     bus = await Bus.connect(
         config.nats_url,
         name=f"{name}/{config.instance or socket.gethostname()}",
@@ -237,6 +270,7 @@ async def connect_kit(name: str, config: C, schema: str) -> Kit[C]:
         backoff_s=config.connect_backoff_s,
         window=config.outbox_window,
         tls_ca=config.nats_tls_ca,
+        metrics=metrics,
     )
     try:
         store = await Store.connect(
@@ -245,7 +279,7 @@ async def connect_kit(name: str, config: C, schema: str) -> Kit[C]:
     except BaseException:
         await bus.close()
         raise
-    return Kit(name=name, config=config, bus=bus, store=store, metrics=ServiceMetrics(name))
+    return Kit(name=name, config=config, bus=bus, store=store, metrics=metrics)
 
 
 async def close_kit(kit: Kit[C]) -> None:
@@ -295,5 +329,8 @@ async def _serve(name: str, config: C, build: Build[C]) -> int:
         await service.serve()
     finally:
         await close_kit(kit)
+    if service.crashed:
+        log.error("exiting after a service task failed", pid=os.getpid(), tasks=service.crashed)
+        return 1
     log.info("exiting", pid=os.getpid())
     return 0

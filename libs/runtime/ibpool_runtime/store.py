@@ -26,6 +26,8 @@ from ibpool_proto import Message
 
 from .bus import OutgoingMessage, outgoing
 from .logs import get_logger
+from .metrics import ServiceMetrics, count_failure
+from .outages import OUTAGES
 
 log = get_logger(__name__)
 
@@ -275,10 +277,12 @@ class Store:
     async def outbox_lag(self) -> int:
         return int(await self.pool.fetchval("SELECT count(*) FROM outbox"))
 
-    async def ping(self) -> bool:
+    async def ping(self, metrics: ServiceMetrics | None = None) -> bool:
+        """Whether the store answers now (readiness); a failure is counted in `metrics` (`store ping`)."""
         try:
             return bool(await self.pool.fetchval("SELECT 1", timeout=2))
-        except Exception:
+        except OUTAGES as e:
+            count_failure(metrics, "store ping", e)
             return False
 
     async def close(self) -> None:

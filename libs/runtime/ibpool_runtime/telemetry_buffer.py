@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from ibpool_proto import Message
 
 from .logs import get_logger
+from .metrics import ServiceMetrics, count_failure
+from .outages import OUTAGES
 
 log = get_logger(__name__)
 
@@ -26,10 +28,13 @@ class TelemetryBuffer:
         publish: Callable[[Message], Awaitable[object]],
         connected: Callable[[], bool],
         capacity: int = 10_000,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
+        """`metrics`: where a flush that met an outage is counted (`ibpool_loop_failures{loop="telemetry flush"}`)."""
         if capacity < 1:
             raise ValueError(f"telemetry buffer capacity must be at least 1, got {capacity}")
         self.publish = publish
+        self.metrics = metrics
         self.connected = connected
         self.capacity = capacity
         self.pending: deque[Message] = deque()
@@ -49,7 +54,8 @@ class TelemetryBuffer:
         while self.pending and self.connected():
             try:
                 await self.publish(self.pending[0])
-            except Exception as e:  # the bus went away mid-flush: keep the sample for next time
+            except OUTAGES as e:  # the bus went away mid-flush: keep the sample for next time
+                count_failure(self.metrics, "telemetry flush", e)
                 log.warning("telemetry held back", pending=len(self.pending), error=str(e) or type(e).__name__)
                 break
             self.pending.popleft()

@@ -40,6 +40,7 @@ from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.leader import Leadership
 from ibpool_runtime.ledger_replica import LedgerReplica
 from ibpool_runtime.logs import get_logger
+from ibpool_runtime.outages import OUTAGES
 from ibpool_runtime.service import Kit
 from ibpool_runtime.store import Transaction
 
@@ -48,6 +49,7 @@ from .config import AutoscalerConfig
 from .declared import B, D, Kind
 from .deployments import (
     Decision,
+    InvalidDeployment,
     ReplicaRecord,
     core_deployment,
     decision_messages,
@@ -67,6 +69,12 @@ from .pool_view import idle_gpus, jobs_holding_gpus
 
 log = get_logger(__name__)
 
+# What one deployment's decision survives: the store away, or a bad record (a stored row that no
+# longer decodes: msgspec's errors are ValueErrors; a declaration the core or this version refuses:
+# ValueError, InvalidDeployment for a policy no longer known).
+DECISION_FAILURES: tuple[type[Exception], ...] = (*OUTAGES, ValueError, InvalidDeployment)
+# What a round over all elastic jobs survives: the store away, or a stored job that no longer decodes.
+ROUND_FAILURES: tuple[type[Exception], ...] = (*OUTAGES, ValueError)
 JOB_NEWS = (JobQueued, JobScheduled, JobStarted, JobRequeued, JobFinished)
 METRIC_NEWS = (DeploymentMetricsReported,)
 
@@ -91,7 +99,7 @@ class Autoscaler:
             "ibpool_autoscaler_elastic_resizes", "Elastic job resizes", ["direction"], registry=registry
         )
         # The pool ledger, for elasticity: idle GPUs, and which jobs hold GPUs.
-        self.pool = LedgerReplica(kit.bus, pool_from_seq)
+        self.pool = LedgerReplica(kit.bus, pool_from_seq, metrics=kit.metrics)
         self.elastic_rounds = 0
 
     # -- news ---------------------------------------------------------------------------------
@@ -196,7 +204,8 @@ class Autoscaler:
         for name in await state.DEPLOYMENTS.names(self.kit.store.pool):
             try:
                 reply = await self.decide_one(name)
-            except Exception as e:  # a store hiccup or a bad record must not stop the other deployments
+            except DECISION_FAILURES as e:  # a store hiccup or a bad record must not stop the other deployments
+                self.kit.metrics.loop_failed("scaling decision", e)
                 log.warning("scaling decision failed", deployment=name, error=str(e) or type(e).__name__)
                 continue
             if reply is not None:
@@ -336,11 +345,13 @@ class Autoscaler:
                 continue
             try:
                 await self.decide_all()
-            except Exception as e:  # the store down for a moment: try again at the next tick
+            except OUTAGES as e:  # the store down for a moment: try again at the next tick
+                self.kit.metrics.loop_failed("scaling round", e)
                 log.warning("scaling round failed", error=str(e) or type(e).__name__)
             try:
                 await self.decide_elastic()
-            except Exception as e:
+            except ROUND_FAILURES as e:  # the store down, or a stored elastic job that no longer decodes
+                self.kit.metrics.loop_failed("elasticity round", e)
                 log.warning("elasticity round failed", error=str(e) or type(e).__name__)
 
     async def pool_loop(self, stop: asyncio.Event) -> None:

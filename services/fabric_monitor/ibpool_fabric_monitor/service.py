@@ -8,7 +8,7 @@ from collections.abc import Callable
 from ibpool_core.clock import Clock
 from ibpool_core.fabric.index import FabricIndex
 from ibpool_core.fabric.link_health import Expected, LinkHealth, Rules, link_events, observe
-from ibpool_core.fabric.model import LANE_GBPS, Topology, content_hash, diff
+from ibpool_core.fabric.model import LANE_GBPS, FabricError, Topology, content_hash, diff
 from ibpool_proto.fabric import DiffSummary, TopologyPublished
 from ibpool_proto.node import HcaPortsReported
 from ibpool_runtime.consumer import HandlerContext, Subscription
@@ -18,6 +18,7 @@ from ibpool_runtime.service import Kit, repeat_until_stopped, sleep_unless_stopp
 from . import state
 from .config import FabricMonitorConfig
 from .sources import AgentsSource, CounterSource
+from .topology_source import TopologySourceError
 
 log = get_logger(__name__)
 
@@ -140,7 +141,7 @@ class FabricMonitor:
         return len(events)
 
     async def poll_loop(self, stop: asyncio.Event) -> None:
-        await repeat_until_stopped(stop, self.cfg.poll_interval_s, self.poll_once, "poll")
+        await repeat_until_stopped(stop, self.cfg.poll_interval_s, self.poll_once, "poll", metrics=self.kit.metrics)
 
     async def rediscover_loop(self, stop: asyncio.Event) -> None:
         interval = self.cfg.rediscover_interval_s
@@ -152,7 +153,10 @@ class FabricMonitor:
                 return
             try:
                 topology = await asyncio.to_thread(self.load_topology)
-            except Exception as e:  # a broken file keeps the last good version
+            except (TopologySourceError, FabricError, OSError) as e:  # a broken file keeps the last good version
+                # TopologySourceError: the configured loader's (a file unreadable or not parsing, a
+                # discovery command failing); FabricError and OSError: a loader that does not wrap them.
+                self.kit.metrics.loop_failed("topology rediscovery", e)
                 log.warning("rediscovery failed; keeping the current topology", error=str(e))
                 continue
             if content_hash(topology) != content_hash(self.topology):

@@ -24,6 +24,7 @@ from collections import deque
 
 import aiohttp
 import msgspec
+import nats.js.errors
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -53,6 +54,7 @@ from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.follow import follow_latest
 from ibpool_runtime.leader import Leadership
 from ibpool_runtime.logs import get_logger
+from ibpool_runtime.outages import OUTAGES
 from ibpool_runtime.service import Kit, repeat_until_stopped
 
 from . import state
@@ -155,6 +157,7 @@ class FailoverController:
                     on_message,
                     batch=BEAT_BATCH,
                     progress=heard if kind is NodeHeartbeat else None,
+                    metrics=self.kit.metrics,
                 )
                 for kind in BEATS
             )
@@ -321,7 +324,10 @@ class FailoverController:
             return None
         try:
             entry = await (await self.leadership.bucket()).get(self.leadership.key)
-        except Exception:  # no key (no leader right now) or the bus is away
+        except nats.js.errors.NotFoundError:  # no key, or its TTL ended it: no leader right now
+            return None
+        except OUTAGES as e:  # the bus is away: not known
+            self.kit.metrics.loop_failed("leader lookup", e)
             return None
         return entry.value.decode() if entry.value else None
 
@@ -330,7 +336,7 @@ class FailoverController:
             await self.leadership.run(stop)
 
     async def tick_loop(self, stop: asyncio.Event) -> None:
-        await repeat_until_stopped(stop, self.cfg.tick_interval_s, self.tick_once, "tick")
+        await repeat_until_stopped(stop, self.cfg.tick_interval_s, self.tick_once, "tick", metrics=self.kit.metrics)
 
 
 class NotDeciding(msgspec.Struct, frozen=True, kw_only=True):

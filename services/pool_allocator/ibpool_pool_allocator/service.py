@@ -257,7 +257,9 @@ class PoolAllocator:
             return await self.commit(tx, lambda ledger, at: expire(ledger, at, config=self.core))
 
     async def expiry_loop(self, stop: asyncio.Event) -> None:
-        await repeat_until_stopped(stop, self.cfg.expiry_interval_s, self.expire_once, "lease expiry")
+        await repeat_until_stopped(
+            stop, self.cfg.expiry_interval_s, self.expire_once, "lease expiry", metrics=self.kit.metrics
+        )
 
     async def snapshot_once(self, stop: asyncio.Event | None = None) -> state.Position | None:
         """Snapshot the ledger if it changed since the last snapshot: keep it in the store, delete
@@ -304,7 +306,11 @@ class PoolAllocator:
 
     async def snapshot_loop(self, stop: asyncio.Event) -> None:
         await repeat_until_stopped(
-            stop, self.cfg.snapshot_interval_s, lambda: self.snapshot_once(stop), "ledger snapshot"
+            stop,
+            self.cfg.snapshot_interval_s,
+            lambda: self.snapshot_once(stop),
+            "ledger snapshot",
+            metrics=self.kit.metrics,
         )
 
     async def check_snapshot(self) -> None:

@@ -23,6 +23,7 @@ from ibpool_core.sched.framework import Telemetry
 from ibpool_proto.node import HcaPortsReported, TelemetryReported
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.follow import follow_latest
+from ibpool_runtime.metrics import ServiceMetrics
 
 _RANK: dict[str, int] = {"up": 0, "degraded": 1, "flapping": 2, "down": 3}
 
@@ -50,8 +51,9 @@ def link_guids(link_id: str) -> tuple[str, ...]:
 
 
 class NodeFeed:
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, metrics: ServiceMetrics | None = None) -> None:
         self.bus = bus
+        self.metrics = metrics  # where a failed follow is counted (`ibpool_loop_failures`)
         # node id -> (when sampled, the sample)
         self.samples: dict[str, tuple[dt.datetime, TelemetryReported]] = {}
         self.guid_node: dict[str, str] = {}
@@ -96,4 +98,6 @@ class NodeFeed:
 
     async def run(self, stop: asyncio.Event) -> None:
         patterns = [TelemetryReported.subject_pattern(), HcaPortsReported.subject_pattern()]
-        await asyncio.gather(*(follow_latest(self.bus, p, stop, self.on_message) for p in patterns))
+        await asyncio.gather(
+            *(follow_latest(self.bus, p, stop, self.on_message, metrics=self.metrics) for p in patterns)
+        )

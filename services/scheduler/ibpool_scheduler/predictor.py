@@ -58,12 +58,17 @@ from ibpool_predict.model import (
     train_boosted_quantiles,
 )
 from ibpool_runtime.logs import get_logger
+from ibpool_runtime.metrics import ServiceMetrics, count_failure
+from ibpool_runtime.outages import OUTAGES
 
 from . import state
 from .config import SchedulerConfig
 
 log = get_logger(__name__)
 
+# What a sync survives: the store away; a stored record that does not decode (msgspec's errors are
+# ValueErrors) or whose numbers the features cannot take (a math domain error, a time out of range).
+SYNC_FAILURES: tuple[type[Exception], ...] = (*OUTAGES, ValueError, ArithmeticError)
 # Records fetched per query while syncing.
 SYNC_BATCH = 2_000
 # The warm-up yields to the event loop after this many jobs (~0.1-0.2 ms each to learn from, measured).
@@ -156,7 +161,8 @@ class RuntimePredictor:
 
     `trainer` replaces the learner (tests inject one that raises); `retrainer` the worker (None: a
     one-thread `Retrainer` of its own, shut down by `close`). `registry`: where the model version
-    gauge and the failed-trainings counter go.
+    gauge and the failed-trainings counter go; `metrics`: where a failed learner load or history sync
+    is counted (`ibpool_loop_failures`, loops "runtime model load" and "runtime model sync").
     """
 
     def __init__(
@@ -167,8 +173,10 @@ class RuntimePredictor:
         trainer: Trainer | None = None,
         retrainer: Retrainer | None = None,
         registry: CollectorRegistry | None = None,
+        metrics: ServiceMetrics | None = None,
     ) -> None:
         self.settings = s = settings or PredictorSettings()
+        self.metrics = metrics
         s.check()
         self._retrainer = retrainer if retrainer is not None else Retrainer()
         self.estimator = LearnedEstimator(
@@ -298,16 +306,21 @@ class RuntimePredictor:
         busy machine), which would pause the event loop's consumers and cycles if it came later."""
         try:
             await asyncio.wrap_future(self._retrainer.submit(load_learner))
-        except Exception as e:  # the service still serves: trainings fail and the fallback predicts
+        except (ImportError, OSError) as e:
+            # scikit-learn (or a shared library under it) missing or broken: the service still serves,
+            # trainings fail (counted as failed trainings) and the fallback predicts.
+            count_failure(self.metrics, "runtime model load", e)
             log.warning("the runtime model's learner could not be loaded", error=f"{type(e).__name__}: {e}")
 
     async def run(self, pool: asyncpg.Pool, stop: asyncio.Event) -> None:
-        """Sync every `sync_interval_s` until `stop`; a store error is logged and retried."""
+        """Sync every `sync_interval_s` until `stop`; a store outage or a stored job that cannot be
+        learned from is logged, counted and retried (trainings fail apart: `failed_trainings`)."""
         try:
             while not stop.is_set():
                 try:
                     await self.sync(pool)
-                except Exception as e:
+                except SYNC_FAILURES as e:  # a training's own errors stay on its worker thread
+                    count_failure(self.metrics, "runtime model sync", e)
                     log.warning("runtime model sync failed", error=str(e) or type(e).__name__)
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=self.settings.sync_interval_s)

@@ -76,6 +76,7 @@ from ibpool_runtime.fabric_feed import FabricFeed, load_fabric_file
 from ibpool_runtime.leader import Leadership
 from ibpool_runtime.ledger_replica import LedgerReplica
 from ibpool_runtime.logs import get_logger
+from ibpool_runtime.outages import OUTAGES
 from ibpool_runtime.service import Kit
 from ibpool_runtime.store import Transaction
 
@@ -170,7 +171,7 @@ class Scheduler:
         self.datasets_version = 0
         self.fairshare = FairShareState()
         self.fairshare_factors: dict[str, float] = {}
-        self.nodes = NodeFeed(kit.bus)
+        self.nodes = NodeFeed(kit.bus, kit.metrics)
         # The fabric placement decides on: the fabric monitor's published topology, followed live
         # (or `fabric_file` until one is published); the node labels only while neither is known.
         self.fabric = FabricView(
@@ -181,7 +182,7 @@ class Scheduler:
             kit, self.fabric, fetch_timeout_s=cfg.fabric_fetch_timeout_s, durable_prefix=cfg.durable_prefix
         )
         self._telemetry: dict[str, tuple[object, Telemetry]] = {}
-        self.feed = LedgerReplica(kit.bus, pool_from_seq)
+        self.feed = LedgerReplica(kit.bus, pool_from_seq, metrics=kit.metrics)
         # Terms are only comparable within one election, so the fencing group defaults to its key.
         self.group = cfg.scheduler_group or cfg.leader_key
         self.lifecycle = lifecycle.LifecycleConfig(
@@ -242,7 +243,7 @@ class Scheduler:
         self.predictor: RuntimePredictor | None = None
         if cfg.predict_runtime:
             try:
-                self.predictor = RuntimePredictor(settings_of(cfg), clock=clock, registry=registry)
+                self.predictor = RuntimePredictor(settings_of(cfg), clock=clock, registry=registry, metrics=kit.metrics)
             except ValueError as e:
                 raise ConfigError(f"invalid scheduler config: {e}") from None
             self.predictor.attach([self.policy, *(rule[0] for rule in self.queue_rules.values())])
@@ -425,8 +426,10 @@ class Scheduler:
         try:
             plan = await self._decide_and_commit_with(taken)
         except Exception as e:
-            # Nothing of the news was committed: it is handled apart (one event at a time, a failing
-            # one nak'd). When one of its handlers failed, the cycle runs again without it.
+            # Any error, to clean up, not to survive: nothing of the news was committed, so it is
+            # handled apart (one event at a time, a failing one nak'd, counted in ibpool_events_failed)
+            # and the error raised again; only HandlerFailed (one of its handlers failed) ends here,
+            # and the cycle runs again without that news.
             for handoff, news in taken:
                 await handoff.handle_apart(news)
             if isinstance(e, HandlerFailed):
@@ -703,5 +706,6 @@ class Scheduler:
             await asyncio.sleep(self.cfg.cycle_debounce_s)
             try:
                 await self.cycle_once()
-            except Exception as e:  # a store hiccup (or a deadlock victim) must not end scheduling
+            except OUTAGES as e:  # a store hiccup (or a deadlock victim) must not end scheduling
+                self.kit.metrics.loop_failed("scheduling cycle", e)
                 log.warning("scheduling cycle failed", error=str(e) or type(e).__name__)
