@@ -10,7 +10,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 export UV_LINK_MODE := copy
 ARGS ?=
 
-.PHONY: run test lint docs bench env clean unit integration images chaos
+.PHONY: run test lint docs bench env clean unit integration images chaos gpu-check
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -28,7 +28,7 @@ run: env
 lint: env
 	$(VENV)/bin/ruff check proto libs services tests examples
 	$(VENV)/bin/ruff format --check proto libs services tests examples
-	$(VENV)/bin/mypy --strict proto/ibpool_proto $(wildcard libs/*/ibpool_*) $(wildcard services/*/ibpool_*)
+	$(VENV)/bin/mypy --strict proto/ibpool_proto $(wildcard libs/*/ibpool_*) $(wildcard services/*/ibpool_*) examples tests/gpu
 
 docs: env
 	$(PY) -m ibpool_proto.docs docs/events
@@ -51,6 +51,12 @@ bench: env
 	$(PY) tests/bench/bench_failover.py --rounds 20 --fault xid79
 	$(PY) tests/bench/bench_sched.py --runs 3
 	$(VENV)/bin/ibpool bench pack --seeds 3 --format table --plot docs/packing-openb.png --out tests/bench/results/pack-latest.json
+
+# The node agent's NVML backend on this machine's GPU, step by step (docs/hardware.md); not part of `make test`.
+# Without a GPU it runs on the NVML stand-in and says so. ARGS="--out FILE" also writes the report.
+gpu-check: $(UV)
+	$(UV) sync --frozen --all-packages --group gpu --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')"
+	$(PY) tests/gpu/gpu_check.py $(ARGS)
 
 # Container images, built offline (needs a docker daemon and root for debootstrap): deploy/README.md.
 images: $(UV)

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from ibpool_node_agent.backends import GpuBackend
 from ibpool_node_agent.bootstrap import bootstrap
 from ibpool_node_agent.config import NodeAgentConfig
 from ibpool_proto import new_id
@@ -32,7 +33,9 @@ QUIET_GPUS_ENV = {f"IBPOOL_NODE_AGENT_{k.upper()}": str(v) for k, v in QUIET_GPU
 
 
 @asynccontextmanager
-async def running_agent(bus: Bus, store: Store, **overrides: object) -> AsyncIterator[Service[NodeAgentConfig]]:
+async def running_agent(
+    bus: Bus, store: Store, backends: list[GpuBackend] | None = None, **overrides: object
+) -> AsyncIterator[Service[NodeAgentConfig]]:
     cfg = NodeAgentConfig(
         **{
             "nodes": 2,
@@ -45,7 +48,7 @@ async def running_agent(bus: Bus, store: Store, **overrides: object) -> AsyncIte
         }
     )
     kit = Kit(name="node_agent", config=cfg, bus=bus, store=store, metrics=ServiceMetrics("node_agent"))
-    service = Service(kit, await bootstrap(kit))
+    service = Service(kit, await bootstrap(kit, backends=backends))
     await service.start()
     try:
         yield service

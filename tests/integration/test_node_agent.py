@@ -13,7 +13,9 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
+import pynvml
 
+from ibpool_node_agent.backends import NvmlBackend
 from ibpool_proto import decode
 from ibpool_proto.job import JobExited, JobStarted
 from ibpool_proto.node import NodeHeartbeat, NodeRegistered, TelemetryReported
@@ -21,6 +23,7 @@ from ibpool_proto.pool import AllocationRevoked, Enforcement, WorkloadSpec
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.store import Store
+from services.node_agent.tests.fake_nvml import FakeNvml
 from tests.integration.agent_support import grant, running_agent, unique_prefix
 from tests.integration.helpers import eventually, stream_messages
 
@@ -419,3 +422,53 @@ async def test_workloads_that_exited_before_the_retention_are_deleted(bus: Bus, 
         assert (dirs[kept.allocation_id] / "output.log").read_text() == "step 1\n"
         async with aiohttp.ClientSession() as http, http.get(f"{svc.http_url}/v1/agent") as r:
             assert msgspec.json.decode(await r.read())["exits_by_reason"] == {"completed": 1}
+
+
+async def test_the_nvml_backend_runs_the_agents_loops_and_an_xid_is_published_between_samples(
+    bus: Bus, store: Store
+) -> None:
+    """The service with NvmlBackend (through the NVML stand-in): registration, telemetry with measured
+    host figures, an XID published as it happens (not at the next sample), a failing read counted."""
+    nvml = FakeNvml(gpus=2)
+    nvml.gpus[1].util, nvml.gpus[1].temperature = 80, 66
+    node = f"{unique_prefix()}-gpu"
+    backend = NvmlBackend(node, nvml=nvml)
+    async with (
+        running_agent(bus, store, backends=[backend], telemetry_interval_s=600.0) as svc,
+        aiohttp.ClientSession() as http,
+    ):
+
+        async def samples() -> list[TelemetryReported]:
+            return await events_on(bus, "IBPOOL_NODE", TelemetryReported.subject(node))
+
+        async def registered() -> bool:
+            return bool(await events_on(bus, "IBPOOL_NODE", NodeRegistered.subject(node)))
+
+        await eventually(registered, what="the NVML node registered")
+        [reg] = await events_on(bus, "IBPOOL_NODE", NodeRegistered.subject(node))
+        assert reg.backend == "nvml" and [g.uuid for g in reg.gpus] == ["GPU-fake-0", "GPU-fake-1"]
+
+        async def sampled(count: int) -> bool:
+            return len(await samples()) >= count
+
+        await eventually(lambda: sampled(1), what="the first telemetry sample")
+        [first] = await samples()
+        assert (first.gpus[1].utilization_pct, first.gpus[1].temperature_c) == (80.0, 66.0)
+        assert first.host is not None and first.host.memory_used_mib > 0  # this machine, measured
+        assert all(g.xids == [] for g in first.gpus)
+
+        # The next sample is 600 s away: only the XID watcher can bring this one now.
+        nvml.raise_xid(1, 79)
+        await eventually(lambda: sampled(2), timeout_s=10.0, what="the XID published between samples")
+        second = (await samples())[1]
+        assert [g.xids for g in second.gpus] == [[], [79]]
+
+        nvml.failing["nvmlDeviceGetTemperature"] = pynvml.NVML_ERROR_GPU_IS_LOST
+        nvml.raise_xid(0, 13)
+        await eventually(lambda: sampled(3), timeout_s=10.0, what="a sample with a failing read")
+        third = (await samples())[2]
+        assert [g.xids for g in third.gpus] == [[13], []] and [g.temperature_c for g in third.gpus] == [0.0, 0.0]
+        async with http.get(f"{svc.http_url}/metrics") as r:
+            text = await r.text()
+        line = f'ibpool_node_agent_read_failures_total{{kind="temperature",node_id="{node}"}} 2.0'
+        assert line in text, [x for x in text.splitlines() if "read_failures" in x]

@@ -2,21 +2,40 @@
 
 from __future__ import annotations
 
+import functools
 import socket
+import threading
 import time
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import msgspec
-import psutil
 
 from ibpool_core.gpu_model import SimulatedGpus
-from ibpool_proto.node import GpuInfo, GpuSample, HostSample
+from ibpool_proto.node import GpuInfo, GpuSample
 from ibpool_runtime.logs import get_logger
 
 from .config import NodeAgentConfig
 from .enforcers import Enforcer, NvmlEnforcer, SimulatedEnforcer
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
+
+
+class ReadFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """A figure the backend could not read: which kind (e.g. "temperature", "xid_events"), of which GPU, and why."""
+
+    kind: str
+    error: str
+    gpu_index: int | None = None
+
+
+class Reading(msgspec.Struct, frozen=True, kw_only=True):
+    """One telemetry sample of a node's GPUs, and what could not be read for it (left at its default)."""
+
+    gpus: list[GpuSample]
+    failures: list[ReadFailure] = []
 
 
 class GpuBackend(Protocol):
@@ -25,20 +44,25 @@ class GpuBackend(Protocol):
     hostname: str
     # Puts each grant's MIG / MPS / visibility limits in force on this node.
     enforcer: Enforcer
+    # Whether `watch_xids` waits on a real event source (then the agent runs it between samples).
+    watches_xids: bool
 
     def inventory(self) -> list[GpuInfo]: ...
 
-    def sample(self, dt_s: float, load: dict[int, int]) -> list[GpuSample]:
-        """Telemetry now; `load` is GPU index -> MiB that granted work uses (the simulation needs it)."""
+    def sample(self, dt_s: float, load: dict[int, int]) -> Reading:
+        """Telemetry now; `load` is GPU index -> MiB that granted work uses (the simulation needs it).
+        Never raises for a figure it cannot read: the figure keeps its default and the reading says why."""
         ...
 
-    def host(self, load: dict[int, int]) -> HostSample:
-        """The node's CPU, memory, network and disk now."""
+    def watch_xids(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` for XIDs (blocking: run it in a thread) and keep them for the next
+        sample; how many arrived."""
         ...
 
 
 class SimulatedBackend:
     name = "simulated"
+    watches_xids = False
 
     def __init__(self, node_id: str, cfg: NodeAgentConfig) -> None:
         self.node_id = node_id
@@ -64,7 +88,10 @@ class SimulatedBackend:
             raise ValueError(f"node {self.node_id} has no GPU {index} (0..{self.model.count - 1})")
         self.injected_xids.setdefault(index, []).append(code)
 
-    def sample(self, dt_s: float, load: dict[int, int]) -> list[GpuSample]:
+    def watch_xids(self, timeout_s: float) -> int:
+        return 0  # injected XIDs are taken by the next sample, which the drill asks for at once
+
+    def sample(self, dt_s: float, load: dict[int, int]) -> Reading:
         out = self.model.sample(dt_s, load)
         if self.injected_xids:
             injected, self.injected_xids = self.injected_xids, {}
@@ -72,19 +99,7 @@ class SimulatedBackend:
                 msgspec.structs.replace(g, xids=[*g.xids, *injected[g.index]]) if g.index in injected else g
                 for g in out
             ]
-        return out
-
-    def host(self, load: dict[int, int]) -> HostSample:
-        # A simulated node's host follows its work: each busy GPU keeps about 1.5 cores of 32 busy
-        # feeding it and pins host memory for about a quarter of its GPU memory.
-        busy = len(load)
-        return HostSample(
-            cpu_pct=min(100.0, 2.0 + busy * 150.0 / 32),
-            memory_used_mib=4096 + sum(load.values()) // 4,
-            net_rx_bps=busy * 2e8,
-            net_tx_bps=busy * 2e8,
-            disk_used_pct=35.0,
-        )
+        return Reading(gpus=out)
 
 
 # NVML clock event (throttle) reason bits -> the names telemetry uses; idle and app-clock settings are not problems.
@@ -103,9 +118,11 @@ class NvmlBackend:
     Inventory: UUID, model, memory, MIG mode, NVLink (a GPU with an active NVLink is in the host's
     NVLink domain). Telemetry: utilisation, memory, temperature, power, volatile and aggregate
     uncorrected ECC, retired pages (or remapped rows on GPUs that remap instead of retiring),
-    throttle reasons, and the XIDs NVML reported since the last sample (an event set, read without
-    waiting). A figure a GPU does not support is left at its default. `nvml` is the nvidia-ml-py
-    module; tests pass a stand-in.
+    throttle reasons, and the XIDs NVML reported since the last sample. XIDs are waited for on an
+    NVML event set by `watch_xids` (the agent runs it in a thread between samples and samples at
+    once when one arrives). A figure a GPU does not support (NVML_ERROR_NOT_SUPPORTED) is left at
+    its default; any other NVML error leaves it at its default too and is returned as a
+    `ReadFailure` of its kind. `nvml` is the nvidia-ml-py module; tests pass a stand-in.
     """
 
     name = "nvml"
@@ -120,9 +137,13 @@ class NvmlBackend:
         self.node_id = node_id
         self.hostname = socket.gethostname()
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        # XIDs and event-set failures seen by `watch_xids` (a thread) until the next sample takes them.
+        self._pending_lock = threading.Lock()
+        self._pending_xids: dict[int, list[int]] = {}
+        self._pending_failures: list[ReadFailure] = []
         self.events = self._xid_events()
+        self.watches_xids = self.events is not None
         self.enforcer: Enforcer = NvmlEnforcer(nvml, self.handles, self.inventory())
-        self.host_meter = HostMeter()
 
     def _xid_events(self) -> Any:
         n = self.nvml
@@ -132,7 +153,7 @@ class NvmlBackend:
                 n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeXidCriticalError, events)
             return events
         except n.NVMLError as e:  # e.g. not supported in a container without the right caps
-            log.warning("XID events unavailable: telemetry carries no XIDs", error=str(e))
+            log.warning("XID events unavailable: telemetry carries no XIDs", node_id=self.node_id, error=str(e))
             return None
 
     def inventory(self) -> list[GpuInfo]:
@@ -155,9 +176,6 @@ class NvmlBackend:
             )
         return out
 
-    def host(self, load: dict[int, int]) -> HostSample:
-        return self.host_meter.sample()
-
     def _nvlink_active(self, h: Any) -> bool:
         n = self.nvml
         for link in range(n.NVML_NVLINK_MAX_LINKS):
@@ -168,36 +186,48 @@ class NvmlBackend:
                 return False  # no such link: the GPU has no more
         return False
 
-    def sample(self, dt_s: float, load: dict[int, int]) -> list[GpuSample]:
+    def sample(self, dt_s: float, load: dict[int, int]) -> Reading:
+        with self._pending_lock:
+            xids, self._pending_xids = self._pending_xids, {}
+            failures, self._pending_failures = self._pending_failures, []
+        gpus = [self._gpu_sample(i, h, xids.get(i, []), failures) for i, h in enumerate(self.handles)]
+        return Reading(gpus=gpus, failures=failures)
+
+    def _gpu_sample(self, i: int, h: Any, xids: list[int], failures: list[ReadFailure]) -> GpuSample:
         n = self.nvml
-        xids = self._pending_xids()
-        out = []
-        for i, h in enumerate(self.handles):
-            util = n.nvmlDeviceGetUtilizationRates(h)
-            mem = n.nvmlDeviceGetMemoryInfo(h)
-            out.append(
-                GpuSample(
-                    index=i,
-                    uuid=_text(n.nvmlDeviceGetUUID(h)),
-                    utilization_pct=float(util.gpu),
-                    memory_used_mib=int(mem.used // (1 << 20)),
-                    temperature_c=float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
-                    power_w=n.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                    ecc_volatile=self._ecc(h, n.NVML_VOLATILE_ECC),
-                    ecc_aggregate=self._ecc(h, n.NVML_AGGREGATE_ECC),
-                    retired_pages=self._retired(h),
-                    xids=xids.get(i, []),
-                    throttle_reasons=self._throttle(h),
-                )
-            )
-        return out
+
+        def read(kind: str, call: Callable[[], T], default: T) -> T:
+            try:
+                return call()
+            except n.NVMLError as e:
+                if e.value != n.NVML_ERROR_NOT_SUPPORTED:
+                    failures.append(ReadFailure(kind=kind, gpu_index=i, error=str(e)))
+                return default
+
+        no_reasons: list[str] = []
+        return GpuSample(
+            index=i,
+            uuid=self._uuids[i],
+            utilization_pct=read("utilization", lambda: float(n.nvmlDeviceGetUtilizationRates(h).gpu), 0.0),
+            memory_used_mib=read("memory", lambda: int(n.nvmlDeviceGetMemoryInfo(h).used // (1 << 20)), 0),
+            temperature_c=read(
+                "temperature", lambda: float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)), 0.0
+            ),
+            power_w=read("power", lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0, 0.0),
+            ecc_volatile=read("ecc", lambda: self._ecc(h, n.NVML_VOLATILE_ECC), 0),
+            ecc_aggregate=read("ecc", lambda: self._ecc(h, n.NVML_AGGREGATE_ECC), 0),
+            retired_pages=read("retired_pages", lambda: self._retired(h), 0),
+            xids=xids,
+            throttle_reasons=read("throttle", lambda: self._throttle(h), no_reasons),
+        )
+
+    @functools.cached_property
+    def _uuids(self) -> list[str]:
+        return [_text(self.nvml.nvmlDeviceGetUUID(h)) for h in self.handles]
 
     def _ecc(self, h: Any, counter: int) -> int:
         n = self.nvml
-        try:
-            return int(n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter))
-        except n.NVMLError:
-            return 0
+        return int(n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter))
 
     def _retired(self, h: Any) -> int:
         n = self.nvml
@@ -209,60 +239,49 @@ class NvmlBackend:
                     n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
                 )
             )
-        except n.NVMLError:
-            pass
-        try:  # A100 and later remap rows instead of retiring pages
-            corrected, uncorrected, _pending, _failed = n.nvmlDeviceGetRemappedRows(h)
-            return int(corrected + uncorrected)
-        except n.NVMLError:
-            return 0
+        except n.NVMLError as e:
+            if e.value != n.NVML_ERROR_NOT_SUPPORTED:
+                raise
+        # A100 and later remap rows instead of retiring pages
+        corrected, uncorrected, _pending, _failed = n.nvmlDeviceGetRemappedRows(h)
+        return int(corrected + uncorrected)
 
     def _throttle(self, h: Any) -> list[str]:
-        n = self.nvml
-        try:
-            mask = int(n.nvmlDeviceGetCurrentClocksThrottleReasons(h))
-        except n.NVMLError:
-            return []
+        mask = int(self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))
         return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
 
-    def _pending_xids(self) -> dict[int, list[int]]:
-        """GPU index -> XID codes NVML reported since the last call (never waits)."""
+    def watch_xids(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` on the event set for XIDs, then take whatever else is pending
+        (bounded: a storm of XIDs must not starve the sample); kept for the next sample."""
         n = self.nvml
-        out: dict[int, list[int]] = {}
         if self.events is None:
-            return out
-        for _ in range(1000):  # bounded: a storm of XIDs must not stall telemetry
+            return 0
+        got = 0
+        wait_ms = max(0, int(timeout_s * 1000))
+        for _ in range(1000):
             try:
-                data = n.nvmlEventSetWait_v2(self.events, 0)
-            except n.NVMLError:  # NVML_ERROR_TIMEOUT: nothing more pending
+                data = n.nvmlEventSetWait_v2(self.events, wait_ms)
+            except n.NVMLError as e:
+                if e.value != n.NVML_ERROR_TIMEOUT:
+                    with self._pending_lock:
+                        self._pending_failures.append(ReadFailure(kind="xid_events", error=str(e)))
+                    if got == 0:
+                        time.sleep(timeout_s)  # a failing event set is not waited on in a tight loop
                 break
+            wait_ms = 0
             if data.eventType & n.nvmlEventTypeXidCriticalError:
-                out.setdefault(int(n.nvmlDeviceGetIndex(data.device)), []).append(int(data.eventData))
-        return out
-
-
-class HostMeter:
-    """This machine's CPU, memory, network throughput (since the last sample) and root disk use (psutil)."""
-
-    def __init__(self, disk_path: str = "/") -> None:
-        self.disk_path = disk_path
-        psutil.cpu_percent(None)  # the first call only starts the measurement window
-        self._net = psutil.net_io_counters()
-        self._at = time.monotonic()
-
-    def sample(self) -> HostSample:
-        now, net = time.monotonic(), psutil.net_io_counters()
-        span = max(now - self._at, 1e-3)
-        rx = (net.bytes_recv - self._net.bytes_recv) * 8 / span
-        tx = (net.bytes_sent - self._net.bytes_sent) * 8 / span
-        self._net, self._at = net, now
-        return HostSample(
-            cpu_pct=float(psutil.cpu_percent(None)),
-            memory_used_mib=int(psutil.virtual_memory().used // (1 << 20)),
-            net_rx_bps=max(0.0, rx),
-            net_tx_bps=max(0.0, tx),
-            disk_used_pct=float(psutil.disk_usage(self.disk_path).percent),
-        )
+                try:
+                    index = int(n.nvmlDeviceGetIndex(data.device))
+                except n.NVMLError as e:
+                    with self._pending_lock:
+                        self._pending_failures.append(
+                            ReadFailure(kind="xid_events", error=f"XID {data.eventData} of an unknown GPU: {e}")
+                        )
+                    continue
+                with self._pending_lock:
+                    self._pending_xids.setdefault(index, []).append(int(data.eventData))
+                got += 1
+        return got
 
 
 def _text(v: str | bytes) -> str:
@@ -270,17 +289,17 @@ def _text(v: str | bytes) -> str:
 
 
 def nvml_gpu_count() -> int:
-    """How many GPUs NVML sees here; 0 when there is no driver or no GPU."""
-    try:
-        import pynvml
+    """How many GPUs NVML sees here; 0 when there is no driver (no libnvidia-ml) or no GPU."""
+    import pynvml
 
+    try:
         pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
+    except pynvml.NVMLError:  # NVML_ERROR_LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED, ...
         return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def node_ids(cfg: NodeAgentConfig) -> list[str]:

@@ -20,7 +20,7 @@ async def bootstrap(
         subscriptions=agent.subscriptions(),
         migrations=state.MIGRATIONS,
         add_routes=lambda app: app.router.add_routes(api.routes(agent)),
-        tasks=[agent.heartbeat_loop, agent.telemetry_loop, agent.workload_loop, agent.prune_loop],
+        tasks=[agent.heartbeat_loop, agent.telemetry_loop, agent.xid_loop, agent.workload_loop, agent.prune_loop],
         on_start=agent.register,
         on_stop=agent.deregister,
     )

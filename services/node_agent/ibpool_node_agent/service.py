@@ -13,10 +13,18 @@ import time
 from pathlib import Path
 
 import msgspec
+from prometheus_client import Counter
 
 from ibpool_core import workload as core
 from ibpool_core.clock import Clock
-from ibpool_proto.node import HcaPortsReported, NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
+from ibpool_proto.node import (
+    HcaPortsReported,
+    HostSample,
+    NodeDeregistered,
+    NodeHeartbeat,
+    NodeRegistered,
+    TelemetryReported,
+)
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked, Enforcement
 from ibpool_runtime.config import ConfigError
 from ibpool_runtime.consumer import HandlerContext, Refused, Subscription
@@ -27,15 +35,18 @@ from ibpool_runtime.service import Kit, repeat_until_stopped, sleep_unless_stopp
 from ibpool_runtime.telemetry_buffer import TelemetryBuffer
 
 from . import state
-from .backends import GpuBackend, SimulatedBackend, node_prefix
+from .backends import GpuBackend, ReadFailure, SimulatedBackend, node_prefix
 from .config import NodeAgentConfig
 from .enforcers import EnforcementError
 from .environment import RankError, workload_env
+from .hosts import HostMetrics
 from .launcher import LaunchError, ProcessLauncher
 
 log = get_logger(__name__)
 
 WORKLOAD_TICK_S = 0.2
+# How long one wait on an NVML event set lasts (the XID watcher's thread checks for stop between waits).
+XID_WAIT_S = 0.5
 # How often exited workloads past `workload_retention_s` are deleted.
 PRUNE_EVERY_S = 600.0
 
@@ -67,15 +78,25 @@ class NodeAgent:
         )
         self._hca_problems: set[str] = set()
         # Samples wait here through a bus outage (bounded, oldest dropped first); exits use the outbox.
-        self.telemetry = TelemetryBuffer(kit.bus.publish, lambda: kit.bus.connected, capacity=self.cfg.telemetry_buffer)
+        self.telemetry = TelemetryBuffer(
+            kit.bus.publish, lambda: kit.bus.connected, capacity=self.cfg.telemetry_buffer, metrics=kit.metrics
+        )
         self.heartbeats_skipped = 0
         work_dir = Path(self.cfg.work_dir or Path(tempfile.gettempdir()) / "ibpool-node-agent" / kit.source)
         self.launcher = ProcessLauncher(work_dir.expanduser(), stop_grace_s=self.cfg.stop_grace_s)
         # node id -> GPU index -> (when, XID code) seen in telemetry: a process that dies after an XID
         # on its GPUs exits with reason "xid".
         self.xids: dict[str, dict[int, list[tuple[dt.datetime, int]]]] = {n: {} for n in self.backends}
-        # Set by an injected XID: sample and publish now rather than at the next interval.
+        # Set by an XID (injected, or seen by the XID watcher): sample and publish now, not at the next interval.
         self.sample_now = asyncio.Event()
+        self.hosts = HostMetrics({b.node_id for b in backends if b.name == "simulated"})
+        self.read_failures = Counter(
+            "ibpool_node_agent_read_failures",
+            "Telemetry figures that could not be read (left at their default), by node and kind",
+            ["node_id", "kind"],
+            registry=kit.metrics.registry,
+        )
+        self._failing_reads: set[tuple[str, str]] = set()  # (node, kind) failing at the last sample
 
     @property
     def node_ids(self) -> list[str]:
@@ -250,16 +271,19 @@ class NodeAgent:
             now = self.clock.now()
             for n, b in self.backends.items():
                 load = self._load.get(n, {})
+                reading = b.sample(dt_s, load)
+                failures = list(reading.failures)
                 try:
-                    gpus, host = b.sample(dt_s, load), b.host(load)
-                except Exception as e:  # one bad read must not stop telemetry of the other nodes
-                    log.warning("telemetry read failed", node_id=n, error=str(e))
-                    continue
+                    host: HostSample | None = self.hosts.sample(n, load)
+                except OSError as e:  # /proc or the root disk unreadable: the GPUs are still reported
+                    host = None
+                    failures.append(ReadFailure(kind="host", error=str(e)))
+                self.note_read_failures(n, failures)
                 sample = TelemetryReported(
-                    source=self.kit.source, key=n, occurred_at=now, node_id=n, gpus=gpus, host=host
+                    source=self.kit.source, key=n, occurred_at=now, node_id=n, gpus=reading.gpus, host=host
                 )
                 self.telemetry.offer(sample)
-                for g in gpus:
+                for g in reading.gpus:
                     if g.xids:
                         seen = self.xids[n].setdefault(g.index, [])
                         seen.extend((now, code) for code in g.xids)
@@ -268,6 +292,31 @@ class NodeAgent:
                 await self.report_hca_ports()
             await self.telemetry.flush()
             await self._until_next_sample(stop)
+
+    def note_read_failures(self, node_id: str, failures: list[ReadFailure]) -> None:
+        """Count each figure that could not be read (per node and kind) and log when a kind starts
+        or stops failing on a node, not at every sample."""
+        failing = {f.kind: f for f in failures}
+        for kind, f in failing.items():
+            self.read_failures.labels(node_id=node_id, kind=kind).inc(sum(1 for x in failures if x.kind == kind))
+            if (node_id, kind) not in self._failing_reads:
+                self._failing_reads.add((node_id, kind))
+                log.warning("telemetry read failing", node_id=node_id, kind=kind, gpu_index=f.gpu_index, error=f.error)
+        for node, kind in [k for k in self._failing_reads if k[0] == node_id and k[1] not in failing]:
+            self._failing_reads.discard((node, kind))
+            log.info("telemetry read recovered", node_id=node, kind=kind)
+
+    async def xid_loop(self, stop: asyncio.Event) -> None:
+        """Between samples, wait on every NVML backend's XID event set (in threads); an XID makes the
+        telemetry loop sample and publish at once, so it reaches the failover controller within a
+        second rather than at the next `telemetry_interval_s`."""
+        watched = [b for b in self.backends.values() if b.watches_xids]
+        if not watched:
+            return
+        while not stop.is_set():
+            got = await asyncio.gather(*(asyncio.to_thread(b.watch_xids, XID_WAIT_S) for b in watched))
+            if any(got):
+                self.sample_now.set()
 
     async def _until_next_sample(self, stop: asyncio.Event) -> None:
         """`telemetry_interval_s`, or less when stopping or when a fault was injected meanwhile."""
@@ -308,11 +357,13 @@ class NodeAgent:
 
     async def workload_loop(self, stop: asyncio.Event) -> None:
         """Finish simulated work whose time has come and keep the in-memory view current."""
-        await repeat_until_stopped(stop, WORKLOAD_TICK_S, self.finish_due_work, "workload tick")
+        await repeat_until_stopped(
+            stop, WORKLOAD_TICK_S, self.finish_due_work, "workload tick", metrics=self.kit.metrics
+        )
 
     async def prune_loop(self, stop: asyncio.Event) -> None:
         """At start and every `PRUNE_EVERY_S`, delete the workloads that exited before `workload_retention_s`."""
-        await repeat_until_stopped(stop, PRUNE_EVERY_S, self.prune_exited, "workload pruning")
+        await repeat_until_stopped(stop, PRUNE_EVERY_S, self.prune_exited, "workload pruning", metrics=self.kit.metrics)
 
     async def prune_exited(self) -> None:
         gone = await state.prune_exited(self.kit.store.pool, self.kit.config.workload_retention_s, self.node_ids)

@@ -3,17 +3,25 @@
 One or more A100 80GB GPUs in MIG mode: GPU instances at placements (overlaps refused as the
 driver refuses them), compute instances, MIG device handles; and per-GPU telemetry that tests
 set: utilisation, memory, temperature, power, ECC, retired pages or remapped rows, throttle
-reasons, NVLink state, and XID events queued on an event set.
+reasons, NVLink state, and XID events on an event set whose wait blocks up to its timeout as
+NVML's does.
+
+Fidelity: the errors are nvidia-ml-py's own (`pynvml.NVMLError(code)`, whose subclasses such as
+`NVMLError_NotSupported` the backend may test for), every constant is taken from pynvml, the
+structures returned are pynvml's ctypes structures (the event data excepted: its `device` is a
+pointer to a real handle, so it is a namespace with the structure's field names), and
+`test_fake_nvml_fidelity.py` checks every function's signature against pynvml's.
+`failing[function name] = code` makes a call fail with that NVML error code.
 """
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Any
 
-
-class FakeNvmlError(Exception):
-    pass
+import pynvml
+from pynvml import NVMLError
 
 
 class FakeGpu:
@@ -32,39 +40,46 @@ class FakeGpu:
         self.nvlinks = 12
 
 
+def _error(code: int) -> NVMLError:
+    return NVMLError(code)
+
+
 class FakeNvml:
     """The NVML calls the node agent makes, on A100 80GB GPUs in MIG mode, keeping everything in memory."""
 
-    NVMLError = FakeNvmlError
-    NVML_TEMPERATURE_GPU = 0
-    NVML_VOLATILE_ECC = 0
-    NVML_AGGREGATE_ECC = 1
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
-    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
-    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
-    NVML_NVLINK_MAX_LINKS = 18
-    NVML_FEATURE_ENABLED = 1
-    nvmlEventTypeXidCriticalError = 0x8
-    NVML_DEVICE_MIG_ENABLE = 1
-    NVML_GPU_INSTANCE_PROFILE_COUNT = 18
-    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
-    NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE = 0
-    NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE = 1
-    NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE = 2
-    NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE = 3
-    NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE = 4
-    # profile id -> (compute slices, memory MB): 1g.10gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb, 1g.10gb+me, 1g.20gb
+    NVMLError = pynvml.NVMLError
+    NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+    NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
+    NVML_AGGREGATE_ECC = pynvml.NVML_AGGREGATE_ECC
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = (
+        pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+    )
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+    NVML_NVLINK_MAX_LINKS = pynvml.NVML_NVLINK_MAX_LINKS
+    NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+    NVML_GPU_INSTANCE_PROFILE_COUNT = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+    NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE
+    NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE
+    NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE
+    NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE
+    NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE
+    c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t
+    # A100 80GB GPU instance profile id -> (compute slices, memory MB): 1g.10gb, 2g.20gb, 3g.40gb,
+    # 4g.40gb, 7g.80gb, 1g.10gb+me, 1g.20gb
     PROFILES = {0: (1, 9856), 1: (2, 19968), 2: (3, 40192), 3: (4, 40192), 4: (7, 80384), 7: (1, 9856), 9: (1, 19968)}
     MEMORY_SLICES = {0: 1, 1: 2, 2: 4, 3: 4, 4: 8, 7: 1, 9: 2}
-
-    class c_nvmlGpuInstancePlacement_t:
-        start = 0
-        size = 0
 
     def __init__(self, mig_enabled: bool = True, gpus: int = 1, events_supported: bool = True) -> None:
         self.gpus = [FakeGpu(i) for i in range(gpus)]
         self.events_supported = events_supported
         self.event_queue: list[tuple[int, int]] = []  # (gpu index, XID)
+        self._events_changed = threading.Condition()
         self.registered: set[int] = set()
         self.initialised = False
         self.mig_mode = 1 if mig_enabled else 0
@@ -72,121 +87,169 @@ class FakeNvml:
         self.compute: dict[int, int] = {}  # ci handle -> gi id
         self.next_id = 1
         self.fail_compute = False
+        # function name -> NVML error code it fails with (a GPU fallen off the bus, a driver fault)
+        self.failing: dict[str, int] = {}
 
-    def nvmlDeviceGetMigMode(self, h: Any) -> tuple[int, int]:
-        return self.mig_mode, self.mig_mode
+    def _check(self, function: str) -> None:
+        if function in self.failing:
+            raise _error(self.failing[function])
 
-    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: Any, pid: int) -> Any:
-        if pid not in self.PROFILES:
-            raise FakeNvmlError("Not Supported")
-        slices, mb = self.PROFILES[pid]
-        return SimpleNamespace(id=pid, sliceCount=slices, memorySizeMB=mb)
+    def raise_xid(self, index: int, xid: int) -> None:
+        """The GPU `index` reports XID `xid` now: a waiting `nvmlEventSetWait_v2` returns it at once."""
+        with self._events_changed:
+            self.event_queue.append((index, xid))
+            self._events_changed.notify_all()
 
-    def nvmlDeviceCreateGpuInstanceWithPlacement(self, h: Any, pid: int, p: Any) -> int:
-        assert p.size == self.MEMORY_SLICES[pid]
-        span = set(range(p.start, p.start + p.size))
+    # -- MIG
+
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
+        return [self.mig_mode, self.mig_mode]
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, device: Any, profile: int, version: int = 2) -> Any:
+        if profile not in self.PROFILES:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        slices, mb = self.PROFILES[profile]
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()  # its constructor sets only the version
+        info.id, info.sliceCount, info.memorySizeMB = profile, slices, mb
+        return info
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, device: Any, profileId: int, placement: Any) -> int:
+        assert placement.size == self.MEMORY_SLICES[profileId]
+        span = set(range(placement.start, placement.start + placement.size))
         for _, start, size in self.instances.values():
             if span & set(range(start, start + size)):
-                raise FakeNvmlError("Insufficient Resources")
+                raise _error(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
         gi = self.next_id
         self.next_id += 1
-        self.instances[gi] = (pid, p.start, p.size)
+        self.instances[gi] = (profileId, placement.start, placement.size)
         return gi
 
-    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: int, profile: int, eng: int) -> Any:
-        return SimpleNamespace(id=profile)
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, device: int, profile: int, engProfile: int, version: int = 2
+    ) -> Any:
+        info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+        info.id = profile
+        return info
 
-    def nvmlGpuInstanceCreateComputeInstance(self, gi: int, pid: int) -> int:
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: int, profileId: int) -> int:
         if self.fail_compute:
-            raise FakeNvmlError("Unknown Error")
-        ci = 1000 + gi
-        self.compute[ci] = gi
+            raise _error(pynvml.NVML_ERROR_UNKNOWN)
+        ci = 1000 + gpuInstance
+        self.compute[ci] = gpuInstance
         return ci
 
-    def nvmlGpuInstanceGetInfo(self, gi: int) -> Any:
-        return SimpleNamespace(id=gi)
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: int) -> Any:
+        return pynvml.c_nvmlGpuInstanceInfo_t(id=gpuInstance)
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
         return 7
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, i: int) -> int:
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> int:
         live = sorted(self.compute.values())
-        if i >= len(live):
-            raise FakeNvmlError("Not Found")
-        return live[i]
+        if index >= len(live):
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return live[index]
 
-    def nvmlDeviceGetGpuInstanceId(self, mh: int) -> int:
-        return mh
+    def nvmlDeviceGetGpuInstanceId(self, device: int) -> int:
+        return device
 
-    def nvmlDeviceGetUUID(self, mh: int | FakeGpu) -> bytes:
-        if isinstance(mh, FakeGpu):
-            return f"GPU-fake-{mh.index}".encode()
-        return f"MIG-fake-{mh}".encode()
+    def nvmlDeviceGetUUID(self, handle: int | FakeGpu) -> str:
+        # nvidia-ml-py decodes the C string (convertStrBytes): str, as here
+        if isinstance(handle, FakeGpu):
+            return f"GPU-fake-{handle.index}"
+        return f"MIG-fake-{handle}"
 
-    def nvmlComputeInstanceDestroy(self, ci: int) -> None:
-        del self.compute[ci]
+    def nvmlComputeInstanceDestroy(self, computeInstance: int) -> None:
+        del self.compute[computeInstance]
 
-    def nvmlGpuInstanceDestroy(self, gi: int) -> None:
-        del self.instances[gi]
+    def nvmlGpuInstanceDestroy(self, gpuInstance: int) -> None:
+        del self.instances[gpuInstance]
 
     # -- devices and telemetry (handles are the FakeGpu objects)
 
     def nvmlInit(self) -> None:
         self.initialised = True
 
+    def nvmlShutdown(self) -> None:
+        self.initialised = False
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "fake"
+
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeGpu:
-        return self.gpus[i]
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        return self.gpus[index]
 
-    def nvmlDeviceGetIndex(self, h: FakeGpu) -> int:
-        return h.index
+    def nvmlDeviceGetIndex(self, handle: FakeGpu) -> int:
+        return handle.index
 
-    def nvmlDeviceGetName(self, h: FakeGpu) -> bytes:
-        return b"NVIDIA A100-SXM4-80GB"
+    def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
+        return "NVIDIA A100-SXM4-80GB"
 
-    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
-        return SimpleNamespace(total=81920 << 20, used=h.used_mib << 20)
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu, version: int | None = None) -> Any:
+        self._check("nvmlDeviceGetMemoryInfo")
+        total, used = 81920 << 20, handle.used_mib << 20
+        return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
 
-    def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> Any:
-        return SimpleNamespace(gpu=h.util, memory=0)
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> Any:
+        self._check("nvmlDeviceGetUtilizationRates")
+        return pynvml.c_nvmlUtilization_t(gpu=handle.util, memory=0)
 
-    def nvmlDeviceGetTemperature(self, h: FakeGpu, sensor: int) -> int:
-        return h.temperature
+    def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
+        self._check("nvmlDeviceGetTemperature")
+        return handle.temperature
 
-    def nvmlDeviceGetPowerUsage(self, h: FakeGpu) -> int:
-        return h.power_mw
+    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
+        self._check("nvmlDeviceGetPowerUsage")
+        return handle.power_mw
 
-    def nvmlDeviceGetTotalEccErrors(self, h: FakeGpu, kind: int, counter: int) -> int:
-        return h.ecc[counter]
+    def nvmlDeviceGetTotalEccErrors(self, handle: FakeGpu, errorType: int, counterType: int) -> int:
+        self._check("nvmlDeviceGetTotalEccErrors")
+        return handle.ecc[counterType]
 
-    def nvmlDeviceGetRetiredPages(self, h: FakeGpu, cause: int) -> list[int]:
-        if h.retired is None:
-            raise FakeNvmlError("Not Supported")
-        return h.retired if cause == 1 else []
+    def nvmlDeviceGetRetiredPages(self, device: FakeGpu, sourceFilter: int) -> list[int]:
+        self._check("nvmlDeviceGetRetiredPages")
+        if device.retired is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return device.retired if sourceFilter == 1 else []
 
-    def nvmlDeviceGetRemappedRows(self, h: FakeGpu) -> tuple[int, int, int, int]:
-        return h.remapped
+    def nvmlDeviceGetRemappedRows(self, device: FakeGpu) -> tuple[int, int, int, int]:
+        self._check("nvmlDeviceGetRemappedRows")
+        return device.remapped
 
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: FakeGpu) -> int:
-        return h.throttle
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeGpu) -> int:
+        self._check("nvmlDeviceGetCurrentClocksThrottleReasons")
+        return handle.throttle
 
-    def nvmlDeviceGetNvLinkState(self, h: FakeGpu, link: int) -> int:
-        if link >= h.nvlinks:
-            raise FakeNvmlError("Invalid Argument")
+    def nvmlDeviceGetNvLinkState(self, device: FakeGpu, link: int) -> int:
+        if link >= device.nvlinks:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return 1
 
     def nvmlEventSetCreate(self) -> str:
         if not self.events_supported:
-            raise FakeNvmlError("Not Supported")
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return "event-set"
 
-    def nvmlDeviceRegisterEvents(self, h: FakeGpu, kinds: int, events: str) -> None:
-        self.registered.add(h.index)
+    def nvmlEventSetFree(self, eventSet: str) -> None:
+        pass
 
-    def nvmlEventSetWait_v2(self, events: str, timeout_ms: int) -> Any:
-        if not self.event_queue:
-            raise FakeNvmlError("Timeout")
-        index, xid = self.event_queue.pop(0)
-        return SimpleNamespace(device=self.gpus[index], eventType=0x8, eventData=xid)
+    def nvmlDeviceRegisterEvents(self, handle: FakeGpu, eventTypes: int, eventSet: str) -> None:
+        self.registered.add(handle.index)
+
+    def nvmlEventSetWait_v2(self, eventSet: str, timeoutms: int) -> Any:
+        self._check("nvmlEventSetWait_v2")
+        with self._events_changed:
+            self._events_changed.wait_for(lambda: bool(self.event_queue), timeout=timeoutms / 1000)
+            if not self.event_queue:
+                raise _error(pynvml.NVML_ERROR_TIMEOUT)
+            index, xid = self.event_queue.pop(0)
+        return SimpleNamespace(
+            device=self.gpus[index],
+            eventType=pynvml.nvmlEventTypeXidCriticalError,
+            eventData=xid,
+            gpuInstanceId=0xFFFFFFFF,
+            computeInstanceId=0xFFFFFFFF,
+        )
