@@ -143,3 +143,19 @@ def test_backfill_never_delays_the_head_reservation(
     )
     assert again is not None
     assert again[0].start_at <= reply.reservation.start_at
+
+
+def test_a_running_job_whose_gpus_are_already_free_frees_nothing_more_at_the_shadow_time() -> None:
+    """The ledger can show a job's GPUs free before its exit is handled (its allocation was revoked
+    or released); the reservation then counts no host past its capacity (this raised IndexError
+    in a live cycle)."""
+    view = FreeView.of(cluster(2, busy={0: 4}))  # host 0: 4 free of 8, host 1: 8 free of 8
+    gone = running(job("gone", 8), [(1, 8)], end=200.0)  # its GPUs on host 1 are free already
+    holder = running(job("holder", 4), [(0, 4)], end=500.0)
+    head = job("head", 16)
+    found = reserve(view, [gone, holder], head, 100.0, LeafPlacer(), max_leaves=None)
+    assert found is not None
+    reservation, free_at_shadow = found
+    assert reservation.start_at == 500.0 and sorted(reservation.hosts) == [(0, 8), (1, 8)]
+    assert free_at_shadow == [8, 8]
+    assert view.free == [4, 8]  # not mutated

@@ -17,14 +17,16 @@ Placement = list[tuple[int, int]]  # (host index, GPUs) per gang member
 class FreeView:
     """Free GPUs per host, with hosts bucketed by their free count and grouped by leaf.
 
-    Invariant: host h is in `by_free[free[h]]`. Only `take` and `give` change the free counts.
+    Invariant: host h is in `by_free[free[h]]` and 0 <= free[h] <= capacity[h]. Only `take` and
+    `give` change the free counts. `capacity`: each host's GPUs (default: `max_gpus` for every host).
     """
 
-    __slots__ = ("by_free", "free", "leaf_of", "leaves", "total_free")
+    __slots__ = ("by_free", "capacity", "free", "leaf_of", "leaves", "total_free")
 
-    def __init__(self, free: list[int], leaf_of: list[int], max_gpus: int) -> None:
+    def __init__(self, free: list[int], leaf_of: list[int], max_gpus: int, capacity: list[int] | None = None) -> None:
         self.free = list(free)
         self.leaf_of = leaf_of
+        self.capacity = capacity if capacity is not None else [max_gpus] * len(self.free)
         self.by_free: list[set[int]] = [set() for _ in range(max_gpus + 1)]
         leaves: dict[int, list[int]] = {}
         for h, f in enumerate(self.free):
@@ -35,12 +37,13 @@ class FreeView:
 
     @classmethod
     def of(cls, cluster: FreeCapacity) -> FreeView:
-        return cls(cluster.free, cluster.leaf_of, max(cluster.capacity, default=0))
+        return cls(cluster.free, cluster.leaf_of, max(cluster.capacity, default=0), cluster.capacity)
 
     def copy(self) -> FreeView:
         other = FreeView.__new__(FreeView)
         other.free = list(self.free)
         other.leaf_of = self.leaf_of
+        other.capacity = self.capacity
         other.by_free = [set(b) for b in self.by_free]
         other.leaves = self.leaves
         other.total_free = self.total_free
@@ -57,11 +60,14 @@ class FreeView:
         self.total_free -= gpus
 
     def give(self, host: int, gpus: int) -> None:
+        """`gpus` come free on `host`, up to its capacity: a running job whose GPUs the pool already
+        shows free (its allocation ended, its exit not yet handled) frees nothing more."""
         f = self.free[host]
+        back = min(f + gpus, self.capacity[host])
         self.by_free[f].discard(host)
-        self.free[host] = f + gpus
-        self.by_free[f + gpus].add(host)
-        self.total_free += gpus
+        self.free[host] = back
+        self.by_free[back].add(host)
+        self.total_free += back - f
 
     def apply(self, placement: Placement) -> None:
         for host, gpus in placement:
