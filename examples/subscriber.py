@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -239,6 +240,12 @@ async def bind(js: Any, args: argparse.Namespace) -> Any:
     return await js.pull_subscribe_bind(args.durable, stream=STREAM)
 
 
+def inbox_of(url: str) -> str:
+    """ibpool's NATS users may subscribe only to their own inboxes, `_INBOX_<user>`; `_INBOX` without a user."""
+    user = urllib.parse.urlsplit(url.split(",")[0].strip()).username
+    return f"_INBOX_{user}" if user else "_INBOX"
+
+
 async def run(args: argparse.Namespace) -> int:
     lock = lock_state(args.state)
     subscriber = Subscriber(args)
@@ -248,7 +255,11 @@ async def run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         nc = await nats.connect(
-            args.nats, name=f"subscriber-{args.durable}", connect_timeout=5, max_reconnect_attempts=-1
+            args.nats,
+            name=f"subscriber-{args.durable}",
+            connect_timeout=5,
+            max_reconnect_attempts=-1,
+            inbox_prefix=args.inbox_prefix or inbox_of(args.nats),
         )
     except Exception as e:  # nats-py raises several unrelated types here
         print(f"cannot connect to {args.nats}: {e!r}", file=sys.stderr)
@@ -291,6 +302,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Apply ibpool allocation events to a state file, once each.")
     p.add_argument("--nats", default=os.environ.get("IBPOOL_NATS_URL", "nats://127.0.0.1:4222"))
     p.add_argument("--durable", required=True, help="consumer name; one per subscribing system")
+    p.add_argument(
+        "--inbox-prefix",
+        default="",
+        help="where replies come; default _INBOX_<user> for a URL naming a user (the only inboxes it may read)",
+    )
     p.add_argument("--state", required=True, type=Path, help="JSON state file (created if missing)")
     p.add_argument("--max", type=int, default=None, help="exit after this many messages")
     p.add_argument("--idle-exit", type=float, default=None, help="exit after S seconds with nothing new")

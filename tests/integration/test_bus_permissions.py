@@ -3,19 +3,26 @@
 A private nats-server runs with the authorization block `ibpool_runtime.bus_permissions` renders.
 The admin creates the streams; a node agent's credentials cannot publish an AllocationGranted (the
 server refuses it and nothing is stored), the pool allocator's can; a service user starts against
-the streams in place but may not create or change them.
+the streams in place but may not create or change them. With the node agent's credentials, no
+reply meant for another user can be read, no consumer deleted, and no other service's durable
+consumer fetched from, acked on or reconfigured.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import secrets
 import shutil
+import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import nats
 import nats.errors
+import nats.js.errors
 import pytest
 
 from ibpool_pool_allocator.bootstrap import bootstrap
@@ -43,6 +50,7 @@ from ibpool_runtime.streams import StreamSpec
 from tests.integration.agent_support import running_agent, unique_prefix
 from tests.integration.helpers import eventually, own_store, stream_messages
 
+SUBSCRIBER = Path(__file__).resolve().parents[2] / "examples" / "subscriber.py"
 USERS = ("admin", "node_agent", "pool_allocator", "operator", "subscriber", "scheduler")
 
 
@@ -133,7 +141,8 @@ def test_every_published_message_has_exactly_one_owner_among_the_services() -> N
     assert {m.ce_type() for m in ALL_MESSAGES} - anyone == set(), "a message nobody may publish"
     assert "ibpool.pool.allocation.granted.*" in permissions("pool_allocator")["publish"]["allow"]
     assert "ibpool.pool.allocation.granted.*" not in permissions("node_agent")["publish"]["allow"]
-    assert permissions("subscriber")["subscribe"]["allow"] == ["_INBOX.>"]
+    assert permissions("subscriber")["subscribe"]["allow"] == ["_INBOX_subscriber.>"]
+    assert not any("CONSUMER.DELETE" in p for u in PUBLISHES for p in permissions(u)["publish"]["allow"])
 
 
 async def test_allocator_and_agent_work_with_only_their_own_permissions(
@@ -209,3 +218,159 @@ async def test_a_cluster_is_given_as_comma_separated_servers(secured: tuple[str,
         assert bus.connected
     finally:
         await bus.close()
+
+
+class ErrorsSeen:
+    """The asynchronous errors a raw nats-py connection reports (permission violations come this way)."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    async def seen(self, e: Exception) -> None:
+        self.errors.append(str(e))
+
+
+async def test_a_user_reads_only_its_own_inboxes(secured: tuple[str, dict[str, str]]) -> None:
+    """The agent's credentials: subscribing to everyone's inboxes or the allocator's is refused, and
+    none of the allocator's replies reach it; its own inbox works."""
+    address, passwords = secured
+    admin = await connect(address, passwords, "admin")
+    await admin.ensure_streams()
+    allocator = await connect(address, passwords, "pool_allocator")
+    seen = ErrorsSeen()
+    snoop = await nats.connect(
+        f"nats://node_agent:{passwords['node_agent']}@{address}", error_cb=seen.seen, inbox_prefix="_INBOX_node_agent"
+    )
+    try:
+        stolen: list[str] = []
+
+        async def got(msg: object) -> None:
+            stolen.append(str(getattr(msg, "subject", "")))
+
+        await snoop.subscribe("_INBOX.>", cb=got)
+        await snoop.subscribe("_INBOX_pool_allocator.>", cb=got)
+        await snoop.flush()
+        for i in range(5):  # each publish is answered on the allocator's inbox
+            await allocator.publish(granted(f"n{i}"))
+        await asyncio.sleep(0.5)
+        assert stolen == []
+        violations = [e for e in seen.errors if "permissions violation" in e.lower()]
+        assert len(violations) == 2, seen.errors
+        # Its own inbox is where its replies come: a JetStream request works.
+        assert (await snoop.jetstream().account_info()) is not None
+    finally:
+        await snoop.close()
+        await allocator.close()
+        await admin.close()
+
+
+async def test_no_user_deletes_steals_from_or_reconfigures_another_services_durable(
+    secured: tuple[str, dict[str, str]],
+) -> None:
+    address, passwords = secured
+    admin = await connect(address, passwords, "admin")
+    await admin.ensure_streams()
+    durable = "pool-allocator-commands"
+    commands = RequestAllocation.subject_pattern()
+    await admin.js.add_consumer("IBPOOL_POOL", durable_name=durable, filter_subject=commands, ack_policy="explicit")
+    operator = await connect(address, passwords, "operator")
+    agent = await connect(address, passwords, "node_agent")
+    try:
+        job = f"job-{unique_prefix()}"
+        ask = RequestAllocation(
+            source="operator",
+            key=job,
+            job_id=job,
+            tenant="t",
+            queue="default",
+            request=ResourceRequest(kind="whole", gpus_per_host=1),
+        )
+        await operator.publish(ask)
+        refused = (nats.errors.TimeoutError, nats.js.errors.APIError, nats.errors.NoRespondersError)
+        with pytest.raises(refused):
+            await agent.js.delete_consumer("IBPOOL_POOL", durable)
+        with pytest.raises(refused):
+            await agent.js.consumer_info("IBPOOL_POOL", durable, timeout=1.0)
+        with pytest.raises(refused):  # reconfiguring it (e.g. a filter that lets nothing through)
+            await agent.js.add_consumer(
+                "IBPOOL_POOL",
+                durable_name=durable,
+                filter_subject="ibpool.pool.nothing",
+                ack_policy="explicit",
+                timeout=1.0,
+            )
+        steal = await agent.js.pull_subscribe_bind(durable, stream="IBPOOL_POOL")
+        with pytest.raises(nats.errors.TimeoutError):  # a fetch is a request nobody may answer for it
+            await steal.fetch(1, timeout=1.0)
+        # Untouched: the allocator's consumer is there, with the command still to deliver.
+        info = await admin.js.consumer_info("IBPOOL_POOL", durable)
+        assert info.config.filter_subject == commands and info.num_pending + info.num_ack_pending == 1
+        assert info.num_ack_pending == 0
+    finally:
+        for b in (admin, operator, agent):
+            await b.close()
+
+
+async def test_the_durables_table_is_what_the_services_subscribe(bus: Bus, store: Store) -> None:
+    """`SERVICE_DURABLES` (what no other user may touch) against each service's real subscriptions."""
+    from ibpool_autoscaler.bootstrap import bootstrap as autoscaler
+    from ibpool_autoscaler.config import AutoscalerConfig
+    from ibpool_fabric_monitor.bootstrap import bootstrap as fabric_monitor
+    from ibpool_fabric_monitor.config import FabricMonitorConfig
+    from ibpool_failover_controller.bootstrap import bootstrap as failover
+    from ibpool_failover_controller.config import FailoverControllerConfig
+    from ibpool_runtime.bus_permissions import SERVICE_DURABLES
+    from ibpool_runtime.fabric_feed import durable_name
+    from ibpool_scheduler.bootstrap import bootstrap as scheduler
+    from ibpool_scheduler.config import SchedulerConfig
+
+    built: dict[str, set[str]] = {}
+    services: list[tuple[str, Any, Any]] = [
+        ("pool_allocator", bootstrap, PoolAllocatorConfig(instance="t")),
+        ("scheduler", scheduler, SchedulerConfig(instance="t")),
+        ("failover_controller", failover, FailoverControllerConfig(instance="t")),
+        ("autoscaler", autoscaler, AutoscalerConfig(instance="t")),
+        ("fabric_monitor", fabric_monitor, FabricMonitorConfig(instance="t", counter_source="agents")),
+    ]
+    for name, boot, cfg in services:
+        kit = Kit(name=name, config=cfg, bus=bus, store=Store(store.pool, name), metrics=ServiceMetrics(name))
+        spec = await boot(kit)
+        feed = durable_name(getattr(cfg, "durable_prefix", ""), kit.source)
+        built[name] = {s.durable for s in spec.subscriptions if s.durable != feed}
+    assert built == {k: set(v) for k, v in SERVICE_DURABLES.items()}
+
+
+async def test_the_example_subscriber_reads_as_the_subscriber_user(
+    secured: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """examples/subscriber.py on the `subscriber` user: its replies come on `_INBOX_subscriber`."""
+    address, passwords = secured
+    admin = await connect(address, passwords, "admin")
+    await admin.ensure_streams()
+    allocator = await connect(address, passwords, "pool_allocator")
+    node = f"{unique_prefix()}-sub"
+    grant = granted(node)
+    try:
+        await allocator.publish(grant)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(SUBSCRIBER),
+            "--nats",
+            f"nats://subscriber:{passwords['subscriber']}@{address}",
+            "--durable",
+            "billing-secured",
+            "--state",
+            str(tmp_path / "state.json"),
+            "--key",
+            node,
+            "--max",
+            "1",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+        assert proc.returncode == 0, err.decode()
+        assert f"ce-id={grant.id}" in out.decode() and out.decode().startswith("applied ")
+    finally:
+        await allocator.close()
+        await admin.close()

@@ -14,6 +14,7 @@ import asyncio
 import json
 import re
 import ssl
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Literal, NamedTuple
@@ -107,6 +108,24 @@ class BusUnavailable(Exception):
     """NATS could not be reached after the configured retries."""
 
 
+INBOX_PREFIX = "_INBOX"
+
+
+def inbox_prefix(user: str | None) -> str:
+    """Where `user`'s replies come (`_INBOX_<user>`; `_INBOX` without a user): each NATS user may
+    subscribe only to its own inboxes, so no client reads the replies meant for another."""
+    return f"{INBOX_PREFIX}_{user}" if user else INBOX_PREFIX
+
+
+def url_user(url: str) -> str | None:
+    """The NATS user named in the first server of `url` (`nats://user:password@host`), if any."""
+    first = url.split(",")[0].strip()
+    try:
+        return urllib.parse.urlsplit(first if "://" in first else f"nats://{first}").username or None
+    except ValueError:
+        return None
+
+
 def redact_url(text: str) -> str:
     """`nats://user:secret@host` -> `nats://user:***@host`, for every URL in `text`."""
     return re.sub(r"://([^:@/,\s]+):[^@/,\s]*@", r"://\1:***@", text)
@@ -161,8 +180,9 @@ class Bus:
         """Connect with bounded retries; raise BusUnavailable naming the URL when all fail.
 
         `url` may list several servers of a cluster, comma-separated; passwords in it never reach logs.
-        With `tls_ca` (a PEM file) the servers are verified against that CA over TLS. `metrics`
-        counts failed attempts and failed reconnect listeners (`ibpool_loop_failures`).
+        The user it names gets its replies on its own inbox prefix (`inbox_prefix`), the only one its
+        permissions let it read. With `tls_ca` (a PEM file) the servers are verified against that CA
+        over TLS. `metrics` counts failed attempts and failed reconnect listeners (`ibpool_loop_failures`).
         """
         tls = None
         if tls_ca:
@@ -205,6 +225,7 @@ class Bus:
                         error_cb=on_error,
                         reconnected_cb=on_reconnected,
                         tls=tls,
+                        inbox_prefix=inbox_prefix(url_user(url)),
                     ),
                     timeout=3,
                 )

@@ -2,7 +2,10 @@
 
 Each service may publish the messages it owns (e.g. only the pool allocator publishes
 `ibpool.pool.allocation.granted.*`), dead letters, acks, and the JetStream API calls that read
-the streams it consumes; it subscribes only to reply inboxes (pull consumers deliver there).
+the streams it consumes; it subscribes only to its own reply inboxes (`_INBOX_<user>.>`, where
+its pull consumers deliver and its requests are answered; `ibpool_runtime.bus.inbox_prefix`), so
+no user reads the replies of another. No service user may delete a consumer, and none may create,
+read, fetch from or ack on the durable consumers of another service (`SERVICE_DURABLES`).
 Creating and changing streams is the admin's job (`ibpool_runtime.bus.Bus.ensure_streams` run
 with the admin user); services find their streams in place. The exceptions are the buckets a
 service owns: the leader-election KV bucket, made by whichever elector comes first, and the pool
@@ -23,6 +26,7 @@ from pathlib import Path
 from ibpool_proto import fabric, health, job, node, pool, scale
 from ibpool_proto.message import Message
 
+from .bus import inbox_prefix
 from .ledger_replica import LEDGER_BUCKET
 from .streams import DLQ_SUBJECT_PREFIX, STREAMS
 
@@ -123,15 +127,50 @@ class Permissions(dict[str, dict[str, list[str]]]):
     """nats-server's `permissions` object: {"publish": {"allow": [...]}, "subscribe": {"allow": [...]}}."""
 
 
+# The durable consumers each service keeps, at its default `durable_prefix` (a test builds every
+# service and checks this against the subscriptions it really makes): no other user may touch them.
+# Not listed, as their names vary per deployment: each node agent's (`node-agent-<prefix>-...`) and
+# each replica's fabric feed (`<prefix>-fabric-<instance>`, on IBPOOL_FABRIC).
+SERVICE_DURABLES: dict[str, tuple[str, ...]] = {
+    "pool_allocator": ("pool-allocator-commands", "pool-allocator-nodes", "pool-allocator-health"),
+    "scheduler": ("scheduler-jobs", "scheduler-pool", "scheduler-health"),
+    "failover_controller": (
+        "failover-controller-nodes",
+        "failover-controller-fabric",
+        "failover-controller-jobs",
+        "failover-controller-pool",
+    ),
+    "autoscaler": ("autoscaler-jobs", "autoscaler-metrics"),
+    "fabric_monitor": ("fabric-monitor-fabric_monitor-hca",),
+}
+
+
 def _read_stream(stream: str) -> list[str]:
+    """Consume `stream` with durables of one's own: create, look up, fetch, ack (never delete)."""
     return [
         f"$JS.API.CONSUMER.CREATE.{stream}.>",
         f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>",
         f"$JS.API.CONSUMER.INFO.{stream}.>",
         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
-        f"$JS.API.CONSUMER.DELETE.{stream}.>",
         f"$JS.ACK.{stream}.>",
     ]
+
+
+def _not_their_durables(user: str) -> list[str]:
+    """The consumer API and ack subjects of every other service's durables (on any stream)."""
+    out = []
+    for owner, durables in sorted(SERVICE_DURABLES.items()):
+        if owner == user:
+            continue
+        for d in durables:
+            out += [
+                f"$JS.API.CONSUMER.*.*.{d}",
+                f"$JS.API.CONSUMER.*.*.{d}.>",
+                f"$JS.API.CONSUMER.DURABLE.CREATE.*.{d}",
+                f"$JS.API.CONSUMER.MSG.NEXT.*.{d}",
+                f"$JS.ACK.*.{d}.>",
+            ]
+    return out
 
 
 def permissions(user: str) -> Permissions:
@@ -157,7 +196,10 @@ def permissions(user: str) -> Permissions:
         ]
     if user == LEDGER_SNAPSHOT_WRITER or user in LEDGER_SNAPSHOT_READERS:
         publish += _ledger_snapshots(write=user == LEDGER_SNAPSHOT_WRITER)
-    return Permissions(publish={"allow": publish}, subscribe={"allow": ["_INBOX.>"]})
+    return Permissions(
+        publish={"allow": publish, "deny": _not_their_durables(user)},
+        subscribe={"allow": [f"{inbox_prefix(user)}.>"]},
+    )
 
 
 def _ledger_snapshots(write: bool) -> list[str]:
