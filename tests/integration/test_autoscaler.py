@@ -126,7 +126,7 @@ async def test_load_ramp_scales_up_then_down_after_the_window(bus: Bus, store: S
         status, err = await call(autoscaler, "PUT", f"/v1/deployments/{name}", {**deployment_body(), "gpus": 0})
         assert status == 400 and err["path"] == "$.gpus", err
         status, err = await call(autoscaler, "PUT", f"/v1/deployments/{name}", {**deployment_body(), "min_replicas": 9})
-        assert status == 400 and err["path"] == "$.min_replicas", err
+        assert status == 422 and err["path"] == "$.min_replicas", err
         status, view = await call(autoscaler, "PUT", f"/v1/deployments/{name}", deployment_body())
         assert status == 201 and view["spec"]["max_replicas"] == 4, view
 
@@ -260,7 +260,7 @@ async def test_elastic_job_grows_into_idle_gpus_shrinks_for_higher_priority_work
     ):
         body = {"tenant": "research", "min_workers": 2, "max_workers": 8, "gpus_per_worker": 1, "priority": 0}
         status, err = await call(autoscaler, "PUT", f"/v1/elastic-jobs/{name}", {**body, "min_workers": 9})
-        assert status == 400 and err["path"] == "$.min_workers", err
+        assert status == 422 and err["path"] == "$.min_workers", err
         status, err = await call(autoscaler, "PUT", f"/v1/elastic-jobs/{name}", {**body, "gpus_per_worker": 0})
         assert status == 400 and err["path"] == "$.gpus_per_worker", err
         status, view = await call(autoscaler, "PUT", f"/v1/elastic-jobs/{name}", body)
@@ -382,7 +382,7 @@ async def test_a_replica_spanning_two_hosts_is_placed_under_one_leaf_and_ready_o
         status, view = await call(autoscaler, "PUT", f"/v1/deployments/{name}", spec)
         assert status == 201 and view["spec"]["hosts"] == 2, view
         status, err = await call(autoscaler, "PUT", f"/v1/deployments/{name}", {**spec, "gpus": None, "fraction": 0.5})
-        assert status == 400 and err["path"] == "$.hosts", err
+        assert status == 422 and err["path"] == "$.hosts", err
 
         async def submitted_replica() -> bool:
             return bool((await deployment(autoscaler, name))["replica_jobs"])

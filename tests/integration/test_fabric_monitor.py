@@ -157,7 +157,7 @@ async def test_topology_versions_only_on_change_with_diff(bus: Bus, store: Store
         async with http.get(f"{svc.http_url}/v1/topology/diff?from=1&to=2") as r:
             assert len((await r.json())["links_changed"]) == 1
         async with http.get(f"{svc.http_url}/v1/topology?version=x") as r:
-            assert r.status == 400 and "integer" in (await r.json())["detail"]
+            assert r.status == 400 and "Expected `int`" in (await r.json())["detail"]
         async with http.get(f"{svc.http_url}/v1/topology?version=99") as r:
             assert r.status == 404
         async with http.get(f"{svc.http_url}/v1/hosts/h0/distance/h1") as r:
@@ -170,6 +170,8 @@ async def test_topology_versions_only_on_change_with_diff(bus: Bus, store: Store
         async with http.get(f"{svc.http_url}/v1/hosts/h0/distance/nobody") as r:
             assert r.status == 404 and "nobody" in (await r.json())["detail"]
         async with http.get(f"{svc.http_url}/v1/hosts/h0/distance/h1?rail=7") as r:
+            assert r.status == 404 and "rail 7" in (await r.json())["detail"]  # no such path, as for a host
+        async with http.get(f"{svc.http_url}/v1/hosts/h0/distance/h1?rail=-1") as r:
             assert r.status == 400 and (await r.json())["path"] == "?rail"
         await eventually(lambda: _count(published(), 2), what="no third version without a change")
 

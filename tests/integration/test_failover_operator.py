@@ -209,7 +209,7 @@ async def test_xid_48_fails_one_gpu_and_an_operator_recover_uncordons_it_once(
         status, err = await post(f"{base}/gpus/1/recover", {})
         assert (status, err["path"]) == (400, "$.reason"), err
         status, err = await post(f"{base}/gpus/1/recover", {"reason": "  "})
-        assert (status, err["path"]) == (400, "$.reason"), err
+        assert (status, err["path"]) == (422, "$.reason"), err
         status, err = await post(f"{base}/gpus/one/recover", {"reason": "r"})
         assert (status, err["path"]) == (400, "{index}"), err
         status, err = await post(f"{base}/gpus/4/recover", {"reason": "r"})

@@ -23,12 +23,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from schemathesis.config import SchemathesisConfig
 
 # Loaded now, at collection: loaded lazily mid-session (after fuzz tests that hit RecursionError on
 # purpose), CPython 3.11.7's parser can fail with "AST constructor recursion depth mismatch".
 from schemathesis.specs.openapi import schemas as _openapi_schemas  # noqa: F401
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    ignored_auth,
+    missing_required_header,
+    negative_data_rejection,
+    positive_data_acceptance,
+    response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
@@ -55,9 +61,24 @@ from tests.integration.test_fabric_monitor import small_fabric
 EXAMPLES = int(os.environ.get("IBPOOL_API_FUZZ_EXAMPLES", "10"))
 # schemathesis draws with the `random` module inside its strategies; hypothesis warns about that.
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
-CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance, content_type_conformance]
-# Requests that do not fit the schema: never a 5xx, only documented codes, error bodies as documented.
-NEGATIVE_CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
+# Every check schemathesis has that applies to one request (`--checks all` less the stateful ones).
+COMMON = [
+    not_a_server_error,
+    status_code_conformance,
+    response_schema_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    missing_required_header,
+    ignored_auth,
+]
+# A request the document allows is accepted: 2xx, or a refusal of what it names (404), of the state it
+# meets (409), or of values that fit the schema but contradict each other (422, `Unprocessable`).
+CONFIG = SchemathesisConfig.from_dict(
+    {"checks": {"positive_data_acceptance": {"expected-statuses": ["2xx", "401", "403", "404", "409", "422", "429"]}}}
+)
+CHECKS = [*COMMON, positive_data_acceptance]
+# A request the document forbids is refused (4xx): the document is as strict as the code, and the code as the document.
+NEGATIVE_CHECKS = [*COMMON, negative_data_rejection]
 SERVICES = ["scheduler", "pool_allocator", "autoscaler", "fabric_monitor", "failover_controller", "node_agent"]
 
 
@@ -126,7 +147,7 @@ async def _document(service: Service[Any]) -> dict[str, Any]:
 def _fuzz(document: dict[str, Any], base_url: str, mode: GenerationMode) -> list[str]:
     """Run schemathesis on every operation (in negative mode: those that take a body or parameters);
     the operations it exercised. Raises on the first failure."""
-    schema = schemathesis.openapi.from_dict(document)
+    schema = schemathesis.openapi.from_dict(document, config=CONFIG)
     exercised = []
     checks = CHECKS if mode is GenerationMode.POSITIVE else NEGATIVE_CHECKS
     for result in schema.get_all_operations():

@@ -48,6 +48,8 @@ MAX_BODY_BYTES = 1 << 20
 # An id a client chooses (a job's, an allocation's): it names NATS subjects and URL paths, so only
 # letters, digits, `_` and `-` (no `.`, `*`, `>`, `/`, spaces).
 SafeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
+# A GPU's index on its node, as NVML numbers them (a path parameter of the node APIs).
+GpuIndex = Annotated[int, msgspec.Meta(ge=0, le=1023)]
 
 Readiness = Callable[[], Awaitable[dict[str, bool]]]
 RefreshMetrics = Callable[[], Awaitable[None]]
@@ -80,6 +82,11 @@ class BadBody(Exception):
         self.path = path
 
 
+class Unprocessable(BadBody):
+    """A body that fits its schema (the OpenAPI document) but whose values do not add up (fields
+    that contradict each other, a value the cluster cannot have); answered with 422 (RFC 9110)."""
+
+
 async def read_body(request: web.Request, body_type: type[T]) -> T:
     """Decode and validate a JSON body as `body_type`; 400 naming the bad field otherwise, 415
     when the request does not declare it as JSON."""
@@ -87,21 +94,43 @@ async def read_body(request: web.Request, body_type: type[T]) -> T:
         raise UnsupportedMediaType(request.headers.get("Content-Type", ""))
     raw = await request.read()
     try:
-        value = msgspec.json.decode(raw, type=body_type)
+        document = msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:
+        raise BadBody(f"malformed JSON: {e}", None) from None
+    try:
+        value = msgspec.convert(_integral_floats(document), body_type)
     except msgspec.ValidationError as e:
         text = str(e)
         path = text.split("at `", 1)[1].rstrip("`") if "at `" in text else None
         raise BadBody(text, path) from None
-    except msgspec.DecodeError as e:
-        raise BadBody(f"malformed JSON: {e}", None) from None
+    # What the type keeps (fields it does not know are dropped) must be text Postgres can store.
     where = _unstorable_text_at(msgspec.to_builtins(value), "$")
     if where is not None:
         raise BadBody(f"text must be UTF-8 without NUL characters, at `{where}`", where)
     return value
 
 
+def _integral_floats(value: Any) -> Any:
+    """JSON numbers with no fraction as ints (JSON Schema's "integer" includes 2.0; msgspec's int does
+    not), everywhere in a decoded document; a float field still takes them."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral_floats(v) for v in value]
+    return value
+
+
+# What `_unstorable` refuses, as a JSON Schema pattern: every string of every document carries it.
+# It says NUL only: a pattern cannot name lone surrogates portably (JSON Schema validators in
+# languages whose strings cannot hold them reject such a pattern); they are refused all the same.
+STORABLE_TEXT = r"^[^\u0000]*$"
+
+
 def _unstorable(text: str) -> bool:
-    """Text Postgres cannot store (a NUL, a lone surrogate): no name, id or label of ours has one."""
+    """Text Postgres cannot store (a NUL, a lone surrogate): no name, id or label of ours has one
+    (`STORABLE_TEXT` says the same in the OpenAPI documents)."""
     if "\x00" in text:
         return True
     try:
@@ -109,6 +138,24 @@ def _unstorable(text: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def _parameter_problem(request: web.Request, doc: ApiDoc) -> web.Response | None:
+    """A 400 for a path or query parameter that does not fit the type its handler declares (the
+    type the OpenAPI document shows), before the handler runs; None when all fit."""
+    for name, t in doc.path.items():
+        try:
+            msgspec.convert(request.match_info.get(name), t, strict=False)
+        except msgspec.ValidationError as e:
+            return _error(400, "invalid path parameter", f"{name}: {e}", f"{{{name}}}")
+    for name, t in doc.query.items():
+        if name not in request.query:
+            continue
+        try:
+            msgspec.convert(request.query[name], t, strict=False)
+        except msgspec.ValidationError as e:
+            return _error(400, "invalid query parameter", f"{name}: {e}", f"?{name}")
+    return None
 
 
 def _unstorable_text_at(value: Any, path: str) -> str | None:
@@ -150,9 +197,17 @@ async def _errors(
         return _error(404, "not found", "no resource name has a NUL character")
     for key, value in request.query.items():
         if _unstorable(key) or _unstorable(value):
-            return _error(400, "invalid query parameter", "query parameters may not have NUL characters", f"?{key}")
+            where = f"?{ascii(key)[1:-1]}"  # the key itself may not go back as it came
+            return _error(400, "invalid query parameter", "query parameters may not have NUL characters", where)
+    doc = getattr(request.match_info.route.handler, "__ibpool_api__", None)
+    if isinstance(doc, ApiDoc):
+        problem = _parameter_problem(request, doc)
+        if problem is not None:
+            return problem
     try:
         return await handler(request)
+    except Unprocessable as e:
+        return _error(422, "unprocessable request body", e.detail, e.path)
     except BadBody as e:
         return _error(400, "invalid request body", e.detail, e.path)
     except UnsupportedMediaType as e:
@@ -282,6 +337,8 @@ class ApiDoc:
     query: Mapping[str, Any] = field(default_factory=dict)
     required_query: tuple[str, ...] = ()
     content_type: str = "application/json"
+    # Path parameter -> its type (default: any string); checked before the handler runs (400 if not).
+    path: Mapping[str, Any] = field(default_factory=dict)
 
 
 def documented(
@@ -292,12 +349,18 @@ def documented(
     query: Mapping[str, Any] | None = None,
     required_query: Sequence[str] = (),
     content_type: str = "application/json",
+    path: Mapping[str, Any] | None = None,
 ) -> Callable[[H], H]:
     """Declare a handler's request and responses; the route table stays aiohttp's own.
 
-    400 (with a body or query parameters), 404 (with path parameters), 413 (with a body) and
-    401/403 (when the API needs a token for the call) are added as ErrorBody responses."""
-    doc = ApiDoc(summary, dict(responses), body, dict(query or {}), tuple(required_query), content_type)
+    `path` gives path parameters a type (e.g. `SafeId`): the document carries its constraints and a
+    request whose parameter does not fit is answered 400 before the handler runs, so the document
+    and the code hold one rule. 400 (with a body, query or typed path parameters), 404 (with path
+    parameters), 413 (with a body) and 401/403 (when the API needs a token for the call) are added
+    as ErrorBody responses."""
+    doc = ApiDoc(
+        summary, dict(responses), body, dict(query or {}), tuple(required_query), content_type, dict(path or {})
+    )
 
     def mark(handler: H) -> H:
         handler.__ibpool_api__ = doc  # type: ignore[attr-defined]
@@ -306,6 +369,7 @@ def documented(
     return mark
 
 
+STRING = {"type": "string"}
 _PATH_PARAM = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
 
 
@@ -322,6 +386,7 @@ def openapi_document(app: web.Application, title: str, auth: ApiAuth | None = No
     for _, _, _, doc in ops:
         if doc is not None:
             types.extend(doc.query.values())
+            types.extend(doc.path.values())
             types.extend(t for t in doc.responses.values() if t is not NO_BODY)
             types.extend([doc.body] if doc.body is not None else [])
     schemas, components = msgspec.json.schema_components(
@@ -332,7 +397,11 @@ def openapi_document(app: web.Application, title: str, auth: ApiAuth | None = No
     paths: dict[str, dict[str, Any]] = {}
     for path, method, params, doc in ops:
         op: dict[str, Any] = {"operationId": f"{method}{path}".replace("/", "_").replace("{", "").replace("}", "")}
-        parameters = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params]
+        typed = doc.path if doc is not None else {}
+        parameters = [
+            {"name": p, "in": "path", "required": True, "schema": schema_of[repr(typed[p])] if p in typed else STRING}
+            for p in params
+        ]
         responses: dict[str, Any] = {}
         errors: dict[int, str] = {}
         if doc is None:
@@ -358,8 +427,11 @@ def openapi_document(app: web.Application, title: str, auth: ApiAuth | None = No
                 errors.setdefault(400, "invalid request body")
                 errors.setdefault(413, "request body too large")
                 errors.setdefault(415, "the body is not declared as application/json")
+                errors.setdefault(422, "the body fits its schema but its values do not add up")
             if doc.query:
                 errors.setdefault(400, "invalid query parameter")
+            if doc.path:
+                errors.setdefault(400, "invalid path parameter")
         if params:
             errors.setdefault(404, "not found")
         if auth is not None and auth.allowed(method.upper(), path):
@@ -378,9 +450,30 @@ def openapi_document(app: web.Application, title: str, auth: ApiAuth | None = No
         "paths": paths,
         "components": {"schemas": components},
     }
+    _storable_strings(document)
     if auth is not None:
         document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     return document
+
+
+def _storable_strings(node: Any) -> None:
+    """Every string a document describes (values, and the keys of free-form objects) may not hold
+    what the APIs refuse as unstorable text; a string with its own pattern or format keeps it."""
+    if isinstance(node, list):
+        for item in node:
+            _storable_strings(item)
+        return
+    if not isinstance(node, dict):
+        return
+    kind = node.get("type")
+    is_string = kind == "string" or (isinstance(kind, list) and "string" in kind)
+    if is_string and not {"pattern", "format", "enum", "const"} & node.keys():
+        node["pattern"] = STORABLE_TEXT
+    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind)
+    if is_object and node.get("additionalProperties", True) is not False and "propertyNames" not in node:
+        node["propertyNames"] = {"pattern": STORABLE_TEXT}
+    for value in node.values():
+        _storable_strings(value)
 
 
 def _any_object(t: Any) -> dict[str, Any]:

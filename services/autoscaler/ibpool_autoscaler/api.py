@@ -3,16 +3,15 @@ last decision) and elastic jobs (with their workers and the last resize), one se
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
+from ibpool_runtime.http import ErrorBody, documented, json_response, read_body
 
 from .declared import KINDS, Kind, check_deployment
-from .deployments import NAME_PATTERN, DeploymentBody
+from .deployments import DeploymentBody, DeploymentName
 from .service import Autoscaler
 
 
@@ -31,13 +30,6 @@ class Deleted(msgspec.Struct, frozen=True, kw_only=True):
     cancelled: list[str]
 
 
-def checked_name(request: web.Request, noun: str = "deployment") -> str:
-    name = request.match_info["name"]
-    if not re.fullmatch(NAME_PATTERN, name):
-        raise BadBody(f"{noun} name must match {NAME_PATTERN}", "$.name")
-    return name
-
-
 def validate(name: str, body: DeploymentBody) -> None:
     """BadBody naming the field when a deployment's body decodes but does not add up."""
     check_deployment(name, body)
@@ -51,9 +43,11 @@ def declared_routes(autoscaler: Autoscaler, kind: Kind[Any, Any, Any, Any]) -> l
     def not_found(name: str) -> web.Response:
         return json_response({"error": "not found", "detail": f"no {kind.noun} {name}"}, 404)
 
-    @documented(put_doc, {200: kind.view_type, 201: kind.view_type}, body=kind.body)
+    named = {"name": DeploymentName}
+
+    @documented(put_doc, {200: kind.view_type, 201: kind.view_type}, body=kind.body, path=named)
     async def put(request: web.Request) -> web.Response:
-        name = checked_name(request, kind.noun)
+        name = request.match_info["name"]
         body = await read_body(request, kind.body)
         kind.check(name, body)
         async with store.transaction() as tx:
@@ -68,7 +62,7 @@ def declared_routes(autoscaler: Autoscaler, kind: Kind[Any, Any, Any, Any]) -> l
             views = [kind.view(r, await kind.members.of(tx.conn, r.name)) for r in records]
         return json_response(views)
 
-    @documented(show_doc, {200: kind.view_type, 404: ErrorBody})
+    @documented(show_doc, {200: kind.view_type, 404: ErrorBody}, path=named)
     async def show(request: web.Request) -> web.Response:
         name = request.match_info["name"]
         async with store.transaction() as tx:
@@ -78,7 +72,7 @@ def declared_routes(autoscaler: Autoscaler, kind: Kind[Any, Any, Any, Any]) -> l
             return not_found(name)
         return json_response(kind.view(record, members))
 
-    @documented(delete_doc, {200: Deleted, 404: ErrorBody})
+    @documented(delete_doc, {200: Deleted, 404: ErrorBody}, path=named)
     async def delete(request: web.Request) -> web.Response:
         name = request.match_info["name"]
         async with store.transaction() as tx:

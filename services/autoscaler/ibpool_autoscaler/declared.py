@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import asyncpg
 
-from ibpool_runtime.http import BadBody
+from ibpool_runtime.http import Unprocessable
 
 from . import state
 from .deployments import (
@@ -71,16 +71,16 @@ def check_deployment(name: str, body: DeploymentBody) -> None:
         core_deployment(name, body)
         policy_of(body)
     except InvalidDeployment as e:
-        raise BadBody(e.detail, e.path) from None
+        raise Unprocessable(e.detail, e.path) from None
     except ValueError as e:  # a core invariant the body checks above do not cover
-        raise BadBody(str(e), "$") from None
+        raise Unprocessable(str(e), "$") from None
 
 
 def check_elastic_job(_: str, body: ElasticJobBody) -> None:
     try:
         check_body(body)
     except InvalidElasticJob as e:
-        raise BadBody(e.detail, e.path) from None
+        raise Unprocessable(e.detail, e.path) from None
 
 
 DEPLOYMENTS: Kind[DeploymentBody, DeploymentRecord, ReplicaRecord, DeploymentView] = Kind(

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from ibpool_core.fabric.link_health import LinkHealth
 from ibpool_core.fabric.model import Topology, TopologyDiff, diff
-from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
+from ibpool_runtime.http import BadBody, ErrorBody, Unprocessable, documented, json_response, read_body
 from ibpool_sim.fabric_faults import Fault, UnknownLink
 
 from . import state
@@ -109,7 +109,11 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
         )
 
     @r.get("/v1/hosts/{name}/distance/{other}")
-    @documented("Hops and bottleneck between two hosts", {200: DistanceView, 503: ErrorBody}, query={"rail": int})
+    @documented(
+        "Hops and bottleneck between two hosts",
+        {200: DistanceView, 404: ErrorBody, 503: ErrorBody},
+        query={"rail": Annotated[int, msgspec.Meta(ge=0, le=MAX_VERSION)]},
+    )
     async def distance(request: web.Request) -> web.Response:
         index = monitor.index
         a, b = request.match_info["name"], request.match_info["other"]
@@ -120,7 +124,7 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
             if host not in index.hosts:
                 return _not_found(f"host {host!r} is not in topology version {monitor.version}")
         if rail is not None and (rail not in index.rails(a) or rail not in index.rails(b)):
-            raise BadBody(f"rail {rail} is not a rail of both hosts ({a}: {list(index.rails(a))})", "?rail")
+            return _not_found(f"rail {rail} is not a rail of both hosts ({a}: {list(index.rails(a))})")
         return json_response(
             DistanceView(
                 source=a,
@@ -146,7 +150,7 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
         except UnknownLink as e:
             return _not_found(str(e.args[0]))
         except ValueError as e:
-            raise BadBody(str(e), "$.value") from None
+            raise Unprocessable(str(e), "$.value") from None
         return json_response(fault, status=202)
 
     @r.delete("/v1/sim/faults/{link_id}")

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from ibpool_core.health.decide import NodeHealth, NodeStatus, max_failed_nodes
 from ibpool_core.health.operator import DrainNode, OperatorAction, Outcome, RecoverGpu, RecoverNode
-from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
+from ibpool_runtime.http import BadBody, ErrorBody, GpuIndex, Unprocessable, documented, json_response, read_body
 
 from . import state
 from .service import FailoverController, NotDeciding
@@ -104,10 +104,8 @@ def _limit(request: web.Request) -> int:
 
 
 def _gpu_index(request: web.Request) -> int:
-    raw = request.match_info["index"]
-    if not (raw.isascii() and raw.isdigit()):
-        raise BadBody(f"the GPU index in the path must be a non-negative integer, got {raw!r}", "{index}")
-    return int(raw)
+    """The path's GPU index, checked against `GpuIndex` before the handler ran."""
+    return int(request.match_info["index"])
 
 
 async def _reason(request: web.Request) -> str:
@@ -118,7 +116,7 @@ async def _reason(request: web.Request) -> str:
             raise BadBody(e.detail, "$.reason") from None
         raise
     if not body.reason.strip():
-        raise BadBody("`reason` must say why (it may not be blank)", "$.reason")
+        raise Unprocessable("`reason` must say why (it may not be blank)", "$.reason")
     return f"{body.reason} (by {body.by})" if body.by else body.reason
 
 
@@ -152,6 +150,7 @@ def routes(controller: FailoverController) -> web.RouteTableDef:
         " 200 with outcome nothing_to_do when it is fine; 409 on a replica that does not decide",
         OPERATOR_RESPONSES,
         body=OperatorBody,
+        path={"index": GpuIndex},
     )
     async def recover_gpu(request: web.Request) -> web.Response:
         index = _gpu_index(request)

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from ibpool_core.workload import Workload
 from ibpool_proto.node import GpuInfo
-from ibpool_runtime.http import BadBody, ErrorBody, documented, json_response, read_body
+from ibpool_runtime.http import ErrorBody, GpuIndex, documented, json_response, read_body
 
 from . import state
 from .enforcers import Applied
@@ -107,15 +107,16 @@ def routes(agent: NodeAgent) -> web.RouteTableDef:
 
     @r.post("/v1/nodes/{node_id}/gpus/{index}/xid")
     @documented(
-        "A fault drill: the GPU reports the XID", {202: XidInjected, 403: ErrorBody, 409: ErrorBody}, body=XidBody
+        "A fault drill: the GPU reports the XID",
+        {202: XidInjected, 403: ErrorBody, 409: ErrorBody},
+        body=XidBody,
+        path={"index": GpuIndex},
     )
     async def inject_xid(request: web.Request) -> web.Response:
         """A fault drill (config `fault_injection`, simulated backend): the GPU reports the XID at once."""
         if not agent.cfg.fault_injection:
             return json_response({"error": "forbidden", "detail": "fault injection is off on this agent"}, status=403)
-        node_id, index = request.match_info["node_id"], request.match_info["index"]
-        if not index.isdigit():
-            raise BadBody(f"GPU index must be a number, not {index!r}", "$.index")
+        node_id, index = request.match_info["node_id"], request.match_info["index"]  # index: a GpuIndex
         body = await read_body(request, XidBody)
         try:
             agent.inject_xid(node_id, int(index), body.code)

@@ -25,7 +25,7 @@ from ibpool_proto.pool import (
     Share,
     WorkloadSpec,
 )
-from ibpool_runtime.http import BadBody, ErrorBody, SafeId, documented, json_response, read_body
+from ibpool_runtime.http import BadBody, ErrorBody, SafeId, Unprocessable, documented, json_response, read_body
 
 from .service import PoolAllocator
 
@@ -319,10 +319,10 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
         except ValueError as e:
             problems = [f"tenant in the path: {e}", *problems]
         if problems:
-            raise BadBody("; ".join(problems), "$")
+            raise Unprocessable("; ".join(problems), "$")
         decision = await allocator.submit(SetQuota(source=source, key=quota.name, quota=quota))
         if not decision.events:
-            raise BadBody(decision.note or "quota refused", "$")
+            raise Unprocessable(decision.note or "quota refused", "$")
         return json_response(quota)
 
     return r

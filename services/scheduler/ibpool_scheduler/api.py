@@ -15,13 +15,15 @@ from ibpool_core.sched.waits import WaitCode
 from ibpool_proto import new_id
 from ibpool_proto.job import JobSpec, TopologyConstraint
 from ibpool_proto.pool import GpuAssignment, MemberFailure, ResourceRequest, WorkloadSpec
-from ibpool_runtime.http import BadBody, ErrorBody, SafeId, documented, json_response, read_body
+from ibpool_runtime.http import BadBody, ErrorBody, SafeId, Unprocessable, documented, json_response, read_body
 
 from . import state
 from .predictor import ModelStatus, status_of
 from .service import IdTaken, Scheduler
 
 JobId = SafeId
+# A dataset's name, as the registry stores it (a path segment here, so without "/").
+DatasetName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,512}$")]
 # The longest time limit a job may name (a year): it becomes a planned end, a number far beyond any
 # job's life is a mistake.
 MAX_TIME_LIMIT_S = 365 * 86_400.0
@@ -204,10 +206,10 @@ def job_view(job: JobRecord) -> JobView:
 def spec_of(body: JobBody) -> JobSpec:
     """The JobSpec of a valid body; BadBody naming the field when the shape does not add up."""
     if body.workload is not None and (bad := env_problem(body.workload.env)) is not None:
-        raise BadBody(bad[1], f"$.workload.env.{bad[0]}" if bad[0] else "$.workload.env")
+        raise Unprocessable(bad[1], f"$.workload.env.{bad[0]}" if bad[0] else "$.workload.env")
     if body.fraction is not None:
         if body.hosts != 1 or (body.gpus or 1) != 1 or (body.gpus_per_host or 1) != 1:
-            raise BadBody("a fraction is a share of one GPU on one host", "$.fraction")
+            raise Unprocessable("a fraction is a share of one GPU on one host", "$.fraction")
         request = ResourceRequest(
             kind="fraction",
             gpus_per_host=1,
@@ -218,23 +220,25 @@ def spec_of(body: JobBody) -> JobSpec:
     elif body.hosts > 1:
         if body.gpus_per_host is None:
             if body.gpus is None or body.gpus % body.hosts:
-                raise BadBody("a gang needs gpus_per_host (or gpus divisible by hosts)", "$.gpus_per_host")
+                raise Unprocessable("a gang needs gpus_per_host (or gpus divisible by hosts)", "$.gpus_per_host")
             per_host = body.gpus // body.hosts
         else:
             per_host = body.gpus_per_host
             if body.gpus is not None and body.gpus != per_host * body.hosts:
-                raise BadBody(f"gpus {body.gpus} is not hosts x gpus_per_host = {per_host * body.hosts}", "$.gpus")
+                raise Unprocessable(
+                    f"gpus {body.gpus} is not hosts x gpus_per_host = {per_host * body.hosts}", "$.gpus"
+                )
         request = ResourceRequest(kind="gang", gpus_per_host=per_host, hosts=body.hosts, gpu_model=body.gpu_model)
     else:
         if body.gpus is not None and body.gpus_per_host is not None and body.gpus != body.gpus_per_host:
-            raise BadBody("on one host, gpus and gpus_per_host must agree", "$.gpus")
+            raise Unprocessable("on one host, gpus and gpus_per_host must agree", "$.gpus")
         request = ResourceRequest(
             kind="whole", gpus_per_host=body.gpus or body.gpus_per_host or 1, gpu_model=body.gpu_model
         )
     if body.memory_mib is not None and body.fraction is None:
-        raise BadBody("memory_mib goes with a fraction (whole GPUs come with all their memory)", "$.memory_mib")
+        raise Unprocessable("memory_mib goes with a fraction (whole GPUs come with all their memory)", "$.memory_mib")
     if body.on_member_failure == "replace" and request.kind != "gang":
-        raise BadBody(
+        raise Unprocessable(
             "on_member_failure 'replace' is for multi-host jobs (hosts >= 2): a single-host job has no other"
             " member to keep running, it restarts",
             "$.on_member_failure",
@@ -287,6 +291,10 @@ def queue_views(
     ]
 
 
+# `?state=`: job states separated by commas (empty items ignored).
+StateList = Annotated[str, msgspec.Meta(pattern=rf"^,*(?:(?:{'|'.join(_STATES)})(?:,+|$))*$")]
+
+
 def _query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
     text = request.query.get(name)
     if text is None:
@@ -299,7 +307,7 @@ def _query_int(request: web.Request, name: str, default: int, low: int, high: in
 def routes(scheduler: Scheduler) -> list[web.RouteDef]:
     store = scheduler.kit.store
 
-    @documented("Submit a job", {201: JobView, 409: ErrorBody}, body=JobBody)
+    @documented("Submit a job", {201: JobView, 409: ErrorBody, 422: ErrorBody}, body=JobBody)
     async def submit(request: web.Request) -> web.Response:
         body = await read_body(request, JobBody)
         spec = spec_of(body)
@@ -307,7 +315,7 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
         async with store.transaction() as tx:
             accepted = await scheduler.accept(tx, job_id, spec)
         if isinstance(accepted, str):
-            return json_response({"error": "not accepted", "detail": accepted}, status=400)
+            return json_response({"error": "not accepted", "detail": accepted}, status=422)
         if isinstance(accepted, IdTaken):
             return json_response(ErrorBody(error="job id taken", detail=accepted.text(), path="$.id"), status=409)
         return json_response(job_view(accepted), status=201)
@@ -316,7 +324,7 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
         "Jobs, filtered by state, queue and tenant",
         {200: list[JobView]},
         query={
-            "state": str,
+            "state": StateList,
             "live": Literal["true", "false"],
             "queue": str,
             "tenant": str,
@@ -324,10 +332,7 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
         },
     )
     async def list_jobs(request: web.Request) -> web.Response:
-        states = [s for s in request.query.get("state", "").split(",") if s]
-        unknown = [s for s in states if s not in _STATES]
-        if unknown:
-            raise BadBody(f"unknown state {unknown[0]!r}; known: {', '.join(_STATES)}", None)
+        states = [s for s in request.query.get("state", "").split(",") if s]  # a StateList
         if request.query.get("live") == "true":
             states = list(LIVE)
         found = await state.list_jobs(
@@ -395,11 +400,14 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
     async def model(_: web.Request) -> web.Response:
         return json_response(status_of(scheduler.predictor))
 
-    @documented("Store which nodes hold a dataset (data locality)", {200: dict[str, Any]}, body=DatasetBody)
+    @documented(
+        "Store which nodes hold a dataset (data locality)",
+        {200: dict[str, Any]},
+        body=DatasetBody,
+        path={"name": DatasetName},
+    )
     async def put_dataset(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        if not re.fullmatch(r"[A-Za-z0-9._/-]{1,512}", name):
-            raise BadBody("dataset name: 1..512 of letters, digits and ._/-", "$.name")
         body = await read_body(request, DatasetBody)
         await state.put_dataset(store.pool, name, body.nodes, scheduler.clock.now())
         scheduler.datasets_changed()
