@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats
 import nats.errors
 import nats.js.errors
@@ -374,3 +375,76 @@ async def test_the_example_subscriber_reads_as_the_subscriber_user(
     finally:
         await allocator.close()
         await admin.close()
+
+
+async def test_services_are_found_from_the_bus_with_their_role_on_restricted_users(
+    secured: tuple[str, dict[str, str]], stack: devstack.StackInfo, store: Store
+) -> None:
+    """The pool allocator and the scheduler, each on its own user, answer the NATS service API; the
+    operator's user lists them (name, instance, role, HTTP URL); the node agent's cannot answer for
+    them, and an `about` request is answered."""
+    from ibpool_runtime.discovery import About, about_subject, services
+    from ibpool_scheduler.bootstrap import bootstrap as scheduler_bootstrap
+    from ibpool_scheduler.config import SchedulerConfig
+
+    address, passwords = secured
+    admin = await connect(address, passwords, "admin")
+    await admin.ensure_streams()
+    prefix = unique_prefix()
+    running: list[Service[Any]] = []
+    buses = [admin]
+    try:
+        async with own_store(stack) as sched_store:
+            for user, boot, cfg, st in (
+                ("pool_allocator", bootstrap, PoolAllocatorConfig(instance=f"{prefix}-pa"), store),
+                ("scheduler", scheduler_bootstrap, SchedulerConfig(instance=f"{prefix}-s"), sched_store),
+            ):
+                bus = await connect(address, passwords, user)
+                buses.append(bus)
+                kit = Kit(name=user, config=cfg, bus=bus, store=st, metrics=ServiceMetrics(user))
+                service = Service(kit, await boot(kit))
+                await service.start()
+                running.append(service)
+            operator = await connect(address, passwords, "operator")
+            buses.append(operator)
+
+            async def both_listed() -> bool:
+                found = {v.instance: v for v in await services(operator, wait_s=0.5)}
+                return {f"pool_allocator/{prefix}-pa", f"scheduler/{prefix}-s"} <= set(found)
+
+            await eventually(both_listed, what="both services on the NATS service API")
+            found = {v.instance: v for v in await services(operator, wait_s=0.5)}
+            allocator, scheduler = found[f"pool_allocator/{prefix}-pa"], found[f"scheduler/{prefix}-s"]
+            assert (allocator.service, allocator.role, allocator.http_url) == (
+                "pool_allocator",
+                "active",
+                running[0].http_url,
+            )
+            assert scheduler.service == "scheduler" and scheduler.role in ("leader", "standby")
+            assert scheduler.http_url == running[1].http_url and scheduler.version
+            reply = await operator.nc.request(about_subject("pool_allocator"), b"", timeout=2)
+            about = msgspec.json.decode(reply.data, type=About)
+            assert about.service == "pool_allocator" and about.http_url == running[0].http_url
+            # The operator's CLI, with only the NATS URL.
+            cli = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "ibpool_cli",
+                "services",
+                "--nats-url",
+                f"nats://operator:{passwords['operator']}@{address}",
+                "--output",
+                "json",
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await asyncio.wait_for(cli.communicate(), timeout=60)
+            assert cli.returncode == 0, err.decode()
+            listed = {v["instance"]: v for v in msgspec.json.decode(out)}
+            assert listed[f"scheduler/{prefix}-s"]["http_url"] == running[1].http_url
+            assert listed[f"pool_allocator/{prefix}-pa"]["role"] == "active"
+    finally:
+        for s in running:
+            await s.stop()
+        for b in buses:
+            await b.close()

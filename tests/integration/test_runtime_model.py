@@ -88,7 +88,7 @@ async def test_ended_jobs_train_a_model_and_a_submitted_job_shows_its_prediction
                 m = await model(service)
                 return m["learned_jobs"] == SEEDED + RUN and (m["version"] or 0) >= 2
 
-            await eventually(learned_and_retrained, timeout_s=30, what="the ended jobs learned from and a new model")
+            await eventually(learned_and_retrained, timeout_s=90, what="the ended jobs learned from and a new model")
             for j in ran:
                 assert (await job_state(service, j))["state"] == "completed"
 

@@ -63,7 +63,7 @@ async def test_a_job_naming_two_sites_starts_at_the_free_one_and_a_bound_job_wai
             status, err = await call(service, "POST", "/v1/jobs", {"id": job_id(), "tenant": "t", **bad})
             assert status == 400 and err["path"] == path, err
         status, err = await call(service, "POST", "/v1/jobs", {"id": job_id(), "tenant": "t", "sites": ["a", "a"]})
-        assert status == 400 and "distinct" in err["detail"], err
+        assert status == 422 and "distinct" in err["detail"], err
 
         for j in (blocker, either, bound):
             await call(service, "DELETE", f"/v1/jobs/{j}")

@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         from .streams import main as streams_main
 
         return streams_main(argv[1:])
+    if argv[:1] == ["services"]:  # every running instance, from the NATS service API
+        from .services import main as services_main
+
+        return services_main(argv[1:])
     if argv[:1] == ["predict"]:  # runtime prediction on traces (docs/prediction.md)
         from .predict import main as predict_main
 
@@ -96,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("topo", help="fabric topologies: convert, show, diff, generate (ibpool topo --help)")
     sub.add_parser("predict", help="runtime prediction on traces: `ibpool predict eval --help`")
+    sub.add_parser("sim", help="scheduling policies on job traces and fabrics (ibpool sim --help)")
+    sub.add_parser("services", help="every running service instance, found from the bus (ibpool services --help)")
     sub.add_parser("streams", help="create or update the JetStream streams as the admin (ibpool streams --help)")
     bench = sub.add_parser("bench", help="benchmarks: `ibpool bench pack --help` (GPU packing policies)")
     bench.add_argument("which", choices=["pack"])

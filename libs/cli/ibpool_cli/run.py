@@ -46,6 +46,8 @@ from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationRe
 from ibpool_proto.scale import ElasticJobResized, ScaleDecided
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus, redact_url
+from ibpool_runtime.discovery import ServiceView
+from ibpool_runtime.discovery import services as services_on_the_bus
 from ibpool_runtime.grant_signing import SIGNER_HEADER, new_seed, public_key_of
 
 from .streams import ensure_streams
@@ -840,6 +842,7 @@ async def _scenario(
     if ramp_task is not None:
         await ramp_task
     locked = await _refused_without_credentials(info, by_name["scheduler"].url) if info.secured else None
+    listed = await services_on_the_bus(bus)
     # Stop the services while still watching, to see the agents deregister.
     for s in services:
         s.terminate()
@@ -851,7 +854,7 @@ async def _scenario(
     await http.close()
     await bus.close()
     await nc.drain()
-    return _summary(console, obs, args, pool, plan, services, submitted, gangs, locked)
+    return _summary(console, obs, args, pool, plan, services, submitted, gangs, locked, listed)
 
 
 async def _refused_without_credentials(info: devstack.StackInfo, scheduler_url: str) -> dict[str, bool]:
@@ -900,6 +903,7 @@ def _summary(
     submitted: int = 0,
     gangs: GangsSeen | None = None,
     locked: dict[str, bool] | None = None,
+    listed: list[ServiceView] | None = None,
 ) -> int:
     t = Table(title="ibpool run: summary")
     t.add_column("check")
@@ -1043,6 +1047,17 @@ def _summary(
         )
     else:
         checks.append(("stack locked (users, tokens, passwords)", "no: --insecure", True))
+    answered = {v.http_url: v for v in listed or []}
+    missing = [s.name for s in services if s.url not in answered]
+    leaders = sorted(v.service for v in answered.values() if v.role == "leader")
+    checks.append(
+        (
+            "every service process found from the bus (NATS service API, `ibpool services`)",
+            f"{len(services) - len(missing)} of {len(services)}; leaders: {', '.join(leaders) or '-'}"
+            + (f"; missing {', '.join(missing)}" if missing else ""),
+            not missing,
+        )
+    )
     for s in services:
         rc = s.proc.returncode if s.proc is not None else None
         checks.append((f"{s.name} exit code", str(rc), rc == 0))

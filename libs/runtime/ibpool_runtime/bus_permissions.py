@@ -22,11 +22,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ibpool_proto import fabric, health, job, node, pool, scale
 from ibpool_proto.message import Message
 
 from .bus import inbox_prefix
+from .discovery import ABOUT_PREFIX, about_subject
 from .ledger_replica import LEDGER_BUCKET
 from .streams import DLQ_SUBJECT_PREFIX, STREAMS
 
@@ -123,8 +125,9 @@ LEDGER_SNAPSHOT_WRITER = "pool_allocator"
 LEDGER_SNAPSHOT_READERS = ("scheduler", "autoscaler")
 
 
-class Permissions(dict[str, dict[str, list[str]]]):
-    """nats-server's `permissions` object: {"publish": {"allow": [...]}, "subscribe": {"allow": [...]}}."""
+class Permissions(dict[str, Any]):
+    """nats-server's `permissions` object: {"publish": {"allow": [...], "deny": [...]}, "subscribe":
+    {"allow": [...]}, "allow_responses": true}."""
 
 
 # The durable consumers each service keeps, at its default `durable_prefix` (a test builds every
@@ -196,9 +199,19 @@ def permissions(user: str) -> Permissions:
         ]
     if user == LEDGER_SNAPSHOT_WRITER or user in LEDGER_SNAPSHOT_READERS:
         publish += _ledger_snapshots(write=user == LEDGER_SNAPSHOT_WRITER)
+    subscribe = [f"{inbox_prefix(user)}.>"]
+    if user in ("operator", "subscriber"):  # they may list the services (`ibpool services`)
+        publish += ["$SRV.>", f"{ABOUT_PREFIX}.>"]
+        return Permissions(
+            publish={"allow": publish, "deny": _not_their_durables(user)}, subscribe={"allow": subscribe}
+        )
+    # A service answers the NATS service API and its `about` endpoint (ibpool_runtime.discovery):
+    # it may reply to whoever asked, and to nothing else.
+    subscribe += ["$SRV.>", about_subject(user)]
     return Permissions(
         publish={"allow": publish, "deny": _not_their_durables(user)},
-        subscribe={"allow": [f"{inbox_prefix(user)}.>"]},
+        subscribe={"allow": subscribe},
+        allow_responses=True,
     )
 
 

@@ -107,3 +107,10 @@ class Leadership:
             with contextlib.suppress(Exception):
                 await self._kv.delete(self.key, last=self._revision)
         self.step_down("resigned")
+
+
+def role(leadership: Leadership | None) -> str:
+    """What the service API shows: "leader" or "standby" where replicas elect one, "active" otherwise."""
+    if leadership is None:
+        return "active"
+    return "leader" if leadership.is_leader else "standby"

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from aiohttp import web
+from nats.micro.service import Service as NatsMicroService
 
-from . import telemetry
+from . import discovery, telemetry
 from .bus import Bus, BusUnavailable
 from .config import BaseConfig, ConfigError, load_config
 from .consumer import Consumer, ConsumerSettings, Subscription
@@ -73,6 +74,9 @@ class ServiceSpec:
     # Run after the migrations, before anything is consumed: raises StartRefused when the stored
     # state is one this version cannot serve from (nothing is consumed and failed meanwhile).
     check: Callable[[], Awaitable[None]] | None = None
+    # This instance's role now ("leader" / "standby" where replicas elect one; default "active"),
+    # shown on the NATS service API (`ibpool_runtime.discovery`).
+    role: Callable[[], str] | None = None
 
 
 class StartRefused(Exception):
@@ -101,6 +105,7 @@ class Service(Generic[C]):
         self._relay_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.http_url: str | None = None
+        self._micro: NatsMicroService | None = None
         # Names of the tasks that ended with an error (a bug: what a loop survives it catches):
         # the service stops, and exits non-zero.
         self.crashed: list[str] = []
@@ -130,6 +135,7 @@ class Service(Generic[C]):
         self.http_url = kit.http_url = f"http://{kit.config.http_host}:{port}"
         if self.spec.on_start is not None:
             await self.spec.on_start()
+        self._micro = await discovery.register(kit.bus, kit.name, kit.source, self.http_url, self.spec.role)
         for t in [*self.spec.tasks, self.prune_inbox]:
             self._tasks.append(self._supervised(t(kit.stop), getattr(t, "__name__", "task")))
         log.info("service started", http=self.http_url, consumers=[c.sub.durable for c in self.consumers])
@@ -199,6 +205,11 @@ class Service(Generic[C]):
                     kit.metrics.loop_failed("on_stop", e)
                     log.warning("on_stop failed", error=str(e) or type(e).__name__)
         finally:  # a bug in on_stop propagates, after the outbox is flushed and HTTP closed
+            if self._micro is not None:
+                try:
+                    await self._micro.stop()
+                except OUTAGES as e:  # the bus away: nothing to take off it
+                    kit.metrics.loop_failed("service api stop", e)
             self._relay_stop.set()
             if self._relay_task is not None:
                 await _wait_bounded([self._relay_task], grace, "outbox relay")

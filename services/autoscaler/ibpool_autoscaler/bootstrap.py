@@ -6,6 +6,7 @@ from aiohttp import web
 
 from ibpool_core.clock import Clock
 from ibpool_runtime.clock import SystemClock
+from ibpool_runtime.leader import role
 from ibpool_runtime.service import Kit, ServiceSpec
 
 from . import api, state
@@ -24,6 +25,7 @@ async def bootstrap(
 
     return ServiceSpec(
         subscriptions=autoscaler.subscriptions(),
+        role=lambda: role(autoscaler.leadership),
         migrations=state.MIGRATIONS,
         add_routes=add_routes,
         # The control loop first: tests reach the autoscaler through it.

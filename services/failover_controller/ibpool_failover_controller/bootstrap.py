@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ibpool_core.clock import Clock
 from ibpool_runtime.clock import SystemClock
+from ibpool_runtime.leader import role
 from ibpool_runtime.service import Kit, ServiceSpec
 
 from . import api, state
@@ -15,6 +16,7 @@ async def bootstrap(kit: Kit[FailoverControllerConfig], clock: Clock | None = No
     controller = FailoverController(kit, clock or SystemClock())
     return ServiceSpec(
         subscriptions=controller.subscriptions(),
+        role=lambda: role(controller.leadership),
         migrations=state.MIGRATIONS,
         add_routes=lambda app: app.router.add_routes(api.routes(controller)),
         tasks=[controller.leader_loop, controller.beats_loop, controller.tick_loop],

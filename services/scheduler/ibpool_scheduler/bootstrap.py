@@ -6,6 +6,7 @@ import asyncio
 
 from ibpool_core.clock import Clock
 from ibpool_runtime.clock import SystemClock
+from ibpool_runtime.leader import role
 from ibpool_runtime.service import Kit, ServiceSpec, Task
 
 from . import api, state
@@ -36,6 +37,7 @@ async def bootstrap(
         tasks.append(learn_runtimes)
     return ServiceSpec(
         subscriptions=scheduler.subscriptions(),
+        role=lambda: role(scheduler.leadership),
         migrations=state.MIGRATIONS,
         add_routes=lambda app: app.router.add_routes(api.routes(scheduler)),
         # The cycle loop first: tests reach the scheduler through it.
