@@ -73,6 +73,19 @@ async def connect(address: str, passwords: dict[str, str], user: str) -> Bus:
     return await Bus.connect(f"nats://{user}:{passwords[user]}@{address}", name=f"test-{user}", attempts=2)
 
 
+def request_for(job: str, gpus: int, workload: WorkloadSpec | None = None) -> RequestAllocation:
+    """An operator's request for `gpus` whole GPUs on one host for `job`."""
+    return RequestAllocation(
+        source="operator",
+        key=job,
+        job_id=job,
+        tenant="t",
+        queue="default",
+        request=ResourceRequest(kind="whole", gpus_per_host=gpus),
+        workload=workload,
+    )
+
+
 def granted(node_id: str) -> AllocationGranted:
     return AllocationGranted(
         source="forged",
@@ -173,15 +186,7 @@ async def test_allocator_and_agent_work_with_only_their_own_permissions(
 
             await eventually(in_pool, what="the agent's node in the allocator's ledger")
             job = f"job-{prefix}"
-            ask = RequestAllocation(
-                source="operator",
-                key=job,
-                job_id=job,
-                tenant="t",
-                queue="default",
-                request=ResourceRequest(kind="whole", gpus_per_host=2),
-                workload=WorkloadSpec(simulated_runtime_s=0.2),
-            )
+            ask = request_for(job, 2, WorkloadSpec(simulated_runtime_s=0.2))
             await operator.publish(ask)
 
             async def ran() -> bool:
@@ -277,15 +282,7 @@ async def test_no_user_deletes_steals_from_or_reconfigures_another_services_dura
     operator = await connect(address, passwords, "operator")
     agent = await connect(address, passwords, "node_agent")
     try:
-        job = f"job-{unique_prefix()}"
-        ask = RequestAllocation(
-            source="operator",
-            key=job,
-            job_id=job,
-            tenant="t",
-            queue="default",
-            request=ResourceRequest(kind="whole", gpus_per_host=1),
-        )
+        ask = request_for(f"job-{unique_prefix()}", 1)
         await operator.publish(ask)
         refused = (nats.errors.TimeoutError, nats.js.errors.APIError, nats.errors.NoRespondersError)
         with pytest.raises(refused):

@@ -66,7 +66,14 @@ def json_response(body: Any, status: int = 200) -> web.Response:
 
 
 def _error(status: int, error: str, detail: str = "", path: str | None = None) -> web.Response:
-    return json_response(ErrorBody(error=error, detail=detail, path=path), status=status)
+    """An ErrorBody; what it quotes of the request (an unknown field's name, a value) is escaped where it
+    holds text no document allows (NUL, a lone surrogate)."""
+    shown = None if path is None else _printable(path)
+    return json_response(ErrorBody(error=error, detail=_printable(detail), path=shown), status=status)
+
+
+def _printable(text: str) -> str:
+    return ascii(text)[1:-1] if _unstorable(text) else text
 
 
 class UnsupportedMediaType(Exception):
@@ -197,8 +204,7 @@ async def _errors(
         return _error(404, "not found", "no resource name has a NUL character")
     for key, value in request.query.items():
         if _unstorable(key) or _unstorable(value):
-            where = f"?{ascii(key)[1:-1]}"  # the key itself may not go back as it came
-            return _error(400, "invalid query parameter", "query parameters may not have NUL characters", where)
+            return _error(400, "invalid query parameter", "query parameters may not have NUL characters", f"?{key}")
     doc = getattr(request.match_info.route.handler, "__ibpool_api__", None)
     if isinstance(doc, ApiDoc):
         problem = _parameter_problem(request, doc)

@@ -79,6 +79,9 @@ class ServiceSpec:
     role: Callable[[], str] | None = None
 
 
+MAX_REQUEST_LINE = 65_536
+
+
 class StartRefused(Exception):
     """The service will not start: what it stored cannot be served by this version (the message says why)."""
 
@@ -127,7 +130,11 @@ class Service(Generic[C]):
         app = create_app(
             kit.metrics, self.readiness, self.refresh_metrics, self.spec.add_routes, auth, title=f"ibpool {kit.name}"
         )
-        self._runner = web.AppRunner(app, access_log=None)
+        # A request line or header up to 64 KiB reaches the app, which answers it as documented (JSON);
+        # past aiohttp's default 8 KiB its parser answered a bare text/plain 400 before any middleware.
+        self._runner = web.AppRunner(
+            app, access_log=None, max_line_size=MAX_REQUEST_LINE, max_field_size=MAX_REQUEST_LINE
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, kit.config.http_host, kit.config.http_port)
         await site.start()
