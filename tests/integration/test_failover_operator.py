@@ -206,6 +206,10 @@ async def test_xid_48_fails_one_gpu_and_an_operator_recover_uncordons_it_once(
         assert [g["state"] for g in (await pool_node(allocator, node))["gpus"]] == ["ready", "failed", "ready", "ready"]
 
         # Bad input: what and where.
+        async with aiohttp.ClientSession() as http, http.post(f"{base}/drain") as r:  # no body at all
+            err = msgspec.json.decode(await r.read())
+            assert (r.status, err["path"]) == (400, "$.reason") and "reason" in err["detail"], err
+            assert "malformed" not in err["detail"], err
         status, err = await post(f"{base}/gpus/1/recover", {})
         assert (status, err["path"]) == (400, "$.reason"), err
         status, err = await post(f"{base}/gpus/1/recover", {"reason": "  "})

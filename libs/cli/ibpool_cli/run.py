@@ -807,7 +807,8 @@ async def _scenario(
                     plan.restarted_at = obs.elapsed()
             if args.serve and not served_printed and obs.all_heartbeating_after is not None:
                 for s in services:
-                    console.print(f"{s.name:<16} {s.url}  (/healthz /readyz /metrics, API under /v1)")
+                    api = "/health" if s.name == "failover_controller" else "/v1"
+                    console.print(f"{s.name:<16} {s.url}  (/healthz /readyz /metrics, API under {api})")
                 console.print(f"{'nats':<16} {info.nats_url}  monitor {info.nats_monitor_url}")
                 console.print(f"{'postgres':<16} {redact_url(info.postgres_dsn)}")
                 served_printed = True

@@ -109,6 +109,8 @@ def _gpu_index(request: web.Request) -> int:
 
 
 async def _reason(request: web.Request) -> str:
+    if not await request.read():  # no body at all: say what is missing rather than "malformed JSON"
+        raise BadBody('a body is required: {"reason": "why", "by": "who"} (`reason` may not be blank)', "$.reason")
     try:
         body = await read_body(request, OperatorBody)
     except BadBody as e:
