@@ -63,7 +63,7 @@ from ibpool_proto.pool import (
     RenewLease,
     WorkloadSpec,
 )
-from libs.core.tests.pool_builders import H100, a, health, hops, node, propose, quota, request
+from libs.core.tests.pool_builders import a, health, hops, node, propose, quota, request
 
 EXAMPLES = int(os.environ.get("IBPOOL_HYPOTHESIS_EXAMPLES", "50"))  # more for a long hunt
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -713,18 +713,8 @@ def test_job_lifecycle_is_deterministic() -> None:
 
 
 def cycle_node(node_id: str, leaf: str) -> NodeRegistered:
-    return NodeRegistered(
-        id=f"reg-{node_id}",
-        source="agent",
-        key=node_id,
-        node_id=node_id,
-        hostname=node_id,
-        cpu_milli=64_000,
-        memory_mib=512_000,
-        gpus=[GpuInfo(index=i, uuid=f"GPU-{node_id}-{i}", model=H100, memory_mib=81_559) for i in range(8)],
-        backend="test",
-        labels={"ibpool.io/leaf": leaf},
-    )
+    """An 8-GPU node under `leaf`, with a fixed id (the pool builders' node, labelled)."""
+    return msgspec.structs.replace(node(node_id, gpus=8), id=f"reg-{node_id}", labels={"ibpool.io/leaf": leaf})
 
 
 cycle_jobs = st.lists(
