@@ -28,6 +28,9 @@ ENV
 done
 (umask 077; echo "IBPOOL_POOL_ALLOCATOR_GRANT_SIGNING_SEED_FILE=/run/secrets/grant-signing.seed" >> "$S/env/pool_allocator.env")
 (umask 077; echo "IBPOOL_NODE_AGENT_GRANT_SIGNERS=$signers" >> "$S/env/node_agent.env")
+# The failover controller sees agents' connections close through the system account's advisories.
+system_pw=$(cat "$S/nats/system.password")
+(umask 077; echo "IBPOOL_FAILOVER_CONTROLLER_CONNECTION_EVENTS_URL=tls://system:$system_pw@nats-1:4222,tls://system:$system_pw@nats-2:4222,tls://system:$system_pw@nats-3:4222" >> "$S/env/failover_controller.env")
 # Mounted into containers that run as uid 10001: readable files inside directories only root may enter.
 chmod 700 "$S" "$S/env"
 chmod 644 "$S/nats/auth.conf" "$S/postgres.password" "$S/grant-signing.seed"

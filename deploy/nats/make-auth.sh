@@ -9,7 +9,7 @@ SECRETS=${1:-deploy/secrets/nats}
 PY=${PY:-.venv/bin/python}
 mkdir -p "$SECRETS"
 chmod 700 "$SECRETS"
-users=$("$PY" -c 'from ibpool_runtime.bus_permissions import PUBLISHES; print(" ".join(["admin", *PUBLISHES]))')
+users=$("$PY" -c 'from ibpool_runtime.bus_permissions import PUBLISHES, SYSTEM_USER; print(" ".join(["admin", *PUBLISHES, SYSTEM_USER]))')
 for user in $users; do
     f="$SECRETS/$user.password"
     [[ -s "$f" ]] || (umask 077; "$PY" -c 'import secrets; print(secrets.token_urlsafe(24))' > "$f")

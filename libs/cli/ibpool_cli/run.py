@@ -581,6 +581,8 @@ async def _leaf_groups_of(http: aiohttp.ClientSession, fabric_url: str, nodes: l
 
 def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -> list[ServiceProcess]:
     base = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn)
+    # The failover controller sees agents' connections close through nats-server's system account.
+    base["IBPOOL_FAILOVER_CONTROLLER_CONNECTION_EVENTS_URL"] = info.system_nats_url
     if info.secured:  # each service on its own NATS user, its API behind the stack's tokens
         for service in devstack.SERVICE_USERS:
             prefix = f"IBPOOL_{service.upper()}_"

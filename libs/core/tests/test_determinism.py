@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from ibpool_core import workload as wl
 from ibpool_core.fabric.link_health import Expected, LinkHealth, PortSample, Rules, link_events, observe
+from ibpool_core.health.connections import ConnectionClosed, ConnectionOpened
 from ibpool_core.health.decide import (
     FailoverConfig,
     FailoverRequest,
@@ -158,7 +159,10 @@ ObsSpec = tuple[str, str, int, str]  # (kind, node or link, a number, a variant)
 
 obs_specs = st.tuples(
     st.sampled_from(
-        ["beat", "beat", "beat", "telemetry", "link", "granted", "exited", "finished", "released", "registered", "left"]
+        [
+            *("beat", "beat", "beat", "telemetry", "link", "granted", "exited", "finished", "released", "registered"),
+            *("left", "closed", "opened"),
+        ]
     ),
     st.sampled_from([*NODES, *LINKS]),
     st.integers(0, GPUS - 1),
@@ -229,6 +233,10 @@ def observation(spec: ObsSpec, oid: str, t: float) -> Observation | None:
             return registered(n, t, oid)
         case "left":
             return NodeDeregistered(id=oid, source="agent", key=n, occurred_at=at(t), node_id=n, reason="drained")
+        case "closed":  # the agent's last bus connection closed (nats-server's advisory)
+            return ConnectionClosed(id=oid, source="agent", at=at(t))
+        case "opened":
+            return ConnectionOpened(id=oid, source="agent", at=at(t))
     return None
 
 

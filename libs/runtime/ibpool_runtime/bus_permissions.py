@@ -233,16 +233,34 @@ def _ledger_snapshots(write: bool) -> list[str]:
     return allowed
 
 
+# The user of nats-server's system account: it reads the servers' client connect/disconnect advisories
+# (and may do everything else the system account may, so only the failover controller holds it).
+SYSTEM_USER = "system"
+
+
 def render_authorization(passwords: dict[str, str]) -> str:
-    """The nats-server `authorization` block: an `admin` user (everything) and one user per other entry."""
+    """The nats-server `authorization` block: an `admin` user (everything) and one user per other
+    entry; with a `system` entry, also the system account `SYS` with that one user."""
     users = []
     for user, password in sorted(passwords.items()):
+        if user == SYSTEM_USER:
+            continue
         entry: dict[str, object] = {"user": user, "password": password}
         if user != "admin":
             entry["permissions"] = permissions(user)
         users.append(entry)
     # nats-server's config format accepts JSON values.
-    return "authorization {\n  users: " + json.dumps(users, indent=2).replace("\n", "\n  ") + "\n}\n"
+    text = "authorization {\n  users: " + json.dumps(users, indent=2).replace("\n", "\n  ") + "\n}\n"
+    if SYSTEM_USER in passwords:
+        text += render_system_account(passwords[SYSTEM_USER])
+    return text
+
+
+def render_system_account(password: str) -> str:
+    """nats-server's system account `SYS` with its one user, `system` (clients without a user, on an
+    open server, stay in the global account)."""
+    system = json.dumps([{"user": SYSTEM_USER, "password": password}])
+    return f"accounts {{\n  SYS: {{ users: {system} }}\n}}\nsystem_account: SYS\n"
 
 
 def main(argv: list[str]) -> int:
@@ -255,7 +273,7 @@ def main(argv: list[str]) -> int:
         print(f"no <user>.password files in {folder}", file=sys.stderr)
         return 2
     passwords = {f.stem: f.read_text().strip() for f in files}
-    unknown = sorted(set(passwords) - set(PUBLISHES) - {"admin"})
+    unknown = sorted(set(passwords) - set(PUBLISHES) - {"admin", SYSTEM_USER})
     if unknown:
         print(f"{folder}: no permissions known for {', '.join(unknown)}", file=sys.stderr)
         return 2

@@ -29,15 +29,16 @@ from pathlib import Path
 
 import msgspec
 
-from .bus_permissions import PUBLISHES, render_authorization
+from .bus_permissions import PUBLISHES, SYSTEM_USER, render_authorization, render_system_account
 from .processes import process_alive
 
 STACK_FILE = "stack.json"
 SECRETS_DIR = "secrets"
 API_TOKENS_FILE = "api-tokens"
 PG_PASSWORD_FILE = "postgres.password"
-# Every NATS user of a secured stack: the admin (streams, the operator's tools) and one per service.
-NATS_USERS = ("admin", *PUBLISHES)
+# Every NATS user of a secured stack: the admin (streams, the operator's tools), one per service and
+# the system account's (the failover controller reads connection advisories with it).
+NATS_USERS = ("admin", *PUBLISHES, SYSTEM_USER)
 # The users that are services (the others: `operator` for people's tools, `subscriber` for readers).
 SERVICE_USERS = tuple(u for u in PUBLISHES if u not in ("operator", "subscriber"))
 ENV_FILE = "stack.env"
@@ -59,6 +60,9 @@ class StackInfo(msgspec.Struct, frozen=True, kw_only=True):
     sync_always: bool
     # Where the credentials of a secured stack are ("": an open stack, no users, no passwords).
     secrets_dir: str = ""
+    # The NATS URL of the system account's user (open stacks have it too): the failover controller
+    # reads the servers' client connect/disconnect advisories with it.
+    system_nats_url: str = ""
 
     @property
     def secured(self) -> bool:
@@ -369,7 +373,14 @@ def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True, secu
     if existing is not None:
         down(state_dir)
     folder, passwords, pg_password = _secrets(state_dir) if secure else (None, {}, None)
-    extra = render_authorization(passwords) if secure else ""
+    if secure:
+        extra = render_authorization(passwords)
+        system_password = passwords[SYSTEM_USER]
+    else:
+        own = state_dir / SECRETS_DIR
+        own.mkdir(mode=0o700, exist_ok=True)
+        system_password = _secret(own, f"nats-{SYSTEM_USER}.password")
+        extra = render_system_account(system_password)
     nats_proc, nats_url, monitor = start_nats(state_dir, sync_always=sync_always, extra_config=extra)
     try:
         pg_pid, dsn, data = start_postgres(state_dir, fsync=pg_fsync, password=pg_password)
@@ -386,6 +397,7 @@ def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True, secu
         postgres_data=str(data),
         sync_always=sync_always,
         secrets_dir=str(folder) if folder is not None else "",
+        system_nats_url=nats_url.replace("nats://", f"nats://{SYSTEM_USER}:{system_password}@", 1),
     )
     for name, text in (
         (STACK_FILE, msgspec.json.format(msgspec.json.encode(info)).decode()),
@@ -393,8 +405,7 @@ def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True, secu
     ):
         path = state_dir / name
         path.write_text(text)
-        if secure:
-            path.chmod(0o600)  # the Postgres password is in the DSN, the users' in the env file
+        path.chmod(0o600)  # the system user's password is in both, on a secured stack every user's
     return info
 
 
@@ -406,6 +417,8 @@ def env_text(info: StackInfo) -> str:
         for service in SERVICE_USERS:
             lines.append(f"IBPOOL_{service.upper()}_NATS_URL={nats_url_as(info, service)}")
             lines.append(f"IBPOOL_{service.upper()}_API_TOKENS_FILE={api_tokens_file(info)}")
+    if info.system_nats_url:
+        lines.append(f"IBPOOL_FAILOVER_CONTROLLER_CONNECTION_EVENTS_URL={info.system_nats_url}")
     return "\n".join(lines) + "\n"
 
 

@@ -15,7 +15,6 @@ import contextlib
 import gc
 import os
 import signal
-import socket
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from nats.micro.service import Service as NatsMicroService
 from . import discovery, telemetry
 from .bus import Bus, BusUnavailable
 from .config import BaseConfig, ConfigError, load_config
+from .connection_events import connection_name
 from .consumer import Consumer, ConsumerSettings, Subscription
 from .http import ApiAuth, create_app
 from .logs import configure_logging, get_logger
@@ -58,7 +58,7 @@ class Kit(Generic[C]):
 
     @property
     def source(self) -> str:
-        return f"{self.name}/{self.config.instance or socket.gethostname()}"
+        return connection_name(self.name, self.config.instance)
 
 
 @dataclass
@@ -283,7 +283,7 @@ async def connect_kit(name: str, config: C, schema: str) -> Kit[C]:
     metrics = ServiceMetrics(name)
     bus = await Bus.connect(
         config.nats_url,
-        name=f"{name}/{config.instance or socket.gethostname()}",
+        name=connection_name(name, config.instance),  # the `source` of its events: who closed a connection
         attempts=config.connect_attempts,
         backoff_s=config.connect_backoff_s,
         window=config.outbox_window,

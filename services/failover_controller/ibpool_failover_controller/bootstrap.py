@@ -19,5 +19,5 @@ async def bootstrap(kit: Kit[FailoverControllerConfig], clock: Clock | None = No
         role=lambda: role(controller.leadership),
         migrations=state.MIGRATIONS,
         add_routes=lambda app: app.router.add_routes(api.routes(controller)),
-        tasks=[controller.leader_loop, controller.beats_loop, controller.tick_loop],
+        tasks=[controller.leader_loop, controller.beats_loop, controller.connections_loop, controller.tick_loop],
     )

@@ -17,6 +17,11 @@ class FailoverControllerConfig(BaseConfig, frozen=True, kw_only=True):
     fail_after_s: float = 3.0
     # A suspected node is cleared after this many intervals of heartbeats on time.
     clear_after_beats: int = 3
+    # NATS URL of a user of nats-server's system account, to read its client connect/disconnect
+    # advisories: an agent whose last connection closes has its nodes failed after reconnect_grace_s
+    # unless it connects again. Empty: agents' deaths are seen through missing heartbeats only.
+    connection_events_url: str = ""
+    reconnect_grace_s: float = 1.0
     # A failed node (or cordoned GPU) must look healthy this long before it is put back;
     # doubled for each failure within flap_memory_s, at most max_hold_s.
     stable_window_s: float = 30.0
@@ -82,6 +87,7 @@ def core_config(cfg: FailoverControllerConfig, source: str) -> FailoverConfig:
             suspect_after_intervals=cfg.suspect_after_intervals,
             fail_after_s=cfg.fail_after_s,
             clear_after_beats=cfg.clear_after_beats,
+            reconnect_grace_s=cfg.reconnect_grace_s,
         ),
         gpu=GpuRules(
             ecc_volatile_cordon=cfg.ecc_volatile_cordon,

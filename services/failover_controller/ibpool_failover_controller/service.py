@@ -14,6 +14,12 @@ events to the outbox. A tick runs even when nothing arrived: a heartbeat that do
 signal. Replicas elect the one that decides over NATS KV (`ibpool_runtime.leader`); its term fences every
 commit, so a deposed leader that has not noticed yet cannot overwrite a newer one's decisions.
 Standbys follow the beats too, so a new leader starts with a warm picture of who is alive.
+
+With `connection_events_url` (a user of nats-server's system account) the controller also follows
+the servers' client connect/disconnect advisories (`ibpool_runtime.connection_events`): an agent
+whose last connection closes, a SIGKILLed one say, has its nodes failed `reconnect_grace_s` later
+unless it connects again, instead of after the heartbeat window and whatever lag the controller has
+on the beats. The connection changes are buffered like beats and handed to the same decision.
 """
 
 from __future__ import annotations
@@ -31,6 +37,14 @@ from prometheus_client.registry import Collector
 
 from ibpool_core.clock import Clock
 from ibpool_core.fabric.model import Topology
+from ibpool_core.health.connections import (
+    ConnectionAdvisory,
+    ConnectionChange,
+    ConnectionClosed,
+    ConnectionOpened,
+    LiveConnections,
+    OpenConnection,
+)
 from ibpool_core.health.decide import (
     OBSERVATIONS,
     FailoverConfig,
@@ -49,13 +63,15 @@ from ibpool_proto.fabric import LinkDegraded, LinkFlapping, LinkRecovered, LinkS
 from ibpool_proto.job import JobExited, JobFinished
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
+from ibpool_runtime.bus import BusUnavailable
 from ibpool_runtime.config import ConfigError
+from ibpool_runtime.connection_events import follow_connections
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.follow import follow_latest
 from ibpool_runtime.leader import Leadership
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.outages import OUTAGES
-from ibpool_runtime.service import Kit, repeat_until_stopped
+from ibpool_runtime.service import Kit, repeat_until_stopped, sleep_unless_stopped
 
 from . import state
 from .config import FailoverControllerConfig, core_config
@@ -68,6 +84,8 @@ FABRIC_NEWS = (TopologyPublished, LinkStateChanged, LinkDegraded, LinkFlapping, 
 JOB_NEWS = (JobExited, JobFinished)
 POOL_NEWS = (AllocationGranted, AllocationReleased, AllocationRevoked, AllocationExpired)
 
+# What following the connection advisories survives (and tries again after).
+FOLLOW_ERRORS: tuple[type[Exception], ...] = (BusUnavailable, *OUTAGES)
 # Beats fetched at once.
 BEAT_BATCH = 256
 # How long a late-stored beat keeps counting in the controller's lag (`beats_lag_s`).
@@ -99,6 +117,9 @@ class FailoverController:
         self.buffer_stored_late = 0.0
         self._lag_logged = 0.0
         self.samples: deque[TelemetryReported] = deque(maxlen=TELEMETRY_BUFFER)
+        # Open bus connections per name (nats-server's advisories) and the changes not decided on yet.
+        self.connections = LiveConnections()
+        self.changes: deque[ConnectionChange] = deque(maxlen=TELEMETRY_BUFFER)
         self.ticks = 0
         self.deciding = False
         self._last_save = 0.0
@@ -115,6 +136,12 @@ class FailoverController:
             "Lock, read pending observations, decide and write one tick",
             registry=registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+        )
+        self.connection_changes = Counter(
+            "ibpool_failover_connection_changes",
+            "Bus connection names whose last connection closed, or that opened one again (nats-server's advisories)",
+            ["change"],
+            registry=registry,
         )
         self.beats_lag = Gauge(
             "ibpool_failover_beats_lag_seconds",
@@ -163,6 +190,41 @@ class FailoverController:
             )
         )
 
+    async def connections_loop(self, stop: asyncio.Event) -> None:
+        """Follow nats-server's connection advisories until `stop` (nothing without `connection_events_url`)."""
+        if not self.cfg.connection_events_url:
+            log.info("no connection_events_url: agents' deaths are seen through missing heartbeats only")
+            return
+
+        def on_advisory(advisory: ConnectionAdvisory) -> None:
+            self.take_change(self.connections.apply(advisory))
+
+        def on_open(connections: list[OpenConnection]) -> None:
+            for change in self.connections.sync(connections, self.clock.now()):
+                self.take_change(change)
+
+        while not stop.is_set():
+            try:
+                await follow_connections(
+                    self.cfg.connection_events_url,
+                    name=f"{self.kit.source}/connections",
+                    stop=stop,
+                    on_advisory=on_advisory,
+                    on_open=on_open,
+                    tls_ca=self.cfg.nats_tls_ca,
+                    metrics=self.kit.metrics,
+                )
+            except FOLLOW_ERRORS as e:
+                self.kit.metrics.loop_failed("connection advisories", e)
+                log.warning("cannot follow connection advisories", error=str(e) or type(e).__name__)
+                await sleep_unless_stopped(stop, 2.0)
+
+    def take_change(self, change: ConnectionChange | None) -> None:
+        if change is None:
+            return
+        self.connection_changes.labels("closed" if isinstance(change, ConnectionClosed) else "opened").inc()
+        self.changes.append(change)
+
     def beats_lag_s(self) -> float:
         """How far behind now the heartbeats of the last `take_buffer` are: a beat sent before
         `now - lag` has been read (0: caught up). The follower's own lag plus how late the beats it
@@ -183,7 +245,7 @@ class FailoverController:
         if isinstance(message, TopologyPublished):
             await self.take_topology(message, ctx)
         elif isinstance(message, OBSERVATIONS):
-            await state.add_pending(ctx.tx.conn, message)  # type: ignore[arg-type]
+            await state.add_pending(ctx.tx.conn, message)
 
     async def take_topology(self, published: TopologyPublished, ctx: HandlerContext) -> None:
         """Fetch the published topology and store its link map; a failed fetch is retried (nak)."""
@@ -202,9 +264,10 @@ class FailoverController:
     def take_buffer(self) -> list[Observation]:
         """The beats and samples read since the last take; `buffer_heard_at` is when they were
         complete up to (what `beats_lag_s` measures from)."""
-        beats: list[Observation] = [*self.samples, *self.beats.values()]
+        beats: list[Observation] = [*self.samples, *self.beats.values(), *self.changes]
         self.samples.clear()
         self.beats = {}
+        self.changes.clear()
         self.buffer_heard_at = self.beats_heard_at
         since = time.time() - LATE_WINDOW_S
         while self.stored_late and self.stored_late[0][0] < since:
@@ -220,11 +283,13 @@ class FailoverController:
                     self.beats[o.node_id] = o
             elif isinstance(o, TelemetryReported):
                 self.samples.appendleft(o)
+        self.changes.extendleft(reversed([o for o in buffered if isinstance(o, ConnectionClosed | ConnectionOpened)]))
 
     async def tick_once(self) -> FailoverReply | None:
         """One decision over what arrived and the clock; None when another replica holds the lock."""
         if self.leadership is not None and not self.leadership.is_leader:
             self.deciding = False  # standing by: beats keep arriving, the leader decides
+            self.changes.clear()  # a new leader judges connections it did not see change by heartbeats
             return None
         async with self._lock:
             started = time.perf_counter()
@@ -251,6 +316,8 @@ class FailoverController:
                 # Taking over (start, or another replica stopped): the picture as last committed.
                 self.state = restart_grace(await state.load_state(tx.conn), self.clock.now())
                 self.deciding = True
+                # Closes seen before this replica decided: restart_grace hands those nodes to the heartbeat rule.
+                buffered = [o for o in buffered if not isinstance(o, ConnectionClosed)]
             base = self.state
             newer = await state.link_targets_after(tx.conn, base.topology_version)
             if newer is not None:

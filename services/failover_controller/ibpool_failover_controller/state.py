@@ -49,7 +49,8 @@ async def save_state(conn: asyncpg.Connection, state: HealthState, now: dt.datet
     )
 
 
-async def add_pending(conn: asyncpg.Connection, observation: Observation) -> None:
+async def add_pending(conn: asyncpg.Connection, observation: Event) -> None:
+    """An observation that came over the bus, kept until a tick decides on it."""
     await conn.execute("INSERT INTO pending_observations (body) VALUES ($1)", encode(observation).decode())
 
 

@@ -37,11 +37,21 @@ Verdicts and their actions:
   stored before (`now - beats_lag_s`): a controller that falls behind its input sees nodes late by
   its own lag, not by theirs, so it never suspects or fails a node on the strength of heartbeats it
   has not read yet (the silence it can vouch for is what counts).
-- Split brain: heartbeat failures are declared only while the failed nodes and the nodes late right
-  now (suspected, whether lost yet or not) stay within
-  `max(min_failed_allowed, floor(max_failed_fraction * nodes))`. Past that, nothing is failed, the
-  unreachable nodes stay suspected and ClusterDegraded is raised (once); ClusterRestored when the
-  count is back within the limit. Failures reported by a node itself (XID 79) are not held back.
+- Connections: nats-server reports when a client's last bus connection closes
+  (`ibpool_core.health.connections`); every node whose newest word came from that agent (its
+  `source`, which is the connection's name) and that has not been heard from since is lost once
+  `reconnect_grace_s` passed without the agent connecting again or a word it sent after the close
+  arriving. A killed agent is so failed in about the grace, not the heartbeat window, and whatever
+  lag the controller has on the beats. A hung agent keeps its connection: the heartbeat rule finds it.
+- Split brain: heartbeat failures are declared only while the failed nodes and the nodes late
+  right now (suspected, whether lost yet or not, or with their connection closed within the grace)
+  stay within `max(min_failed_allowed, floor(max_failed_fraction * nodes))`; connection failures
+  only while the failed nodes and the nodes cut off right now (connection closed, within the grace
+  or suspected for it and not cleared yet) do, so heartbeats late for a shared reason do not hold
+  back the server's word on one dead agent, but a server that drops many clients at once fails
+  none. Past a limit, those failures wait, the nodes stay suspected and ClusterDegraded is raised
+  (once); ClusterRestored when both counts are back within the limit. Failures reported by a node
+  itself (XID 79) are not held back.
 
 Pure: no I/O, no wall clock, no randomness. Event ids derive from what caused them
 (`ibpool_core.ids.EventIds`): the observation's id for what an observation did, `clock/<verdict>`
@@ -81,6 +91,7 @@ from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered, T
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
 
 from ..ids import EventIds
+from .connections import ConnectionClosed, ConnectionOpened
 from .gpu_signals import GpuRules, judge_gpu
 from .heartbeat import HeartbeatRules, clear_after_s, liveness
 from .job_exits import RetryRules, blame, flagged, may_requeue, requeue_backoff_s
@@ -102,8 +113,11 @@ Observation = (
     | AllocationReleased
     | AllocationRevoked
     | AllocationExpired
+    | ConnectionClosed
+    | ConnectionOpened
 )
-OBSERVATIONS: tuple[type[Event], ...] = Observation.__args__
+# What arrives on the bus (the connection changes come from nats-server's advisories, not as events).
+OBSERVATIONS: tuple[type[Event], ...] = tuple(t for t in Observation.__args__ if issubclass(t, Event))
 
 NodeStatus = Literal["healthy", "suspect", "failed"]
 
@@ -146,6 +160,14 @@ class NodeHealth(msgspec.Struct, frozen=True, kw_only=True):
     # When the newest telemetry judged was taken (no later than the controller's clock then): one not
     # newer is a replay (a consumer that started again at the newest sample of every node), not judged twice.
     telemetry_at: dt.datetime | None = None
+    # The `source` of the node's newest registration or beat: its agent, and that agent's bus connection name.
+    source: str = ""
+    # When its agent's last bus connection closed (nats-server's clock), while no new one opened and
+    # no beat sent after that arrived: lost after `reconnect_grace_s`.
+    connection_closed_at: dt.datetime | None = None
+    # Suspected because its connection closed and did not reopen in the grace: until it is cleared,
+    # it counts among the connections lost at once (the split-brain guard on connections).
+    cut_off: bool = False
 
 
 class Holding(msgspec.Struct, frozen=True, kw_only=True):
@@ -241,10 +263,17 @@ def decide(request: FailoverRequest) -> FailoverReply:
 def restart_grace(state: HealthState, now: dt.datetime) -> HealthState:
     """A controller that (re)starts gives every node a fresh heartbeat window from `now`.
 
-    It did not listen while it was down, so an old last beat says nothing about the node.
+    It did not listen while it was down, so an old last beat says nothing about the node, and a
+    connection it saw close may have been opened again unseen: the heartbeat rule judges those.
     """
     nodes = {
-        k: n if n.last_beat is None or n.last_beat >= now else msgspec.structs.replace(n, last_beat=now)
+        k: n
+        if (n.last_beat is None or n.last_beat >= now) and n.connection_closed_at is None
+        else msgspec.structs.replace(
+            n,
+            last_beat=now if n.last_beat is not None and n.last_beat < now else n.last_beat,
+            connection_closed_at=None,
+        )
         for k, n in state.nodes.items()
     }
     return msgspec.structs.replace(state, nodes=nodes)
@@ -293,6 +322,8 @@ class _Decision:
         # What the events made now answer (see the module docstring); the ids number every event.
         self.cause = "clock/heartbeat"
         self.ids = EventIds(request.now)
+        # source -> its nodes, built when a connection change first needs it (see `nodes_of`).
+        self._by_source: dict[str, list[str]] | None = None
 
     def state(self) -> HealthState:
         return HealthState(
@@ -348,7 +379,7 @@ class _Decision:
             case NodeHeartbeat() | TelemetryReported() if self.stale_news_of_unknown(obs):
                 self.notes.append(f"{obs.node_id}: an old {type(obs).__name__} of an unknown node says nothing now")
             case NodeHeartbeat():
-                n = self.node(obs.node_id)
+                n = self.heard_from(self.node(obs.node_id), obs)
                 at = self.seen_at(obs.occurred_at)
                 last = n.last_beat if n.last_beat is not None and n.last_beat > at else at
                 self.put(msgspec.structs.replace(n, last_beat=last, interval_s=obs.interval_s or n.interval_s))
@@ -358,6 +389,7 @@ class _Decision:
             case NodeDeregistered():
                 # It left cleanly: not a failure; the pool removes it, so do we.
                 self.nodes.pop(obs.node_id, None)
+                self._by_source = None
                 self.departed[obs.node_id] = obs.occurred_at
             case TelemetryReported():
                 self.telemetry(obs)
@@ -382,6 +414,45 @@ class _Decision:
                 )
             case AllocationReleased() | AllocationRevoked() | AllocationExpired():
                 self.holdings.pop(f"{obs.allocation_id}/{obs.node_id}", None)
+            case ConnectionClosed():
+                self.connection_closed(obs)
+            case ConnectionOpened():
+                for node_id in self.nodes_of(obs.source):
+                    n = self.nodes[node_id]
+                    if n.connection_closed_at is not None:
+                        self.put(msgspec.structs.replace(n, connection_closed_at=None))
+
+    def heard_from(self, n: NodeHealth, obs: NodeHeartbeat | TelemetryReported | NodeRegistered) -> NodeHealth:
+        """The node with its agent's `source`; a word sent after its connection closed clears the close."""
+        closed = n.connection_closed_at
+        if closed is not None and obs.occurred_at > closed:
+            closed = None
+        if obs.source == n.source and closed == n.connection_closed_at:
+            return n
+        if obs.source != n.source:
+            self._by_source = None
+        return self.put(msgspec.structs.replace(n, source=obs.source, connection_closed_at=closed))
+
+    def nodes_of(self, source: str) -> list[str]:
+        """The nodes whose newest word came from `source`, in id order."""
+        if self._by_source is None:
+            self._by_source = {}
+            for node_id in sorted(self.nodes):
+                s = self.nodes[node_id].source
+                if s:
+                    self._by_source.setdefault(s, []).append(node_id)
+        return self._by_source.get(source, [])
+
+    def connection_closed(self, closed: ConnectionClosed) -> None:
+        """The agent's last bus connection closed: its nodes that have not been heard from since are on notice."""
+        at = self.seen_at(closed.at)
+        for node_id in self.nodes_of(closed.source):
+            n = self.nodes[node_id]
+            if n.status == "failed" or n.connection_closed_at is not None:
+                continue
+            if n.last_beat is not None and n.last_beat > at:
+                continue  # it spoke after the close (through a new connection whose opening we have not seen yet)
+            self.put(msgspec.structs.replace(n, connection_closed_at=at))
 
     def said_before_leaving(self, obs: NodeHeartbeat | TelemetryReported | NodeRegistered) -> bool:
         left = self.departed.get(obs.node_id)
@@ -397,7 +468,7 @@ class _Decision:
         return (self.now - obs.occurred_at).total_seconds() > window
 
     def registered(self, reg: NodeRegistered) -> None:
-        n = self.node(reg.node_id)
+        n = self.heard_from(self.node(reg.node_id), reg)
         at = self.seen_at(reg.occurred_at)
         last = n.last_beat if n.last_beat is not None and n.last_beat > at else at
         gpus = dict(n.gpus)
@@ -422,7 +493,7 @@ class _Decision:
         )
 
     def telemetry(self, t: TelemetryReported) -> None:
-        n = self.node(t.node_id)
+        n = self.heard_from(self.node(t.node_id), t)
         if n.telemetry_at is not None and t.occurred_at <= n.telemetry_at:
             self.notes.append(f"{n.node_id}: telemetry of {t.occurred_at.isoformat()} was judged already")
             return
@@ -600,6 +671,7 @@ class _Decision:
             msgspec.structs.replace(
                 n,
                 status="failed",
+                cut_off=False,
                 reason=reason,
                 since=self.now,
                 healthy_since=None,
@@ -620,7 +692,13 @@ class _Decision:
             self.emit(Uncordoned(**self.env(n.node_id), node_id=n.node_id, scope="node"))
         self.put(
             msgspec.structs.replace(
-                n, status="healthy", reason="", since=self.now, healthy_since=None, cordoned=n.cordoned and held
+                n,
+                status="healthy",
+                reason="",
+                since=self.now,
+                healthy_since=None,
+                cordoned=n.cordoned and held,
+                cut_off=False,
             )
         )
 
@@ -637,10 +715,13 @@ class _Decision:
             if len(self.finished) <= FINISHED_KEPT and (now - ended).total_seconds() <= cfg.finished_memory_s:
                 break
             del self.finished[job_id]
-        lost: list[NodeHealth] = []
-        # The common case at scale, a healthy node that beat on time with no GPU cordon to lift, is
-        # decided by one comparison against its interval's latest on-time beat (computed once per
-        # interval): nothing else in the loop can change such a node.
+        # Nodes to fail (each with why, and whether by its closed connection), and the nodes whose
+        # connection closed within the grace.
+        lost: list[tuple[NodeHealth, str, bool]] = []
+        closing: list[str] = []
+        # The common case at scale, a healthy node that beat on time with no GPU cordon to lift and
+        # its connection open, is decided by one comparison against its interval's latest on-time
+        # beat (computed once per interval): nothing else in the loop can change such a node.
         on_time_after: dict[float, dt.datetime] = {}
         self.cause = "clock/heartbeat"
         for node_id in sorted(self.nodes):
@@ -648,7 +729,7 @@ class _Decision:
             last_beat = n.last_beat
             if last_beat is None:
                 continue
-            if n.status == "healthy" and not n.gpus:
+            if n.status == "healthy" and not n.gpus and n.connection_closed_at is None:
                 cutoff = on_time_after.get(n.interval_s)
                 if cutoff is None:
                     late_after = cfg.heartbeat.suspect_after_intervals * n.interval_s
@@ -658,14 +739,27 @@ class _Decision:
             n = self.lift_gpu_cordons(n)
             live = liveness(last_beat, n.interval_s, heard, cfg.heartbeat)
             gap = (heard - last_beat).total_seconds()
+            why = f"no heartbeat for {gap:.1f}s"
+            closed = n.connection_closed_at
+            cut_off = False
+            if closed is not None and n.status != "failed":
+                # nats-server saw the agent's last connection close and no new one open: lost after
+                # the grace for a reconnect, whatever the heartbeats (not read yet, or not due yet) say.
+                gone = (now - closed).total_seconds()
+                if gone >= cfg.heartbeat.reconnect_grace_s:
+                    live, why, cut_off = "lost", f"bus connection closed {gone:.1f}s ago and not reopened", True
+                else:
+                    closing.append(node_id)
             if live != "alive" and n.status == "healthy":
-                n = self.suspect(n, f"no heartbeat for {gap:.1f}s (interval {n.interval_s:g}s)")
+                n = self.suspect(n, why if cut_off else f"{why} (interval {n.interval_s:g}s)")
+            if cut_off and n.status == "suspect" and not n.cut_off:
+                n = self.put(msgspec.structs.replace(n, cut_off=True))
             if live == "lost" and n.status == "suspect":
-                lost.append(n)
+                lost.append((n, why, cut_off))
                 continue
             if n.status == "healthy" or n.needs_reboot:
                 continue
-            if live != "alive":
+            if live != "alive" or closed is not None:
                 if n.healthy_since is not None:
                     self.put(msgspec.structs.replace(n, healthy_since=None))
                 continue
@@ -675,7 +769,7 @@ class _Decision:
             window = clear_after_s(n.interval_s, cfg.heartbeat) if n.status == "suspect" else n.hold_s
             if (now - since).total_seconds() >= window:
                 self.recover(n)
-        self.guard_split_brain(lost)
+        self.guard_split_brain(lost, closing)
 
     def lift_gpu_cordons(self, n: NodeHealth) -> NodeHealth:
         gpus = dict(n.gpus)
@@ -689,17 +783,33 @@ class _Decision:
     def max_failed(self) -> int:
         return max_failed_nodes(self.nodes.values(), self.cfg)
 
-    def guard_split_brain(self, lost: list[NodeHealth]) -> None:
+    def guard_split_brain(self, lost: list[tuple[NodeHealth, str, bool]], closing: list[str]) -> None:
         failed = sum(1 for n in self.nodes.values() if n.status == "failed")
         limit = self.max_failed()
-        # Every node late right now counts, the lost among them: when more of the cluster is late at
-        # once than may fail, the cause is more likely shared (the bus, this controller, a slow or
-        # overloaded pipeline), also when the nodes cross the fail window one by one. The guard
-        # holds until that many are no longer late.
-        late = sorted(n.node_id for n in self.nodes.values() if n.status == "suspect")
+        # Every node late right now counts, the lost among them, and every node whose connection
+        # closed within the grace: when more of the cluster is late at once than may fail, the cause
+        # is more likely shared (the bus, a NATS server that dropped its clients, this controller, a
+        # slow or overloaded pipeline), also when the nodes cross the fail window one by one. The
+        # guard holds until that many are no longer late.
+        late = sorted({n.node_id for n in self.nodes.values() if n.status == "suspect"}.union(closing))
+        by_connection = [(n, why) for n, why, cut_off in lost if cut_off]
+        by_beats = [(n, why) for n, why, cut_off in lost if not cut_off]
+        # A closed connection is the server's word on that one agent: heartbeats late for a shared
+        # reason do not hold it back, only many connections closing at once (a server that dropped
+        # its clients, a partition) do.
+        cut_off_now = set(closing).union(
+            (n.node_id for n, _ in by_connection),
+            (n.node_id for n in self.nodes.values() if n.status == "suspect" and n.cut_off),
+        )
+        connections_over = failed + len(cut_off_now) > limit
+        beats_over = failed + max(len(late), len(by_beats)) > limit
+        held = [*(by_connection if connections_over else []), *(by_beats if beats_over else [])]
+        self.cause = "clock/lost"
+        for n, why in [*(by_connection if not connections_over else []), *(by_beats if not beats_over else [])]:
+            self.fail_node(n.node_id, why)
         self.cause = "clock/cluster"
-        if failed + max(len(late), len(lost)) > limit:
-            if lost and not self.degraded:
+        if connections_over or beats_over:
+            if held and not self.degraded:
                 self.degraded = True
                 self.emit(
                     ClusterDegraded(
@@ -712,11 +822,6 @@ class _Decision:
                     )
                 )
             return
-        self.cause = "clock/lost"
-        for n in lost:
-            gap = (self.heard - n.last_beat).total_seconds() if n.last_beat is not None else math.inf
-            self.fail_node(n.node_id, f"no heartbeat for {gap:.1f}s")
-        self.cause = "clock/cluster"
         if self.degraded:
             self.degraded = False
             nodes = pool_size(self.nodes.values())

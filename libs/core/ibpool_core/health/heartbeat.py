@@ -23,6 +23,9 @@ class HeartbeatRules(msgspec.Struct, frozen=True, kw_only=True):
     fail_after_s: float = 3.0
     # A suspected or recovering node must beat on time for this many intervals before it is cleared.
     clear_after_beats: int = 3
+    # A node whose agent's last bus connection closed (nats-server's advisory) is lost unless the
+    # agent connects again, or is heard from, within this long.
+    reconnect_grace_s: float = 1.0
 
 
 def liveness(last_beat: dt.datetime, interval_s: float, now: dt.datetime, rules: HeartbeatRules) -> Liveness:

@@ -1,0 +1,188 @@
+"""Liveness through nats-server's connection advisories, with real agent processes.
+
+The controller reads the servers' client connect/disconnect advisories as the system account's user
+(`connection_events_url`). A SIGKILLed agent's connection closes at once: its nodes are failed after
+the reconnect grace even with a heartbeat window far longer than the test. A SIGSTOPped agent keeps
+its connection: the heartbeat rule fails it. A nats-server restart drops every connection at once:
+the agents reconnect and nobody is failed, and so when the server drops (kicks) every agent's
+connection while the controller stays connected and sees them all close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from ibpool_failover_controller.bootstrap import bootstrap as controller_bootstrap
+from ibpool_proto.health import ClusterDegraded, NodeFailed, NodeRecovered
+from ibpool_runtime import devstack
+from ibpool_runtime.bus import Bus
+from ibpool_runtime.bus_permissions import render_system_account
+from ibpool_runtime.connection_events import open_connections
+from ibpool_runtime.devstack import StackInfo
+from ibpool_runtime.store import Store
+from tests.integration.agent_support import QUIET_GPUS_ENV, agent_process, unique_prefix
+from tests.integration.helpers import eventually
+from tests.integration.test_failover_controller import controller_kit, get_json, health_events, running, stop_process
+
+# Heartbeats alone would take 60 s to fail a node here: anything faster is the connection's doing.
+NO_HEARTBEAT_VERDICT = {"suspect_after_intervals": 300.0, "fail_after_s": 60.0}
+
+
+async def healthy(url: str, node: str) -> bool:
+    status, body = await get_json(f"{url}/health/nodes/{node}")
+    return status == 200 and body["status"] == "healthy"
+
+
+async def test_a_killed_agent_is_failed_through_its_closed_connection_within_the_grace(
+    stack: StackInfo, bus: Bus, store: Store
+) -> None:
+    prefix = unique_prefix()
+    nodes = [f"{prefix}-001", f"{prefix}-002"]
+    kit = controller_kit(bus, store, connection_events_url=stack.system_nats_url, **NO_HEARTBEAT_VERDICT)
+    async with running("failover_controller", kit, controller_bootstrap) as controller:
+        agent = agent_process(stack, prefix, nodes=2, extra_env=QUIET_GPUS_ENV)
+        try:
+            for node in nodes:
+                await eventually(lambda n=node: healthy(controller.http_url, n), what=f"{node} healthy")
+            killed = time.monotonic()
+            await stop_process(agent, signal.SIGKILL)
+
+            async def both_failed() -> bool:
+                return all([await health_events(bus, NodeFailed, n) for n in nodes])
+
+            await eventually(both_failed, timeout_s=15, what="NodeFailed for both nodes of the killed agent")
+            took = time.monotonic() - killed
+            for node in nodes:
+                [failed] = await health_events(bus, NodeFailed, node)
+                assert "bus connection closed" in failed.reason, failed.reason
+            # The grace is 1 s; the heartbeat window here is 60 s.
+            assert took < 15, took
+        finally:
+            await stop_process(agent)
+
+
+async def test_a_hung_agent_keeps_its_connection_and_the_heartbeat_rule_fails_it(
+    stack: StackInfo, bus: Bus, store: Store
+) -> None:
+    prefix = unique_prefix()
+    node = f"{prefix}-001"
+    kit = controller_kit(
+        bus, store, connection_events_url=stack.system_nats_url, suspect_after_intervals=10.0, fail_after_s=3.0
+    )
+    async with running("failover_controller", kit, controller_bootstrap) as controller:
+        agent = agent_process(stack, prefix, extra_env=QUIET_GPUS_ENV)
+        try:
+            await eventually(lambda: healthy(controller.http_url, node), what="the node healthy")
+            agent.send_signal(signal.SIGSTOP)
+
+            async def failed() -> bool:
+                return bool(await health_events(bus, NodeFailed, node))
+
+            await eventually(failed, timeout_s=20, what="NodeFailed for the stopped agent's node")
+            [event] = await health_events(bus, NodeFailed, node)
+            assert "no heartbeat" in event.reason, event.reason
+            assert changes(kit, "closed") == 0  # the server still held the hung agent's connection
+        finally:
+            agent.send_signal(signal.SIGCONT)
+            await stop_process(agent)
+
+
+def changes(kit: Any, change: str) -> float:
+    """ibpool_failover_connection_changes_total{change} of the controller."""
+    value = kit.metrics.registry.get_sample_value("ibpool_failover_connection_changes_total", {"change": change})
+    return float(value or 0.0)
+
+
+@asynccontextmanager
+async def own_nats() -> AsyncIterator[tuple[Path, int, str]]:
+    """A nats-server of this test's own (it is restarted), with the system account; stopped after."""
+    state = Path(tempfile.mkdtemp(prefix="ibpool-test-nats-"))
+    port = devstack.free_port()
+    try:
+        yield state, port, "system-pw"
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def start_nats(state: Path, port: int, password: str) -> subprocess.Popen[bytes]:
+    proc, _, _ = devstack.start_nats(state, port=port, extra_config=render_system_account(password))
+    return proc
+
+
+async def test_a_nats_server_restart_drops_every_connection_and_nobody_is_failed(
+    stack: StackInfo, store: Store
+) -> None:
+    async with own_nats() as (state, port, password):
+        server = start_nats(state, port, password)
+        url = f"nats://127.0.0.1:{port}"
+        system_url = f"nats://system:{password}@127.0.0.1:{port}"
+        bus = await Bus.connect(url, name="test")
+        agents: list[subprocess.Popen[bytes]] = []
+        try:
+            await bus.ensure_streams()
+            prefixes = [unique_prefix() for _ in range(3)]
+            nodes = [f"{p}-00{k}" for p in prefixes for k in (1, 2)]
+            kit = controller_kit(
+                bus, store, connection_events_url=system_url, suspect_after_intervals=10.0, fail_after_s=6.0
+            )
+            async with running("failover_controller", kit, controller_bootstrap) as controller:
+                env = {**QUIET_GPUS_ENV, "IBPOOL_NATS_URL": url}
+                agents = [agent_process(stack, p, nodes=2, extra_env=env) for p in prefixes]
+                for node in nodes:
+                    await eventually(lambda n=node: healthy(controller.http_url, n), what=f"{node} healthy")
+                # The server drops every agent's connection at once (the system account's KICK): each
+                # agent reconnects within the grace, and nobody is failed.
+                system = await Bus.connect(system_url, name="test-kicker")
+                try:
+                    agent_conns = [c for c in await open_connections(system) if c.name.startswith("node_agent/")]
+                    assert len({c.name for c in agent_conns}) == 3, agent_conns
+                    for c in agent_conns:
+                        await system.nc.request(
+                            f"$SYS.REQ.SERVER.{c.server_id}.KICK", f'{{"cid": {c.client_id}}}'.encode()
+                        )
+                finally:
+                    await system.close()
+
+                async def reconnected() -> bool:
+                    return changes(kit, "opened") >= 3
+
+                await eventually(reconnected, timeout_s=10, what="the agents reconnected")
+                assert changes(kit, "closed") >= 3
+                await asyncio.sleep(2.0)
+                for node in nodes:
+                    assert not await health_events(bus, NodeFailed, node), node
+                # The server goes away for 2 s (twice the reconnect grace) and comes back on its store.
+                server.send_signal(signal.SIGTERM)
+                server.wait(timeout=15)
+                await asyncio.sleep(2.0)
+                server = start_nats(state, port, password)
+
+                async def all_healthy() -> bool:
+                    return all([await healthy(controller.http_url, n) for n in nodes])
+
+                await eventually(all_healthy, timeout_s=30, what="every node healthy after the restart")
+                await asyncio.sleep(3.0)  # a verdict that was coming would be out by now
+                for node in nodes:
+                    assert not await health_events(bus, NodeFailed, node), node
+                    assert await healthy(controller.http_url, node)
+                # Every node was cut off at once: if anything was judged, it was the cluster (the guard).
+                degraded = await health_events(bus, ClusterDegraded, "cluster")
+                assert all(set(d.node_ids) <= set(nodes) for d in degraded)
+                recovered = {e.node_id for n in nodes for e in await health_events(bus, NodeRecovered, n)}
+                assert recovered <= set(nodes)
+        finally:
+            for agent in agents:
+                await stop_process(agent)
+            await bus.close()
+            if server.poll() is None:
+                server.terminate()
+                server.wait(timeout=15)
