@@ -48,6 +48,7 @@ bench: env
 	$(PY) tests/bench/bench_pool.py --runs 3
 	$(PY) tests/bench/bench_sched_place.py --runs 5
 	$(PY) tests/bench/bench_failover.py --rounds 20
+	$(PY) tests/bench/bench_failover.py --rounds 20 --liveness heartbeats
 	$(PY) tests/bench/bench_failover.py --rounds 20 --fault xid79
 	$(PY) tests/bench/bench_sched.py --runs 3
 	$(VENV)/bin/ibpool bench pack --seeds 3 --format table --plot docs/packing-openb.png --out tests/bench/results/pack-latest.json

@@ -45,8 +45,9 @@ def kind_of(cls: type[Message]) -> str:
 
 
 def stream_of(cls: type[Message]) -> str:
-    """The JetStream stream that stores this message: one stream per domain (IBPOOL_<DOMAIN>)."""
-    return f"IBPOOL_{cls.type_name().domain.upper()}"
+    """The JetStream stream that stores this message: one stream per domain (IBPOOL_<DOMAIN>);
+    "none" for a message sent on core NATS only (`Message.stored`)."""
+    return f"IBPOOL_{cls.type_name().domain.upper()}" if cls.stored else "none"
 
 
 def channel_address(cls: type[Message]) -> str:
@@ -143,8 +144,12 @@ def asyncapi_document(messages: Sequence[type[Message]] = ALL_MESSAGES) -> Json:
             {
                 "address": channel_address(cls),
                 "title": cid,
-                "description": f"Stored in JetStream stream `{stream_of(cls)}`. "
-                f"The last subject token is the {cls.key_name}.",
+                "description": (
+                    f"Stored in JetStream stream `{stream_of(cls)}`. "
+                    if cls.stored
+                    else "Core NATS only, not stored: subscribe to the subject. "
+                )
+                + f"The last subject token is the {cls.key_name}.",
                 "messages": {},
                 "parameters": {
                     cls.key_name: {"description": f"The {cls.key_name} this message is about."},

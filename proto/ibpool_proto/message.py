@@ -81,6 +81,9 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbi
     key_name: ClassVar[str] = "key"
     # One line that says what the message means; the generated docs use it.
     summary: ClassVar[str] = ""
+    # Stored in its domain's JetStream stream (False: core NATS only, for live readers; the next
+    # message replaces a lost one and nobody needs its history).
+    stored: ClassVar[bool] = True
 
     id: str = msgspec.field(default_factory=new_id)
     occurred_at: Timestamp = msgspec.field(default_factory=utc_now)

@@ -133,6 +133,11 @@ def test_asyncapi_payload_and_header_schemas_accept_what_the_bus_sends() -> None
 
 def test_documented_streams_are_the_runtime_streams() -> None:
     for cls in ALL_MESSAGES:
+        if not cls.stored:
+            assert gen.stream_of(cls) == "none"
+            with pytest.raises(KeyError):
+                stream_for_subject(cls.subject("k"))
+            continue
         assert stream_for_subject(cls.subject("k")) == gen.stream_of(cls), cls.ce_type()
 
 

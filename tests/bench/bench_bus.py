@@ -62,7 +62,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from ibpool_proto import DecodeError, decode, encode
-from ibpool_proto.node import NodeHeartbeat
+from ibpool_proto.node import NodeRegistered
 from ibpool_runtime import consumer as ibpool_consumer
 from ibpool_runtime import devstack, telemetry
 from ibpool_runtime.bus import Bus, OutgoingMessage, outgoing
@@ -76,7 +76,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RESULTS = HERE / "results"
 STREAM = "IBPOOL_NODE"
-SUBJECT_FILTER = NodeHeartbeat.subject_pattern()  # ibpool.node.heartbeat.sent.*
+# Registrations stand for any small stored event (heartbeats, which this bench used until 2026-12-05,
+# are no longer stored: core NATS only); the body is padded to PAYLOAD_BYTES either way.
+SUBJECT_FILTER = NodeRegistered.subject_pattern()  # ibpool.node.node.registered.*
 CORE_SUBJECT = "bench.core.orientation"  # no stream captures it, nobody subscribes
 PAYLOAD_BYTES = 256
 NODES = 64
@@ -92,10 +94,18 @@ STATE_SQL = (
 # ---------------------------------------------------------------- messages
 
 
-def _heartbeat(i: int, source: str) -> NodeHeartbeat:
+def _heartbeat(i: int, source: str) -> NodeRegistered:
     node = f"n{i % NODES:04d}"
-    # seq has a fixed digit count so every body has the same length
-    return NodeHeartbeat(source=source, key=node, node_id=node, seq=100_000 + i, interval_s=5.0)
+    # The message's sequence number rides in cpu_milli (see `seq_of`), with a fixed digit count so
+    # every body has the same length.
+    return NodeRegistered(
+        source=source, key=node, node_id=node, hostname=node, cpu_milli=100_000 + i, memory_mib=1, gpus=[], backend="b"
+    )
+
+
+def seq_of(event: Any) -> int:
+    """The bench's sequence number of a message (`_heartbeat`)."""
+    return int(event.cpu_milli)
 
 
 def _padded_source() -> str:
@@ -108,7 +118,7 @@ def _padded_source() -> str:
 SOURCE = _padded_source()
 
 
-def make_messages(n: int) -> list[NodeHeartbeat]:
+def make_messages(n: int) -> list[NodeRegistered]:
     return [_heartbeat(i, SOURCE) for i in range(n)]
 
 
@@ -527,7 +537,7 @@ async def state_handler(event: Any, ctx: HandlerContext) -> None:
         "INSERT INTO bench_state (event_id, node_id, seq) VALUES ($1, $2, $3)",
         event.id,
         event.node_id,
-        event.seq,
+        seq_of(event),
     )
     ctx.tx.bench_ids.append(event.id)  # type: ignore[attr-defined]
 
@@ -854,7 +864,7 @@ class CandidateBatchHandlerConsumer(Consumer):
                 ):
                     await tx.conn.executemany(
                         "INSERT INTO bench_state (event_id, node_id, seq) VALUES ($1, $2, $3)",
-                        [(e.id, e.node_id, e.seq) for e in todo],
+                        [(e.id, e.node_id, seq_of(e)) for e in todo],
                     )
                     tx.bench_ids.extend(e.id for e in todo)  # type: ignore[attr-defined]
                 elapsed = time.perf_counter() - started
@@ -1147,7 +1157,7 @@ async def micro_commit(args: argparse.Namespace, stack: Stack) -> None:
                 await candidate_no_reset_pool(store, stack.dsn)
             queue = list(reversed(msgs))
 
-            async def producer(store: Store = store, queue: list[NodeHeartbeat] = queue) -> None:
+            async def producer(store: Store = store, queue: list[NodeRegistered] = queue) -> None:
                 while queue:
                     m = queue.pop()
                     async with store.transaction() as tx:

@@ -9,7 +9,10 @@ attempt on another node (seen on a core NATS subscription). Then the job is canc
 agent started again (for an XID 79: the node's reboot), and the next round waits for the
 failover controller to call the node healthy.
 
-`--fault sigkill` (default) SIGKILLs the node's agent: detected by missed heartbeats.
+`--fault sigkill` (default) SIGKILLs the node's agent: detected through its closed bus connection
+(nats-server's disconnect advisory, `--liveness connections`, the default) or, with `--liveness
+heartbeats` (the failover controller without `connection_events_url`, as before 2026-12-05), by
+missed heartbeats.
 `--fault xid79` makes GPU 0 of the node report XID 79 ("GPU has fallen off the bus") through the
 agent's fault-injection endpoint (`POST /v1/nodes/{node}/gpus/0/xid`, agents run with
 `fault_injection` on; the agent sends the sample at once): the failover controller fails the node.
@@ -21,7 +24,7 @@ failures of a few nodes fit in minutes instead of the exponential hold a flappin
 
 Floor (issue 7): p99 < 5 s over 20 injected failures. Results: tests/bench/results/bench_failover-latest.json
 (SIGKILL), bench_failover-xid79-latest.json (XID 79).
-Usage: .venv/bin/python tests/bench/bench_failover.py --rounds 20 [--fault xid79]
+Usage: .venv/bin/python tests/bench/bench_failover.py --rounds 20 [--fault xid79] [--liveness heartbeats]
 """
 
 from __future__ import annotations
@@ -55,18 +58,28 @@ FLOOR_P99_S = 5.0
 ROUND_TIMEOUT_S = 60.0
 FAULTS = ("sigkill", "xid79")
 RESULT_FILES = {"sigkill": "bench_failover-latest.json", "xid79": "bench_failover-xid79-latest.json"}
+LIVENESS = ("connections", "heartbeats")
 # The measure's name in the results: from the fault to the job granted again elsewhere.
 MEASURES = {"sigkill": "kill_to_regrant_s", "xid79": "xid_to_regrant_s"}
 
 
 def _services(
-    info: devstack.StackInfo, state: Path, agents: int, fault: str
+    info: devstack.StackInfo, state: Path, agents: int, fault: str, liveness: str
 ) -> tuple[list[ServiceProcess], list[ServiceProcess]]:
     base = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn)
+    connections = info.system_nats_url if liveness == "connections" else ""
     core = [
         ServiceProcess.of("pool_allocator", base, state, instance="bench"),
         # Recovery only is shortened (see the docstring); detection runs at its defaults.
-        ServiceProcess.of("failover_controller", base, state, instance="bench", STABLE_WINDOW_S="1", FLAP_MEMORY_S="1"),
+        ServiceProcess.of(
+            "failover_controller",
+            base,
+            state,
+            instance="bench",
+            STABLE_WINDOW_S="1",
+            FLAP_MEMORY_S="1",
+            CONNECTION_EVENTS_URL=connections,
+        ),
         ServiceProcess.of("scheduler", base, state, instance="bench"),
     ]
     nodes = [
@@ -95,8 +108,10 @@ async def _until(check: Any, timeout_s: float, what: str) -> Any:
     raise TimeoutError(f"{what} did not happen within {timeout_s} s")
 
 
-async def _rounds(info: devstack.StackInfo, state: Path, rounds: int, agents: int, fault: str) -> dict[str, Any]:
-    core, nodes = _services(info, state, agents, fault)
+async def _rounds(
+    info: devstack.StackInfo, state: Path, rounds: int, agents: int, fault: str, liveness: str
+) -> dict[str, Any]:
+    core, nodes = _services(info, state, agents, fault, liveness)
     by_node = {a.name: a for a in nodes}
     for s in core + nodes:
         s.start()
@@ -170,6 +185,7 @@ async def _rounds(info: devstack.StackInfo, state: Path, rounds: int, agents: in
 
     return {
         "fault": fault,
+        "liveness": liveness,
         "rounds": len(latencies),
         "agents": agents,
         MEASURES[fault]: {
@@ -189,11 +205,12 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--agents", type=int, default=4)
     p.add_argument("--fault", choices=FAULTS, default="sigkill", help="how a node fails (see the module docstring)")
+    p.add_argument("--liveness", choices=LIVENESS, default="connections", help="how the controller sees an agent die")
     args = p.parse_args()
     state = Path(tempfile.mkdtemp(prefix="ibpool-bench-failover-"))
     info = devstack.up(state, sync_always=True)
     try:
-        result = asyncio.run(_rounds(info, state, args.rounds, args.agents, args.fault))
+        result = asyncio.run(_rounds(info, state, args.rounds, args.agents, args.fault, args.liveness))
     finally:
         devstack.down(state)
         shutil.rmtree(state, ignore_errors=True)
@@ -202,12 +219,15 @@ def main() -> int:
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / RESULT_FILES[args.fault]).write_text(json.dumps(result, indent=2) + "\n")
+    name = RESULT_FILES[args.fault]
+    if args.liveness != "connections":
+        name = name.replace("-latest", f"-{args.liveness}-latest")
+    (RESULTS / name).write_text(json.dumps(result, indent=2) + "\n")
     k = result[MEASURES[args.fault]]
     verdict = "met" if result["floor_met"] else "NOT met"
     print(
-        f"{args.fault} -> granted again over {result['rounds']} failures: p50 {k['p50']} s, p99 {k['p99']} s, "
-        f"max {k['max']} s (floor p99 < {FLOOR_P99_S} s: {verdict})"
+        f"{args.fault} ({args.liveness}) -> granted again over {result['rounds']} failures: "
+        f"p50 {k['p50']} s, p99 {k['p99']} s, max {k['max']} s (floor p99 < {FLOOR_P99_S} s: {verdict})"
     )
     return 0 if result["floor_met"] else 1
 

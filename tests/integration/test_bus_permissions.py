@@ -25,13 +25,14 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
+from nats.aio.msg import Msg
 
 from ibpool_pool_allocator.bootstrap import bootstrap
 from ibpool_pool_allocator.config import PoolAllocatorConfig
 from ibpool_pool_allocator.service import PoolAllocator
 from ibpool_proto import ALL_MESSAGES
 from ibpool_proto.job import JobExited, JobStarted
-from ibpool_proto.node import NodeHeartbeat
+from ibpool_proto.node import NodeDeregistered, NodeHeartbeat
 from ibpool_proto.pool import (
     AllocationGranted,
     Enforcement,
@@ -52,7 +53,7 @@ from tests.integration.agent_support import running_agent, unique_prefix
 from tests.integration.helpers import eventually, own_store, stream_messages
 
 SUBSCRIBER = Path(__file__).resolve().parents[2] / "examples" / "subscriber.py"
-USERS = ("admin", "node_agent", "pool_allocator", "operator", "subscriber", "scheduler")
+USERS = ("admin", "node_agent", "pool_allocator", "operator", "subscriber", "scheduler", "failover_controller")
 
 
 @pytest.fixture
@@ -109,7 +110,7 @@ async def test_only_the_allocator_may_publish_a_grant(secured: tuple[str, dict[s
     try:
         await admin.ensure_streams()
         await agent.ensure_streams()  # in place as declared: nothing to change, so allowed
-        ack = await agent.publish(NodeHeartbeat(source="t", key="n1", node_id="n1", seq=1, interval_s=1.0))
+        ack = await agent.publish(NodeDeregistered(source="t", key="n1", node_id="n1", reason="test"))
         assert ack.stream == "IBPOOL_NODE"
 
         forged = outgoing(granted("n1"))
@@ -123,6 +124,37 @@ async def test_only_the_allocator_may_publish_a_grant(secured: tuple[str, dict[s
         assert stored.headers["ce-id"] == real.id
     finally:
         for b in (admin, agent, allocator):
+            await b.close()
+
+
+async def test_heartbeats_go_live_to_who_may_read_them_and_are_not_stored(secured: tuple[str, dict[str, str]]) -> None:
+    address, passwords = secured
+    admin = await connect(address, passwords, "admin")
+    agent = await connect(address, passwords, "node_agent")
+    readers = {u: await connect(address, passwords, u) for u in ("failover_controller", "scheduler")}
+    got: dict[str, list[str]] = {u: [] for u in readers}
+    try:
+        await admin.ensure_streams()
+        for user, bus in readers.items():
+
+            async def on_beat(m: Msg, user: str = user) -> None:
+                got[user].append(m.subject)
+
+            await bus.nc.subscribe(NodeHeartbeat.subject_pattern(), cb=on_beat)
+            await bus.nc.flush()
+        await agent.publish_unacked(NodeHeartbeat(source="t", key="n1", node_id="n1", seq=1, interval_s=1.0))
+        await agent.nc.flush()
+
+        async def delivered() -> bool:
+            return bool(got["failover_controller"])
+
+        await eventually(delivered, timeout_s=5, what="the heartbeat reached the failover controller's user")
+        assert got["failover_controller"] == [NodeHeartbeat.subject("n1")]
+        assert got["scheduler"] == []  # its user may not subscribe there: the server sends it nothing
+        info = await admin.js.stream_info("IBPOOL_NODE")
+        assert info.state.messages == 0 and "ibpool.node.>" not in info.config.subjects
+    finally:
+        for b in (admin, agent, *readers.values()):
             await b.close()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ibpool_proto.node import NodeHeartbeat
+from ibpool_proto.node import NodeDeregistered
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus, BusUnavailable
 
@@ -45,7 +45,7 @@ async def test_a_client_trusting_the_ca_connects_and_publishes(tls_nats: tuple[s
     bus = await Bus.connect(f"tls://{address}", name="t", attempts=2, tls_ca=str(certs / "ca.pem"))
     try:
         await bus.ensure_streams()
-        ack = await bus.publish(NodeHeartbeat(source="t", key="n1", node_id="n1", seq=1, interval_s=1.0))
+        ack = await bus.publish(NodeDeregistered(source="t", key="n1", node_id="n1", reason="test"))
         assert ack.stream == "IBPOOL_NODE"
     finally:
         await bus.close()

@@ -300,7 +300,8 @@ class Bus:
         return await self.js.publish(out.subject, out.body, headers=out.headers)
 
     async def publish_unacked(self, message: Message) -> None:
-        """For telemetry: stored by JetStream, but no ack is awaited (a lost sample is replaced by the next)."""
+        """For telemetry-class messages: a core NATS publish, no ack awaited (a lost sample is replaced by the
+        next); JetStream stores it where a stream holds its subject (telemetry), not otherwise (heartbeats)."""
         out = outgoing(message)
         await self.nc.publish(out.subject, out.body, headers=out.headers)
 

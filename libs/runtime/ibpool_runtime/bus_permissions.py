@@ -4,7 +4,8 @@ Each service may publish the messages it owns (e.g. only the pool allocator publ
 `ibpool.pool.allocation.granted.*`), dead letters, acks, and the JetStream API calls that read
 the streams it consumes; it subscribes only to its own reply inboxes (`_INBOX_<user>.>`, where
 its pull consumers deliver and its requests are answered; `ibpool_runtime.bus.inbox_prefix`), so
-no user reads the replies of another. No service user may delete a consumer, and none may create,
+no user reads the replies of another, and to the messages sent on core NATS only that it reads
+live (`LIVE_READS`: heartbeats). No service user may delete a consumer, and none may create,
 read, fetch from or ack on the durable consumers of another service (`SERVICE_DURABLES`).
 Creating and changing streams is the admin's job (`ibpool_runtime.bus.Bus.ensure_streams` run
 with the admin user); services find their streams in place. The exceptions are the buckets a
@@ -116,6 +117,13 @@ CONSUMES: dict[str, tuple[str, ...]] = {
     "subscriber": ("IBPOOL_NODE", "IBPOOL_FABRIC", "IBPOOL_POOL", "IBPOOL_JOB", "IBPOOL_SCALE", "IBPOOL_HEALTH"),
 }
 
+# The messages sent on core NATS only (`Message.stored` is False) each user reads live, by subscribing.
+LIVE_READS: dict[str, tuple[type[Message], ...]] = {
+    "failover_controller": (node.NodeHeartbeat,),
+    "operator": (node.NodeHeartbeat,),
+    "subscriber": (node.NodeHeartbeat,),
+}
+
 # Services that elect a leader over the NATS KV bucket.
 ELECTS_LEADER = ("failover_controller", "scheduler", "autoscaler")
 
@@ -199,7 +207,7 @@ def permissions(user: str) -> Permissions:
         ]
     if user == LEDGER_SNAPSHOT_WRITER or user in LEDGER_SNAPSHOT_READERS:
         publish += _ledger_snapshots(write=user == LEDGER_SNAPSHOT_WRITER)
-    subscribe = [f"{inbox_prefix(user)}.>"]
+    subscribe = [f"{inbox_prefix(user)}.>", *(m.subject_pattern() for m in LIVE_READS.get(user, ()))]
     if user in ("operator", "subscriber"):  # they may list the services (`ibpool services`)
         publish += ["$SRV.>", f"{ABOUT_PREFIX}.>"]
         return Permissions(

@@ -1,13 +1,14 @@
 """Following state that the newest message replaces: from the last message of every subject on.
 
-Heartbeats, telemetry and link verdicts are state, not history: what a follower needs is the newest
+Telemetry and link verdicts are state, not history: what a follower needs is the newest
 message of each subject, then every new one. `follow_latest` reads them with an ephemeral pull
 consumer (`LAST_PER_SUBJECT`, no acks, gone `inactive_s` after the follower stops), so a restart
 never replays a backlog that would make live nodes look silent while it is read. A consumer the
 server dropped (a reconnect, inactivity) is made again; a message that does not decode, or whose
 subject is not the one its type and key build (`ibpool_proto.misaddressed`), is logged and skipped.
 One loop for every such follower (the scheduler's node and fabric news, the failover controller's
-beats).
+telemetry). Messages that are not stored at all (heartbeats, `ibpool_proto.Message.stored`) are
+followed live on core NATS by `follow_live`, with the same checks and the same progress reports.
 """
 
 from __future__ import annotations
@@ -119,3 +120,75 @@ def _read_until(last: Msg, asked: float) -> float:
     if meta.num_pending == 0:
         return asked
     return min(asked, meta.timestamp.timestamp())
+
+
+# Messages a live follower may hold unread before nats-py drops them (a slow consumer): about 40 s
+# of heartbeats at 12,500 nodes.
+LIVE_PENDING = 500_000
+
+
+async def follow_live(
+    bus: Bus,
+    pattern: str,
+    stop: asyncio.Event,
+    handle: Callable[[object], None],
+    *,
+    every_s: float = 0.25,
+    progress: Callable[[float, float], None] | None = None,
+) -> None:
+    """Call `handle` with every decoded message of `pattern` published on core NATS from now on (for
+    messages that are not stored, `ibpool_proto.Message.stored`), until `stop`; what does not
+    decode, or is not what its subject says, is logged and skipped, as in `follow_latest`.
+
+    `progress(t, late_s)`, every `every_s`: every message the server had sent this subscriber by `t`
+    (POSIX seconds, wall clock; a PING answered after them proves it) has been handed to `handle`,
+    and the messages handed over since the last call arrived up to `late_s` after their
+    `occurred_at` (the delay of the publisher, the server and this reader's own queue)."""
+    late = 0.0
+    # (how many arrivals must be handled, set once they are) while a progress report waits.
+    waiting: tuple[int, asyncio.Event] | None = None
+
+    def handled_up_to() -> int:
+        # `delivered` counts arrivals (those dropped as a slow consumer too), the queue what is left.
+        return sub.delivered - sub.pending_msgs
+
+    async def on_message(m: Msg) -> None:
+        nonlocal late
+        try:
+            message = decode_delivered(m)
+            if isinstance(message, Rejected):
+                log.warning("message dropped", subject=m.subject, why=message.why, error=message.error)
+                return
+            if progress is not None:
+                late = max(late, time.time() - message.occurred_at.timestamp())
+            handle(message)
+        finally:
+            if waiting is not None and handled_up_to() >= waiting[0]:
+                waiting[1].set()
+
+    # pending_bytes_limit=0: no limit in bytes (nats-py's convention), the count bounds it.
+    sub = await bus.nc.subscribe(pattern, cb=on_message, pending_msgs_limit=LIVE_PENDING, pending_bytes_limit=0)
+    try:
+        while not stop.is_set():
+            await sleep_unless_stopped(stop, every_s)
+            if progress is None or not bus.connected:
+                continue
+            asked = time.time()
+            try:
+                await bus.nc.flush(timeout=max(1, int(every_s * 4)))
+            except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+                continue
+            # Everything sent before the PONG has arrived; wait until it has been handled.
+            if handled_up_to() < sub.delivered:
+                waiting = (sub.delivered, asyncio.Event())
+                try:
+                    await asyncio.wait_for(waiting[1].wait(), timeout=every_s * 4)
+                except TimeoutError:
+                    continue  # far behind: no progress to report yet
+                finally:
+                    waiting = None
+            progress(asked, max(0.0, late))
+            late = 0.0
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ibpool_proto.codec import ALL_MESSAGES
+
 DLQ_STREAM = "IBPOOL_DLQ"
 DLQ_SUBJECT_PREFIX = "ibpool.dlq"
 
@@ -22,8 +24,20 @@ class StreamSpec(NamedTuple):
     retention: str = "limits"
 
 
+def stored_subjects(domain: str) -> tuple[str, ...]:
+    """The subjects of `domain` a stream holds: `ibpool.<domain>.<entity>.>` for each entity with a
+    stored message; those of messages sent on core NATS only (`Message.stored`) are left out."""
+    ours = [m for m in ALL_MESSAGES if m.type_name().domain == domain]
+    entities = {m.type_name().entity for m in ours if m.stored}
+    shared = sorted(m.__name__ for m in ours if not m.stored and m.type_name().entity in entities)
+    if shared:  # a stream's subjects go by entity: an unstored message needs an entity of its own
+        raise ValueError(f"{', '.join(shared)}: not stored, but on an entity whose other messages are")
+    return tuple(f"ibpool.{domain}.{e}.>" for e in sorted(entities))
+
+
 STREAMS: tuple[StreamSpec, ...] = (
-    StreamSpec("IBPOOL_NODE", ("ibpool.node.>",), 1 * DAY_S, description="registrations, heartbeats, telemetry"),
+    # Heartbeats are not stored (core NATS only): one per node per second.
+    StreamSpec("IBPOOL_NODE", stored_subjects("node"), 1 * DAY_S, description="registrations, telemetry, HCA ports"),
     StreamSpec("IBPOOL_FABRIC", ("ibpool.fabric.>",), 30 * DAY_S, description="topology versions, link state"),
     StreamSpec("IBPOOL_POOL", ("ibpool.pool.>",), 30 * DAY_S, description="ledger commands and allocation events"),
     StreamSpec("IBPOOL_JOB", ("ibpool.job.>",), 30 * DAY_S, description="job submissions and lifecycle"),

@@ -1,9 +1,10 @@
 """The failover controller: observations -> ibpool_core.health.decide -> verdict events out, on every tick.
 
-Heartbeats and telemetry are telemetry-class (the next one replaces a lost one): an ephemeral
-consumer per kind starts at the newest message of every node (`LAST_PER_SUBJECT`), never at a
-backlog that would make live nodes look silent while it is read, and keeps the newest beat per node
-and the recent GPU samples in memory. Everything that must not be lost (registrations, link events,
+Heartbeats and telemetry are telemetry-class (the next one replaces a lost one), kept in memory
+(the newest beat per node, the recent GPU samples). Heartbeats are not stored: a core NATS
+subscription reads them as they are sent (`follow_live`), and a restarted controller gives every
+node a fresh window. Telemetry is read by an ephemeral consumer that starts at the newest sample of
+every node (`LAST_PER_SUBJECT`), never at a backlog. Everything that must not be lost (registrations, link events,
 job exits, allocations) is taken in by durable transactional consumers, recorded in
 `pending_observations` with its inbox row, and handed to the next decision.
 A published topology is fetched from the fabric monitor and turned into the link map right away.
@@ -67,7 +68,7 @@ from ibpool_runtime.bus import BusUnavailable
 from ibpool_runtime.config import ConfigError
 from ibpool_runtime.connection_events import follow_connections
 from ibpool_runtime.consumer import HandlerContext, Subscription
-from ibpool_runtime.follow import follow_latest
+from ibpool_runtime.follow import follow_latest, follow_live
 from ibpool_runtime.leader import Leadership
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.outages import OUTAGES
@@ -78,7 +79,6 @@ from .config import FailoverControllerConfig, core_config
 
 log = get_logger(__name__)
 
-BEATS = (NodeHeartbeat, TelemetryReported)
 NODE_NEWS = (NodeRegistered, NodeDeregistered)
 FABRIC_NEWS = (TopologyPublished, LinkStateChanged, LinkDegraded, LinkFlapping, LinkRecovered)
 JOB_NEWS = (JobExited, JobFinished)
@@ -176,18 +176,16 @@ class FailoverController:
                 self.stored_late.append((time.time(), stored_late))
 
         await asyncio.gather(
-            *(
-                follow_latest(
-                    self.kit.bus,
-                    kind.subject_pattern(),
-                    stop,
-                    on_message,
-                    batch=BEAT_BATCH,
-                    progress=heard if kind is NodeHeartbeat else None,
-                    metrics=self.kit.metrics,
-                )
-                for kind in BEATS
-            )
+            # Heartbeats are not stored: followed live on core NATS.
+            follow_live(self.kit.bus, NodeHeartbeat.subject_pattern(), stop, on_message, progress=heard),
+            follow_latest(
+                self.kit.bus,
+                TelemetryReported.subject_pattern(),
+                stop,
+                on_message,
+                batch=BEAT_BATCH,
+                metrics=self.kit.metrics,
+            ),
         )
 
     async def connections_loop(self, stop: asyncio.Event) -> None:
