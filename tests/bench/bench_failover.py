@@ -49,6 +49,7 @@ from nats.aio.msg import Msg
 
 from ibpool_cli.run import ServiceProcess
 from ibpool_proto import decode
+from ibpool_proto.health import NodeFailed
 from ibpool_proto.job import JobScheduled
 from ibpool_runtime import devstack
 
@@ -116,17 +117,23 @@ async def _rounds(
     for s in core + nodes:
         s.start()
     scheduled: dict[tuple[str, int], tuple[float, list[str]]] = {}
+    node_failed: dict[str, float] = {}
 
     async def on_msg(msg: Msg) -> None:
         ev = decode(msg.data)
         if isinstance(ev, JobScheduled):
             scheduled.setdefault((ev.job_id, ev.attempt), (time.monotonic(), list(ev.nodes)))
+        elif isinstance(ev, NodeFailed):
+            node_failed[ev.node_id] = time.monotonic()
 
     nc = await nats.connect(info.nats_url, name="bench-failover")
     await nc.subscribe(JobScheduled.subject_pattern(), cb=on_msg)
+    await nc.subscribe(NodeFailed.subject_pattern(), cb=on_msg)
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
     scheduler, failover = core[2].url, core[1].url
     latencies: list[float] = []
+    # The part of each latency until the node was failed (the rest: requeue, placement, grant).
+    detections: list[float] = []
     try:
 
         async def healthy(node: str) -> bool:
@@ -150,6 +157,7 @@ async def _rounds(
 
             _, [victim] = await _until(placed, ROUND_TIMEOUT_S, f"{job} scheduled")
             await asyncio.sleep(1.0)  # running on the node for a moment, as real work would be
+            node_failed.pop(victim, None)
             failed_at = time.monotonic()
             if fault == "xid79":
                 url = f"{by_node[victim].url}/v1/nodes/{victim}/gpus/0/xid"
@@ -164,8 +172,13 @@ async def _rounds(
             at, [elsewhere] = await _until(regranted, ROUND_TIMEOUT_S, f"{job} granted again")
             assert elsewhere != victim, (job, victim, elsewhere)
             latencies.append(at - failed_at)
+            detections.append(node_failed.get(victim, at) - failed_at)
             what = "XID 79 on GPU 0" if fault == "xid79" else "killed"
-            print(f"round {i + 1:2d}: {victim} {what}, {job} on {elsewhere} after {at - failed_at:.2f} s", flush=True)
+            print(
+                f"round {i + 1:2d}: {victim} {what}, failed after {detections[-1]:.2f} s, "
+                f"{job} on {elsewhere} after {at - failed_at:.2f} s",
+                flush=True,
+            )
             async with http.delete(f"{scheduler}/v1/jobs/{job}") as r:
                 assert r.status in (200, 202), await r.text()
             by_node[victim].kill()  # no-op after a SIGKILL; after an XID 79, the node's reboot
@@ -194,6 +207,12 @@ async def _rounds(
             "max": round(ordered[-1], 3),
             "mean": round(statistics.fmean(ordered), 3),
             "all": [round(x, 3) for x in latencies],
+        },
+        # From the fault to the NodeFailed verdict (seen on the bus), the first part of the above.
+        "to_node_failed_s": {
+            "p50": round(statistics.median(detections), 3),
+            "max": round(max(detections), 3),
+            "all": [round(x, 3) for x in detections],
         },
         "floor_p99_s": FLOOR_P99_S,
         "floor_met": pct(99) < FLOOR_P99_S,

@@ -579,6 +579,18 @@ async def _leaf_groups_of(http: aiohttp.ClientSession, fabric_url: str, nodes: l
     return len({group.get(n, -1) for n in nodes}) if nodes else None
 
 
+async def _find_services(bus: Bus, services: Sequence[ServiceProcess], tries: int = 5) -> list[ServiceView]:
+    """What answers the NATS service API, asked again (each time waiting its second) until every
+    process of the run has answered or `tries` are spent: a process whose loop is busy (the fabric
+    monitor polling a 1,000-host fabric) may answer one ask too late."""
+    found: dict[str, ServiceView] = {}
+    for _ in range(tries):
+        found |= {v.http_url: v for v in await services_on_the_bus(bus)}
+        if all(s.url in found for s in services):
+            break
+    return list(found.values())
+
+
 def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -> list[ServiceProcess]:
     base = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn)
     # The failover controller sees agents' connections close through nats-server's system account.
@@ -845,7 +857,7 @@ async def _scenario(
     if ramp_task is not None:
         await ramp_task
     locked = await _refused_without_credentials(info, by_name["scheduler"].url) if info.secured else None
-    listed = await services_on_the_bus(bus)
+    listed = await _find_services(bus, services)
     # Stop the services while still watching, to see the agents deregister.
     for s in services:
         s.terminate()

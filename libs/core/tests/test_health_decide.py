@@ -161,7 +161,7 @@ def test_killed_node_is_suspected_then_failed_cordoned_drained_and_its_work_requ
     assert (t_suspect, t_failed) == (7.75, 8.25)
     [requeue] = c.events(RequeueRequested)
     assert isinstance(requeue, RequeueRequested)
-    assert (requeue.job_id, requeue.allocation_id, requeue.attempt, requeue.retry_after_s) == ("j1", "a1", 1, 1.0)
+    assert (requeue.job_id, requeue.allocation_id, requeue.attempt, requeue.retry_after_s) == ("j1", "a1", 1, 0.0)
     [cordon] = c.events(Cordoned)
     assert isinstance(cordon, Cordoned) and cordon.scope == "node"
 
@@ -367,7 +367,7 @@ def test_a_job_hit_three_times_is_flagged_once_with_growing_backoff() -> None:
         c.apply([granted(f"a{k}", "unlucky", n, [k])])
         c.apply([telemetry(n, c.t, k, xids=[95])])
     requeues = c.events(RequeueRequested)
-    assert [(r.attempt, r.retry_after_s) for r in requeues] == [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0)]  # type: ignore[attr-defined]
+    assert [(r.attempt, r.retry_after_s) for r in requeues] == [(1, 0.0), (2, 1.0), (3, 2.0), (4, 4.0)]  # type: ignore[attr-defined]
     [flag] = c.events(JobFlagged)
     assert isinstance(flag, JobFlagged) and flag.failures == 3 and flag.node_ids == ["n1", "n2", "n3"]
 

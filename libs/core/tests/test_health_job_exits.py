@@ -23,8 +23,10 @@ def test_blame(reason: str, want: str) -> None:
     assert blame(reason) == want  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("attempt", "want"), [(0, 0.0), (1, 2.0), (2, 4.0), (3, 8.0), (4, 16.0), (5, 30.0), (9, 30.0)])
-def test_backoff_doubles_up_to_the_cap(attempt: int, want: float) -> None:
+@pytest.mark.parametrize(
+    ("attempt", "want"), [(0, 0.0), (1, 0.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 16.0), (6, 30.0), (9, 30.0)]
+)
+def test_the_first_retry_is_at_once_then_the_backoff_doubles_up_to_the_cap(attempt: int, want: float) -> None:
     assert requeue_backoff_s(attempt, RULES) == want
 
 

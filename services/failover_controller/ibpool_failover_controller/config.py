@@ -38,7 +38,8 @@ class FailoverControllerConfig(BaseConfig, frozen=True, kw_only=True):
     retired_pages_fail: int = 60
     temp_cordon_c: float = 90.0
     temp_fail_c: float = 100.0
-    # Jobs hit by hardware: retry backoff, flag and requeue limits.
+    # Jobs hit by hardware: retry backoff (none after the first hit, then doubling from
+    # requeue_backoff_s), flag and requeue limits.
     requeue_backoff_s: float = 1.0
     requeue_backoff_max_s: float = 300.0
     flag_after_failures: int = 3

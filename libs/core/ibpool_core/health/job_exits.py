@@ -28,7 +28,7 @@ _BLAME: dict[ExitReason, Blame] = {
 
 
 class RetryRules(msgspec.Struct, frozen=True, kw_only=True):
-    # Backoff before the n-th retry: base * 2**(n-1), at most max.
+    # Backoff before the n-th retry: none for the first, then base * 2**(n-2), at most max.
     requeue_backoff_s: float = 1.0
     requeue_backoff_max_s: float = 300.0
     # A job hit by hardware this many times is flagged (JobFlagged, once).
@@ -42,10 +42,12 @@ def blame(reason: ExitReason) -> Blame:
 
 
 def requeue_backoff_s(attempt: int, rules: RetryRules) -> float:
-    """Wait before placing a job again after its `attempt`-th hardware hit (1-based)."""
-    if attempt <= 0:
+    """Wait before placing a job again after its `attempt`-th hardware hit (1-based): none after the
+    first (the node that failed is the likely cause: run the job again elsewhere at once), then
+    doubling from `requeue_backoff_s`, so a job that keeps being hit does not bounce between nodes."""
+    if attempt <= 1:
         return 0.0
-    return float(min(rules.requeue_backoff_max_s, rules.requeue_backoff_s * 2 ** (attempt - 1)))
+    return float(min(rules.requeue_backoff_max_s, rules.requeue_backoff_s * 2 ** (attempt - 2)))
 
 
 def flagged(failures: int, rules: RetryRules) -> bool:
