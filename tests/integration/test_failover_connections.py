@@ -5,7 +5,9 @@ The controller reads the servers' client connect/disconnect advisories as the sy
 the reconnect grace even with a heartbeat window far longer than the test. A SIGSTOPped agent keeps
 its connection: the heartbeat rule fails it. A nats-server restart drops every connection at once:
 the agents reconnect and nobody is failed, and so when the server drops (kicks) every agent's
-connection while the controller stays connected and sees them all close.
+connection while the controller stays connected and sees them all close. A partition between a share of
+the agents and the server (a relay that stops passing bytes, closing nothing) is seen only by the
+heartbeat rule: past the split-brain guard nobody is failed, within it the cut-off node is.
 """
 
 from __future__ import annotations
@@ -179,6 +181,114 @@ async def test_a_nats_server_restart_drops_every_connection_and_nobody_is_failed
                 assert all(set(d.node_ids) <= set(nodes) for d in degraded)
                 recovered = {e.node_id for n in nodes for e in await health_events(bus, NodeRecovered, n)}
                 assert recovered <= set(nodes)
+        finally:
+            for agent in agents:
+                await stop_process(agent)
+            await bus.close()
+            if server.poll() is None:
+                server.terminate()
+                server.wait(timeout=15)
+
+
+class Partition:
+    """A TCP relay between some clients and nats-server that can be cut: while cut, nothing passes
+    either way and no socket closes (as when a switch between them fails), so neither end notices
+    until its pings go unanswered (nats-server and nats-py ping every 2 minutes)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.open = asyncio.Event()
+        self.open.set()
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> Partition:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        self.open.set()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    await self.open.wait()  # cut: hold everything, close nothing
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+async def test_a_partition_of_a_share_of_the_agents_fails_none_past_the_guard_and_a_small_one_is_failed(
+    stack: StackInfo, store: Store
+) -> None:
+    async with own_nats() as (state, port, password):
+        server = start_nats(state, port, password)
+        url = f"nats://127.0.0.1:{port}"
+        bus = await Bus.connect(url, name="test")
+        agents: list[subprocess.Popen[bytes]] = []
+        try:
+            await bus.ensure_streams()
+            prefixes = [unique_prefix() for _ in range(5)]
+            nodes = {p: f"{p}-001" for p in prefixes}
+            kit = controller_kit(
+                bus,
+                store,
+                connection_events_url=f"nats://system:{password}@127.0.0.1:{port}",
+                suspect_after_intervals=10.0,
+                fail_after_s=3.0,
+                max_failed_fraction=0.2,  # 1 of these 5 nodes may be failed at once
+            )
+            async with (
+                running("failover_controller", kit, controller_bootstrap) as controller,
+                Partition(port) as far,
+                Partition(port) as near,
+            ):
+                # Agents 0 and 1 sit behind one switch, agent 2 behind another, 3 and 4 direct.
+                via = {prefixes[0]: far.port, prefixes[1]: far.port, prefixes[2]: near.port}
+                for p in prefixes:
+                    env = {**QUIET_GPUS_ENV, "IBPOOL_NATS_URL": f"nats://127.0.0.1:{via.get(p, port)}"}
+                    agents.append(agent_process(stack, p, extra_env=env))
+                for node in nodes.values():
+                    await eventually(lambda n=node: healthy(controller.http_url, n), what=f"{node} healthy")
+
+                # 2 of 5 cut off for 6 s (twice the fail window): more than may fail at once.
+                far.open.clear()
+                await asyncio.sleep(6.0)
+                far.open.set()
+
+                async def back() -> bool:
+                    return all([await healthy(controller.http_url, n) for n in nodes.values()])
+
+                await eventually(back, timeout_s=30, what="the partitioned nodes healthy again")
+                for node in nodes.values():
+                    assert not await health_events(bus, NodeFailed, node), node
+                [degraded] = await health_events(bus, ClusterDegraded, "cluster")
+                assert sorted(degraded.node_ids) == sorted([nodes[prefixes[0]], nodes[prefixes[1]]])
+                assert changes(kit, "closed") == 0  # no connection closed: only heartbeats could tell
+
+                # 1 of 5 cut off: within what may fail, so the heartbeat rule fails it.
+                near.open.clear()
+
+                async def failed() -> bool:
+                    return bool(await health_events(bus, NodeFailed, nodes[prefixes[2]]))
+
+                await eventually(failed, timeout_s=20, what="the one partitioned node failed")
+                [event] = await health_events(bus, NodeFailed, nodes[prefixes[2]])
+                assert "no heartbeat" in event.reason
+                near.open.set()
+                for p in (prefixes[0], prefixes[1], prefixes[3], prefixes[4]):
+                    assert not await health_events(bus, NodeFailed, nodes[p]), p
         finally:
             for agent in agents:
                 await stop_process(agent)
