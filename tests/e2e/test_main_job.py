@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 
+from tests.bench.bench_scale import SERVICES, table
 from tests.integration.conftest import stack_dir
 
 CLI = [sys.executable, "-m", "ibpool_cli"]
@@ -44,6 +46,9 @@ def test_dev_up_insecure_is_an_open_stack() -> None:
         assert up.returncode == 0, up.stderr
         assert "postgresql://postgres@127.0.0.1:" in up.stdout and "secrets" not in up.stdout
         assert not (state / "secrets").exists()
+        # Its one credential: the system account's, with which the failover controller reads
+        # nats-server's connection advisories (clients need none).
+        assert (state / "nats-system.password").stat().st_mode & 0o077 == 0
         assert "_NATS_URL=" not in (state / "stack.env").read_text().split("\n", 1)[1]
     finally:
         subprocess.run([*CLI, "dev", "down", "--state-dir", str(state)], capture_output=True, text=True)
@@ -52,13 +57,15 @@ def test_dev_up_insecure_is_an_open_stack() -> None:
 
 def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
     root = stack_dir()
+    costs = root / "measured.json"
     r = subprocess.run(
-        [*CLI, "run", "--nodes", "16", "--duration", "30", "--state-dir", str(root / "run")],
+        [*CLI, "run", "--nodes", "16", "--duration", "30", "--state-dir", str(root / "run"), "--measure", str(costs)],
         capture_output=True,
         text=True,
         timeout=180,
         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
     )
+    measured = json.loads(costs.read_text()) if costs.exists() else None
     shutil.rmtree(root, ignore_errors=True)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
@@ -74,3 +81,18 @@ def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
     assert "inference deployment scaled up with the load and back down" in out
     assert "elastic training job grown into idle GPUs" in out
     assert "stack stopped" in out
+    # What the run cost (the scale harness's measure, bench_scale.py, at its smallest size).
+    assert measured is not None, out
+    assert measured["nodes"] == 17 and measured["summary_ok"] is True
+    assert 0 < measured["steady_s"] < measured["duration_s"]
+    for name in (*SERVICES, "nats-server", "postgres"):
+        cost = measured["processes"][name]
+        assert cost["cpu_s"] > 0 and 0 < cost["steady_cpu_s"] <= cost["cpu_s"] and cost["peak_rss_mib"] > 10, name
+    assert measured["events_per_s"]["io.ibpool.node.heartbeat.sent.v1"] > 10  # 17 nodes, one beat a second
+    start, end = measured["stream_bytes"]["IBPOOL_NODE"]
+    assert end > start > 0  # telemetry and registrations; heartbeats are not stored
+    assert {"pool_allocator", "scheduler", "failover_controller"} <= set(measured["postgres"])
+    assert measured["queued_to_scheduled_p99_s"] is not None and measured["cycle_p99_s"] is not None
+    assert measured["kill_to_failed_s"] is not None and 0 < measured["kill_to_failed_s"] < 10
+    rendered = table([{"nodes_asked": 16, "rc": 0, "wall_s": 60.0, "measured": measured}])
+    assert "| 17 (136) |" in rendered and "| 17 | " in rendered

@@ -187,7 +187,8 @@ def test_every_published_message_has_exactly_one_owner_among_the_services() -> N
     assert {m.ce_type() for m in ALL_MESSAGES} - anyone == set(), "a message nobody may publish"
     assert "ibpool.pool.allocation.granted.*" in permissions("pool_allocator")["publish"]["allow"]
     assert "ibpool.pool.allocation.granted.*" not in permissions("node_agent")["publish"]["allow"]
-    assert permissions("subscriber")["subscribe"]["allow"] == ["_INBOX_subscriber.>"]
+    # Its own replies, and the heartbeats, which are not stored and so are read live.
+    assert permissions("subscriber")["subscribe"]["allow"] == ["_INBOX_subscriber.>", "ibpool.node.heartbeat.sent.*"]
     assert not any("CONSUMER.DELETE" in p for u in PUBLISHES for p in permissions(u)["publish"]["allow"])
 
 

@@ -90,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--nodes", type=int, default=16)
     run.add_argument("--duration", type=float, default=60.0, help="seconds the finite scenario runs")
     run.add_argument("--serve", action="store_true", help="keep the system up until Ctrl-C")
+    run.add_argument(
+        "--measure",
+        metavar="FILE",
+        help="write what the run cost to FILE (JSON: CPU and peak memory per process, events per second, "
+        "stream and Postgres growth, cycle and queue times; see docs/scale.md)",
+    )
     run.add_argument("--seed", type=int, default=42)
     run.add_argument("--state-dir", default=None, help="default: a fresh folder under .ibpool/")
     run.add_argument(

@@ -50,6 +50,7 @@ from ibpool_runtime.discovery import ServiceView
 from ibpool_runtime.discovery import services as services_on_the_bus
 from ibpool_runtime.grant_signing import SIGNER_HEADER, new_seed, public_key_of
 
+from . import measure
 from .streams import ensure_streams
 
 HEARTBEAT_DEADLINE_S = 10.0
@@ -172,6 +173,9 @@ class Observed:
     jobs_queued: set[str] = field(default_factory=set)
     jobs_scheduled: set[str] = field(default_factory=set)
     jobs_finished: dict[str, str] = field(default_factory=dict)
+    # job id -> when (run seconds) its first JobQueued and JobScheduled were seen
+    queued_at: dict[str, float] = field(default_factory=dict)
+    scheduled_at: dict[str, float] = field(default_factory=dict)
     # the inference deployment's replica targets, in the order the autoscaler chose them
     replica_targets: list[int] = field(default_factory=list)
     # the elastic training job's worker counts after each resize
@@ -241,8 +245,10 @@ def _observer(obs: Observed, expected_nodes: int):  # type: ignore[no-untyped-de
                 obs.cordons[ev.scope] += 1
             case JobQueued():
                 obs.jobs_queued.add(ev.job_id)
+                obs.queued_at.setdefault(ev.job_id, obs.elapsed())
             case JobScheduled():
                 obs.jobs_scheduled.add(ev.job_id)
+                obs.scheduled_at.setdefault(ev.job_id, obs.elapsed())
             case JobFinished():
                 obs.jobs_finished[ev.job_id] = ev.state
             case ScaleDecided():
@@ -757,6 +763,7 @@ async def _scenario(
     interactive = console.is_terminal
     last_line = 0.0
     deadline = None if args.serve else time.monotonic() + args.duration
+    cost = _Costs(info, services) if args.measure else None
     with Live(
         _view(obs, nodes, "starting"),
         console=console,
@@ -772,6 +779,8 @@ async def _scenario(
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 break
+            if cost is not None:
+                await cost.tick(obs, bus)
             if time.monotonic() - last_pool_read >= 1.0:
                 last_pool_read = time.monotonic()
                 await _read_pool(http, alloc_url, pool)
@@ -856,6 +865,8 @@ async def _scenario(
     ramp_stop.set()
     if ramp_task is not None:
         await ramp_task
+    if cost is not None:
+        await cost.end(bus, http, by_name["scheduler"].url)
     locked = await _refused_without_credentials(info, by_name["scheduler"].url) if info.secured else None
     listed = await _find_services(bus, services)
     # Stop the services while still watching, to see the agents deregister.
@@ -869,7 +880,83 @@ async def _scenario(
     await http.close()
     await bus.close()
     await nc.drain()
-    return _summary(console, obs, args, pool, plan, services, submitted, gangs, locked, listed)
+    code = _summary(console, obs, args, pool, plan, services, submitted, gangs, locked, listed)
+    if cost is not None:
+        measured = cost.measured(obs, args, plan, summary_ok=code == 0)
+        await asyncio.to_thread(Path(args.measure).write_bytes, msgspec.json.format(msgspec.json.encode(measured)))
+        console.print(f"costs written to {args.measure}")
+    return code
+
+
+class _Costs:
+    """What the run costs (`--measure`, ibpool_cli.measure): processes sampled every second, the
+    stores at the start of the steady part (every node heartbeating) and at the end."""
+
+    def __init__(self, info: devstack.StackInfo, services: list[ServiceProcess]) -> None:
+        self.info = info
+        self.services = services
+        self.meter = measure.ProcessMeter()
+        self.last = 0.0
+        self.steady_at: float | None = None
+        self.ended_at = 0.0
+        self.streams: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self.postgres: tuple[dict[str, measure.StoreSize], dict[str, measure.StoreSize]] = ({}, {})
+        self.metrics = ""
+
+    def pids(self) -> dict[str, int]:
+        out = {s.name: s.proc.pid for s in self.services if s.proc is not None and s.running()}
+        return out | {"nats-server": self.info.nats_pid, "postgres": self.info.postgres_pid}
+
+    async def tick(self, obs: Observed, bus: Bus) -> None:
+        if time.monotonic() - self.last < 1.0:
+            return
+        self.last = time.monotonic()
+        if self.steady_at is None and obs.all_heartbeating_after is not None:
+            self.steady_at = obs.elapsed()
+            self.meter.steady_starts(self.pids())
+            self.streams = (await measure.stream_bytes(bus.js), {})
+            self.postgres = (await measure.postgres_sizes(self.info.postgres_dsn), {})
+        else:
+            self.meter.sample(self.pids())
+
+    async def end(self, bus: Bus, http: aiohttp.ClientSession, scheduler_url: str) -> None:
+        self.meter.sample(self.pids())
+        self.ended_at = time.monotonic()
+        self.streams = (self.streams[0], await measure.stream_bytes(bus.js))
+        self.postgres = (self.postgres[0], await measure.postgres_sizes(self.info.postgres_dsn))
+        try:
+            async with http.get(f"{scheduler_url}/metrics") as r:
+                self.metrics = await r.text()
+        except (aiohttp.ClientError, TimeoutError):
+            self.metrics = ""
+
+    def measured(
+        self, obs: Observed, args: argparse.Namespace, plan: FaultPlan | None, *, summary_ok: bool
+    ) -> measure.Measured:
+        duration = self.ended_at - obs.started
+        steady = duration - (self.steady_at or 0.0)
+        waits = [obs.scheduled_at[j] - t for j, t in obs.queued_at.items() if j in obs.scheduled_at]
+        q50, q99 = measure.quantiles(waits)
+        spare = f"node-{args.nodes + 1:03d}"
+        killed = plan.killed_at if plan is not None else None
+        failed = obs.failed.get(spare)
+        empty = measure.StoreSize(rows=0, bytes=0)
+        return measure.Measured(
+            nodes=args.nodes + 1,
+            gpus=8 * (args.nodes + 1),
+            duration_s=round(duration, 1),
+            steady_s=round(steady, 1),
+            processes=self.meter.costs(),
+            events_per_s={k: round(v / duration, 2) for k, v in sorted(obs.by_type.items())},
+            stream_bytes={k: (self.streams[0].get(k, 0), v) for k, v in self.streams[1].items()},
+            postgres={k: (self.postgres[0].get(k, empty), v) for k, v in self.postgres[1].items()},
+            cycle_p50_s=measure.histogram_quantile(self.metrics, "ibpool_scheduler_cycle_seconds", 0.5),
+            cycle_p99_s=measure.histogram_quantile(self.metrics, "ibpool_scheduler_cycle_seconds", 0.99),
+            queued_to_scheduled_p50_s=q50,
+            queued_to_scheduled_p99_s=q99,
+            kill_to_failed_s=round(failed - killed, 2) if failed is not None and killed is not None else None,
+            summary_ok=summary_ok,
+        )
 
 
 async def _refused_without_credentials(info: devstack.StackInfo, scheduler_url: str) -> dict[str, bool]:

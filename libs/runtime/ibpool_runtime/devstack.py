@@ -9,7 +9,10 @@ stack locked: nats-server with one user per service and its permissions
 (`ibpool_runtime.bus_permissions`) plus `admin`, PostgreSQL with a password (scram-sha-256), and an
 HTTP API tokens file (an operator and a client token). The credentials are generated once into
 `<state>/secrets` (mode 0700, files 0600) and kept there; `nats_url_as(info, user)`,
-`api_token(info)` and `StackInfo.postgres_dsn` hand them out.
+`api_token(info)` and `StackInfo.postgres_dsn` hand them out. Either way nats-server has its
+system account with one user, `system` (its password in `<state>/secrets`, or on an open stack in
+`<state>/nats-system.password`), with which the failover controller reads the servers' client
+connect/disconnect advisories (`StackInfo.system_nats_url`).
 """
 
 from __future__ import annotations
@@ -377,9 +380,9 @@ def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True, secu
         extra = render_authorization(passwords)
         system_password = passwords[SYSTEM_USER]
     else:
-        own = state_dir / SECRETS_DIR
-        own.mkdir(mode=0o700, exist_ok=True)
-        system_password = _secret(own, f"nats-{SYSTEM_USER}.password")
+        # An open stack's one credential: clients need none, but nats-server's connection
+        # advisories come only to a user of its system account (the failover controller's).
+        system_password = _secret(state_dir, f"nats-{SYSTEM_USER}.password")
         extra = render_system_account(system_password)
     nats_proc, nats_url, monitor = start_nats(state_dir, sync_always=sync_always, extra_config=extra)
     try:
