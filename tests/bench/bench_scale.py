@@ -64,11 +64,24 @@ def run_size(nodes: int, duration: float, timeout_s: float) -> dict[str, Any]:
     took = round(time.monotonic() - started, 1)
     try:
         if out.exists():
-            return {"nodes_asked": nodes, "rc": rc, "wall_s": took, "measured": json.loads(out.read_text())}
+            text = log.read_text(errors="replace")
+            return {
+                "nodes_asked": nodes,
+                "rc": rc,
+                "wall_s": took,
+                "measured": json.loads(out.read_text()),
+                "failed_checks": failed_checks(text),
+            }
         tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
         return {"nodes_asked": nodes, "rc": rc, "wall_s": took, "measured": None, "log_tail": tail}
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+def failed_checks(log: str) -> list[str]:
+    """The first line of every check the run's summary table marks NO."""
+    summary = log.split("ibpool run: summary", 1)[-1]
+    return [line.split("│")[1].strip() for line in summary.splitlines() if line.rstrip().endswith("│ NO  │")]
 
 
 def _cores(m: dict[str, Any], name: str) -> float:
@@ -82,8 +95,9 @@ def table(results: list[dict[str, Any]]) -> str:
     rows = ["| nodes (GPUs) | " + " | ".join(names) + " | all |", "|---|" + "---|" * (len(names) + 1)]
     mem = ["| nodes | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     other = [
-        "| nodes | events/s | heartbeats/s | stream MB/h | Postgres rows/h | Postgres MB/h | cycle p50 / p99 (bucket) "
-        "| queued -> scheduled p50 / p99 | SIGKILL -> failed | summary |",
+        "| nodes | events/s | heartbeats/s | stream MB/h | Postgres rows at the end (growth/h) "
+        "| Postgres MB at the end (growth/h) | cycle p50 / p99 (bucket) | queued -> scheduled p50 / p99 "
+        "| SIGKILL -> failed | summary |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -105,6 +119,9 @@ def table(results: list[dict[str, Any]]) -> str:
         streams = sum(end - start for start, end in m["stream_bytes"].values())
         pg_rows = sum(end["rows"] - start["rows"] for start, end in m["postgres"].values())
         pg_bytes = sum(end["bytes"] - start["bytes"] for start, end in m["postgres"].values())
+        pg_rows_end = sum(end["rows"] for _, end in m["postgres"].values())
+        pg_bytes_end = sum(end["bytes"] for _, end in m["postgres"].values())
+        failed = r.get("failed_checks") or []
         events = sum(m["events_per_s"].values())
         beats = m["events_per_s"].get("io.ibpool.node.heartbeat.sent.v1", 0.0)
 
@@ -112,10 +129,11 @@ def table(results: list[dict[str, Any]]) -> str:
             return "-" if v is None else f"{v:g} s"
 
         other.append(
-            f"| {m['nodes']:,} | {events:,.0f} | {beats:,.0f} | {streams * hour / 2**20:,.0f} | {pg_rows * hour:,.0f} "
-            f"| {pg_bytes * hour / 2**20:,.0f} | {s(m['cycle_p50_s'])} / {s(m['cycle_p99_s'])} "
+            f"| {m['nodes']:,} | {events:,.0f} | {beats:,.0f} | {streams * hour / 2**20:,.0f} "
+            f"| {pg_rows_end:,} ({pg_rows * hour:,.0f}) | {pg_bytes_end / 2**20:,.0f} ({pg_bytes * hour / 2**20:,.0f}) "
+            f"| {s(m['cycle_p50_s'])} / {s(m['cycle_p99_s'])} "
             f"| {s(m['queued_to_scheduled_p50_s'])} / {s(m['queued_to_scheduled_p99_s'])} "
-            f"| {s(m['kill_to_failed_s'])} | {'yes' if m['summary_ok'] else 'NO'} |"
+            f"| {s(m['kill_to_failed_s'])} | {'yes' if m['summary_ok'] else 'NO: ' + '; '.join(failed)} |"
         )
     return (
         "CPU cores used in the steady part (CPU seconds / seconds):\n\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -250,3 +251,38 @@ async def test_ports_reported_by_node_agents_drive_link_health(
             return any(isinstance(e, LinkStateChanged) and e.state == "down" for e in await link_events(bus, link))
 
         await eventually(went_down, what="LinkStateChanged(down) from the agent's report")
+
+
+async def test_a_poll_stores_only_new_or_changed_verdicts_and_samples_of_links_not_up(bus: Bus, store: Store) -> None:
+    """The bound on the monitor's writes: each link's verdict once, then only when it changes, and
+    ring samples only of links not up, however many polls (not one upsert per link per poll)."""
+    fabric = small_fabric(f"fab{uuid.uuid4().hex[:6]}")
+    links = [ln.link_id for ln in fabric.links]
+    async with running_monitor(bus, store, [fabric]) as svc, aiohttp.ClientSession() as http:
+
+        def writes(kind: str) -> float:
+            value = svc.kit.metrics.registry.get_sample_value("ibpool_fabric_monitor_link_writes_total", {"kind": kind})
+            return float(value or 0.0)
+
+        async def first_poll() -> bool:
+            return writes("verdict") > 0
+
+        await eventually(first_poll, what="the first poll")
+        await asyncio.sleep(2.0)  # some 20 polls at 0.1 s
+        assert writes("verdict") == len(links) and writes("sample") == 0
+        async with store.pool.acquire() as conn:
+            assert await conn.fetchval("SELECT count(*) FROM counter_ring") == 0
+            assert await conn.fetchval("SELECT count(*) FROM link_health") == len(links)
+
+        async with http.post(f"{svc.http_url}/v1/sim/faults", json={"link_id": links[0], "kind": "down"}) as r:
+            assert r.status == 202
+
+        async def sampled() -> bool:
+            async with store.pool.acquire() as conn:
+                return bool(await conn.fetchval("SELECT count(*) >= 10 FROM counter_ring"))
+
+        await eventually(sampled, what="ten samples of the link that went down")
+        async with store.pool.acquire() as conn:
+            ring = await conn.fetch("SELECT link_id, count(*) AS n FROM counter_ring GROUP BY link_id")
+        assert [r["link_id"] for r in ring] == [links[0]]
+        assert writes("verdict") == len(links) + 1  # the one that went down, once

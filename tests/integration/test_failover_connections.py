@@ -18,8 +18,6 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -104,90 +102,92 @@ def changes(kit: Any, change: str) -> float:
     return float(value or 0.0)
 
 
-@asynccontextmanager
-async def own_nats() -> AsyncIterator[tuple[Path, int, str]]:
-    """A nats-server of this test's own (it is restarted), with the system account; stopped after."""
-    state = Path(tempfile.mkdtemp(prefix="ibpool-test-nats-"))
-    port = devstack.free_port()
-    try:
-        yield state, port, "system-pw"
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
+class OwnNats:
+    """A nats-server of the test's own (it is restarted, or cut off), with the system account, a bus
+    to it with the streams in place, and the agent processes started on it; all ended after."""
 
+    password = "system-pw"
 
-def start_nats(state: Path, port: int, password: str) -> subprocess.Popen[bytes]:
-    proc, _, _ = devstack.start_nats(state, port=port, extra_config=render_system_account(password))
-    return proc
+    def __init__(self) -> None:
+        self.state = Path(tempfile.mkdtemp(prefix="ibpool-test-nats-"))
+        self.port = devstack.free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.system_url = f"nats://system:{self.password}@127.0.0.1:{self.port}"
+        self.agents: list[subprocess.Popen[bytes]] = []
+        self.server = self.start()
+
+    def start(self) -> subprocess.Popen[bytes]:
+        proc, _, _ = devstack.start_nats(self.state, port=self.port, extra_config=render_system_account(self.password))
+        return proc
+
+    async def __aenter__(self) -> OwnNats:
+        self.bus = await Bus.connect(self.url, name="test")
+        await self.bus.ensure_streams()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for agent in self.agents:
+            await stop_process(agent)
+        await self.bus.close()
+        if self.server.poll() is None:
+            self.server.terminate()
+            self.server.wait(timeout=15)
+        shutil.rmtree(self.state, ignore_errors=True)
 
 
 async def test_a_nats_server_restart_drops_every_connection_and_nobody_is_failed(
     stack: StackInfo, store: Store
 ) -> None:
-    async with own_nats() as (state, port, password):
-        server = start_nats(state, port, password)
-        url = f"nats://127.0.0.1:{port}"
-        system_url = f"nats://system:{password}@127.0.0.1:{port}"
-        bus = await Bus.connect(url, name="test")
-        agents: list[subprocess.Popen[bytes]] = []
-        try:
-            await bus.ensure_streams()
-            prefixes = [unique_prefix() for _ in range(3)]
-            nodes = [f"{p}-00{k}" for p in prefixes for k in (1, 2)]
-            kit = controller_kit(
-                bus, store, connection_events_url=system_url, suspect_after_intervals=10.0, fail_after_s=6.0
-            )
-            async with running("failover_controller", kit, controller_bootstrap) as controller:
-                env = {**QUIET_GPUS_ENV, "IBPOOL_NATS_URL": url}
-                agents = [agent_process(stack, p, nodes=2, extra_env=env) for p in prefixes]
-                for node in nodes:
-                    await eventually(lambda n=node: healthy(controller.http_url, n), what=f"{node} healthy")
-                # The server drops every agent's connection at once (the system account's KICK): each
-                # agent reconnects within the grace, and nobody is failed.
-                system = await Bus.connect(system_url, name="test-kicker")
-                try:
-                    agent_conns = [c for c in await open_connections(system) if c.name.startswith("node_agent/")]
-                    assert len({c.name for c in agent_conns}) == 3, agent_conns
-                    for c in agent_conns:
-                        await system.nc.request(
-                            f"$SYS.REQ.SERVER.{c.server_id}.KICK", f'{{"cid": {c.client_id}}}'.encode()
-                        )
-                finally:
-                    await system.close()
+    async with OwnNats() as own:
+        bus = own.bus
+        prefixes = [unique_prefix() for _ in range(3)]
+        nodes = [f"{p}-00{k}" for p in prefixes for k in (1, 2)]
+        kit = controller_kit(
+            bus, store, connection_events_url=own.system_url, suspect_after_intervals=10.0, fail_after_s=6.0
+        )
+        async with running("failover_controller", kit, controller_bootstrap) as controller:
+            env = {**QUIET_GPUS_ENV, "IBPOOL_NATS_URL": own.url}
+            own.agents += [agent_process(stack, p, nodes=2, extra_env=env) for p in prefixes]
+            for node in nodes:
+                await eventually(lambda n=node: healthy(controller.http_url, n), what=f"{node} healthy")
+            # The server drops every agent's connection at once (the system account's KICK): each
+            # agent reconnects within the grace, and nobody is failed.
+            system = await Bus.connect(own.system_url, name="test-kicker")
+            try:
+                agent_conns = [c for c in await open_connections(system) if c.name.startswith("node_agent/")]
+                assert len({c.name for c in agent_conns}) == 3, agent_conns
+                for c in agent_conns:
+                    await system.nc.request(f"$SYS.REQ.SERVER.{c.server_id}.KICK", f'{{"cid": {c.client_id}}}'.encode())
+            finally:
+                await system.close()
 
-                async def reconnected() -> bool:
-                    return changes(kit, "opened") >= 3
+            async def reconnected() -> bool:
+                return changes(kit, "opened") >= 3
 
-                await eventually(reconnected, timeout_s=10, what="the agents reconnected")
-                assert changes(kit, "closed") >= 3
-                await asyncio.sleep(2.0)
-                for node in nodes:
-                    assert not await health_events(bus, NodeFailed, node), node
-                # The server goes away for 2 s (twice the reconnect grace) and comes back on its store.
-                server.send_signal(signal.SIGTERM)
-                server.wait(timeout=15)
-                await asyncio.sleep(2.0)
-                server = start_nats(state, port, password)
+            await eventually(reconnected, timeout_s=10, what="the agents reconnected")
+            assert changes(kit, "closed") >= 3
+            await asyncio.sleep(2.0)
+            for node in nodes:
+                assert not await health_events(bus, NodeFailed, node), node
+            # The server goes away for 2 s (twice the reconnect grace) and comes back on its store.
+            own.server.send_signal(signal.SIGTERM)
+            own.server.wait(timeout=15)
+            await asyncio.sleep(2.0)
+            own.server = own.start()
 
-                async def all_healthy() -> bool:
-                    return all([await healthy(controller.http_url, n) for n in nodes])
+            async def all_healthy() -> bool:
+                return all([await healthy(controller.http_url, n) for n in nodes])
 
-                await eventually(all_healthy, timeout_s=30, what="every node healthy after the restart")
-                await asyncio.sleep(3.0)  # a verdict that was coming would be out by now
-                for node in nodes:
-                    assert not await health_events(bus, NodeFailed, node), node
-                    assert await healthy(controller.http_url, node)
-                # Every node was cut off at once: if anything was judged, it was the cluster (the guard).
-                degraded = await health_events(bus, ClusterDegraded, "cluster")
-                assert all(set(d.node_ids) <= set(nodes) for d in degraded)
-                recovered = {e.node_id for n in nodes for e in await health_events(bus, NodeRecovered, n)}
-                assert recovered <= set(nodes)
-        finally:
-            for agent in agents:
-                await stop_process(agent)
-            await bus.close()
-            if server.poll() is None:
-                server.terminate()
-                server.wait(timeout=15)
+            await eventually(all_healthy, timeout_s=30, what="every node healthy after the restart")
+            await asyncio.sleep(3.0)  # a verdict that was coming would be out by now
+            for node in nodes:
+                assert not await health_events(bus, NodeFailed, node), node
+                assert await healthy(controller.http_url, node)
+            # Every node was cut off at once: if anything was judged, it was the cluster (the guard).
+            degraded = await health_events(bus, ClusterDegraded, "cluster")
+            assert all(set(d.node_ids) <= set(nodes) for d in degraded)
+            recovered = {e.node_id for n in nodes for e in await health_events(bus, NodeRecovered, n)}
+            assert recovered <= set(nodes)
 
 
 class Partition:
@@ -232,67 +232,55 @@ class Partition:
 async def test_a_partition_of_a_share_of_the_agents_fails_none_past_the_guard_and_a_small_one_is_failed(
     stack: StackInfo, store: Store
 ) -> None:
-    async with own_nats() as (state, port, password):
-        server = start_nats(state, port, password)
-        url = f"nats://127.0.0.1:{port}"
-        bus = await Bus.connect(url, name="test")
-        agents: list[subprocess.Popen[bytes]] = []
-        try:
-            await bus.ensure_streams()
-            prefixes = [unique_prefix() for _ in range(5)]
-            nodes = {p: f"{p}-001" for p in prefixes}
-            kit = controller_kit(
-                bus,
-                store,
-                connection_events_url=f"nats://system:{password}@127.0.0.1:{port}",
-                suspect_after_intervals=10.0,
-                fail_after_s=3.0,
-                max_failed_fraction=0.2,  # 1 of these 5 nodes may be failed at once
-            )
-            async with (
-                running("failover_controller", kit, controller_bootstrap) as controller,
-                Partition(port) as far,
-                Partition(port) as near,
-            ):
-                # Agents 0 and 1 sit behind one switch, agent 2 behind another, 3 and 4 direct.
-                via = {prefixes[0]: far.port, prefixes[1]: far.port, prefixes[2]: near.port}
-                for p in prefixes:
-                    env = {**QUIET_GPUS_ENV, "IBPOOL_NATS_URL": f"nats://127.0.0.1:{via.get(p, port)}"}
-                    agents.append(agent_process(stack, p, extra_env=env))
-                for node in nodes.values():
-                    await eventually(lambda n=node: healthy(controller.http_url, n), what=f"{node} healthy")
+    async with OwnNats() as own:
+        bus = own.bus
+        prefixes = [unique_prefix() for _ in range(5)]
+        nodes = {p: f"{p}-001" for p in prefixes}
+        kit = controller_kit(
+            bus,
+            store,
+            connection_events_url=own.system_url,
+            suspect_after_intervals=10.0,
+            fail_after_s=3.0,
+            max_failed_fraction=0.2,  # 1 of these 5 nodes may be failed at once
+        )
+        async with (
+            running("failover_controller", kit, controller_bootstrap) as controller,
+            Partition(own.port) as far,
+            Partition(own.port) as near,
+        ):
+            # Agents 0 and 1 sit behind one switch, agent 2 behind another, 3 and 4 direct.
+            via = {prefixes[0]: far.port, prefixes[1]: far.port, prefixes[2]: near.port}
+            for p in prefixes:
+                env = {**QUIET_GPUS_ENV, "IBPOOL_NATS_URL": f"nats://127.0.0.1:{via.get(p, own.port)}"}
+                own.agents.append(agent_process(stack, p, extra_env=env))
+            for node in nodes.values():
+                await eventually(lambda n=node: healthy(controller.http_url, n), what=f"{node} healthy")
 
-                # 2 of 5 cut off for 6 s (twice the fail window): more than may fail at once.
-                far.open.clear()
-                await asyncio.sleep(6.0)
-                far.open.set()
+            # 2 of 5 cut off for 6 s (twice the fail window): more than may fail at once.
+            far.open.clear()
+            await asyncio.sleep(6.0)
+            far.open.set()
 
-                async def back() -> bool:
-                    return all([await healthy(controller.http_url, n) for n in nodes.values()])
+            async def back() -> bool:
+                return all([await healthy(controller.http_url, n) for n in nodes.values()])
 
-                await eventually(back, timeout_s=30, what="the partitioned nodes healthy again")
-                for node in nodes.values():
-                    assert not await health_events(bus, NodeFailed, node), node
-                [degraded] = await health_events(bus, ClusterDegraded, "cluster")
-                assert sorted(degraded.node_ids) == sorted([nodes[prefixes[0]], nodes[prefixes[1]]])
-                assert changes(kit, "closed") == 0  # no connection closed: only heartbeats could tell
+            await eventually(back, timeout_s=30, what="the partitioned nodes healthy again")
+            for node in nodes.values():
+                assert not await health_events(bus, NodeFailed, node), node
+            [degraded] = await health_events(bus, ClusterDegraded, "cluster")
+            assert sorted(degraded.node_ids) == sorted([nodes[prefixes[0]], nodes[prefixes[1]]])
+            assert changes(kit, "closed") == 0  # no connection closed: only heartbeats could tell
 
-                # 1 of 5 cut off: within what may fail, so the heartbeat rule fails it.
-                near.open.clear()
+            # 1 of 5 cut off: within what may fail, so the heartbeat rule fails it.
+            near.open.clear()
 
-                async def failed() -> bool:
-                    return bool(await health_events(bus, NodeFailed, nodes[prefixes[2]]))
+            async def failed() -> bool:
+                return bool(await health_events(bus, NodeFailed, nodes[prefixes[2]]))
 
-                await eventually(failed, timeout_s=20, what="the one partitioned node failed")
-                [event] = await health_events(bus, NodeFailed, nodes[prefixes[2]])
-                assert "no heartbeat" in event.reason
-                near.open.set()
-                for p in (prefixes[0], prefixes[1], prefixes[3], prefixes[4]):
-                    assert not await health_events(bus, NodeFailed, nodes[p]), p
-        finally:
-            for agent in agents:
-                await stop_process(agent)
-            await bus.close()
-            if server.poll() is None:
-                server.terminate()
-                server.wait(timeout=15)
+            await eventually(failed, timeout_s=20, what="the one partitioned node failed")
+            [event] = await health_events(bus, NodeFailed, nodes[prefixes[2]])
+            assert "no heartbeat" in event.reason
+            near.open.set()
+            for p in (prefixes[0], prefixes[1], prefixes[3], prefixes[4]):
+                assert not await health_events(bus, NodeFailed, nodes[p]), p
