@@ -388,6 +388,23 @@ async def test_gang_members_on_two_nodes_of_one_agent_each_run_and_exit(bus: Bus
         assert all(e.reason == "completed" for e in exits)
 
 
+async def test_an_agent_hosting_more_nodes_than_its_filters_reads_every_grant_and_runs_only_its_own(
+    bus: Bus, store: Store
+) -> None:
+    async with running_agent(bus, store, nodes=2, max_node_filters=1) as svc:
+        prefix = svc.kit.config.node_prefix
+        ours = grant(f"{prefix}-002", [0], runtime_s=0.2)
+        theirs = grant(f"{prefix}-009", [0], runtime_s=0.2)  # a node of another agent
+        for g in (theirs, ours):
+            await bus.publish(g)
+
+        async def ours_exited() -> bool:
+            return bool(await events_on(bus, "IBPOOL_JOB", JobExited.subject(ours.job_id)))
+
+        await eventually(ours_exited, what="the grant on a hosted node ran and exited")
+        assert await events_on(bus, "IBPOOL_JOB", JobStarted.subject(theirs.job_id)) == []
+
+
 async def test_workloads_that_exited_before_the_retention_are_deleted(bus: Bus, store: Store, tmp_path: Path) -> None:
     # The agent's table of workloads must not grow with every allocation it ever ran: a restarted
     # agent (and a running one every 10 minutes) deletes those that exited before the retention,

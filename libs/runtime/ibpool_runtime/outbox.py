@@ -86,7 +86,10 @@ class OutboxRelay:
                 try:
                     while await self.publish_pending() == self.window:
                         pass
-                except OUTAGES as e:  # the bus or the store is down: retry on the next tick
+                except (*OUTAGES, asyncpg.exceptions.InternalClientError) as e:
+                    # The bus or the store is down, or the held connection is in a state asyncpg
+                    # cannot go on from (seen once under load at 5,000 nodes: "cannot switch to state
+                    # 12; another operation is in progress"): drop the connection, retry next tick.
                     count_failure(self.metrics, "outbox relay", e)
                     log.warning("outbox relay failed, will retry", error=str(e) or type(e).__name__)
                     await self._let_go(broken=True)

@@ -10,9 +10,10 @@ from prometheus_client import Counter
 
 from ibpool_core.clock import Clock
 from ibpool_core.fabric.index import FabricIndex
-from ibpool_core.fabric.link_health import Expected, LinkHealth, Rules, link_events, observe
+from ibpool_core.fabric.link_health import Expected, LinkHealth, PortSample, Rules, link_events, observe
 from ibpool_core.fabric.model import LANE_GBPS, FabricError, Topology, content_hash, diff
 from ibpool_proto.fabric import DiffSummary, TopologyPublished
+from ibpool_proto.message import Event
 from ibpool_proto.node import HcaPortsReported
 from ibpool_runtime.consumer import HandlerContext, Subscription
 from ibpool_runtime.logs import get_logger
@@ -142,25 +143,9 @@ class FabricMonitor:
         assert self.source is not None
         now = self.clock.now()
         samples = await asyncio.to_thread(self.source.read, now)
-        updated: dict[str, LinkHealth] = {}
-        events = []
-        for s in samples:
-            before = self.healths.get(s.link_id) or LinkHealth(link_id=s.link_id)
-            after, findings = observe(before, s, self.expected.get(s.link_id), self.rules)
-            updated[s.link_id] = after
-            events += link_events(before, after, findings, topology_version=self.version, source=self.kit.source)
-        changed = {
-            k: h
-            for k, h in updated.items()
-            if (old := self.healths.get(k)) is None
-            or (old.transitions, old.active.keys()) != (h.transitions, h.active.keys())
-        }
-        # Samples of the links not up, and of those that just came back (the end of their trouble).
-        kept = [
-            s
-            for s in samples
-            if updated[s.link_id].state != "up" or (s.link_id in changed and s.link_id in self.healths)
-        ]
+        # Judging every link takes seconds of CPU on a large fabric: off the event loop, so the
+        # service's API, consumers and outbox relay go on meanwhile.
+        updated, events, changed, kept = await asyncio.to_thread(self.judge, samples, dict(self.healths))
         async with self.kit.store.transaction() as tx:
             await state.save_health(tx.conn, list(changed.values()), now)
             await state.record_samples(tx.conn, kept, self.cfg.history_per_link, self.cfg.poll_interval_s)
@@ -170,6 +155,30 @@ class FabricMonitor:
         self.healths.update(updated)
         self.polls += 1
         return len(events)
+
+    def judge(
+        self, samples: list[PortSample], healths: dict[str, LinkHealth]
+    ) -> tuple[dict[str, LinkHealth], list[Event], dict[str, LinkHealth], list[PortSample]]:
+        """One poll's verdicts from the healths before it: every link's new health, the events, the
+        verdicts new or changed, and the samples worth keeping (see `poll_once`)."""
+        updated: dict[str, LinkHealth] = {}
+        events: list[Event] = []
+        for s in samples:
+            before = healths.get(s.link_id) or LinkHealth(link_id=s.link_id)
+            after, findings = observe(before, s, self.expected.get(s.link_id), self.rules)
+            updated[s.link_id] = after
+            events += link_events(before, after, findings, topology_version=self.version, source=self.kit.source)
+        changed = {
+            k: h
+            for k, h in updated.items()
+            if (old := healths.get(k)) is None
+            or (old.transitions, old.active.keys()) != (h.transitions, h.active.keys())
+        }
+        # Samples of the links not up, and of those that just came back (the end of their trouble).
+        kept = [
+            s for s in samples if updated[s.link_id].state != "up" or (s.link_id in changed and s.link_id in healths)
+        ]
+        return updated, events, changed, kept
 
     async def poll_loop(self, stop: asyncio.Event) -> None:
         await repeat_until_stopped(stop, self.cfg.poll_interval_s, self.poll_once, "poll", metrics=self.kit.metrics)

@@ -20,6 +20,10 @@ class NodeAgentConfig(BaseConfig, frozen=True, kw_only=True):
     memory_mib: int = 2_097_152
     seed: int = 42
     heartbeat_interval_s: float = 1.0
+    # Past this many hosted nodes (a simulated agent standing for many hosts), the allocation
+    # consumer filters by kind only and skips other agents' nodes: a consumer with four filters per
+    # node takes nats-server seconds to create at thousands of nodes.
+    max_node_filters: int = 256
     telemetry_interval_s: float = 5.0
     # How long a simulated workload runs when the grant does not say.
     default_runtime_s: float = 60.0
