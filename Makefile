@@ -51,6 +51,7 @@ bench: env
 	$(PY) tests/bench/bench_failover.py --rounds 20 --liveness heartbeats
 	$(PY) tests/bench/bench_failover.py --rounds 20 --fault xid79
 	$(PY) tests/bench/bench_sched.py --runs 3
+	$(PY) tests/bench/bench_scale.py --sizes 10,100,1000,5000 --duration 90 --table --plot docs/scale-cpu.png
 	$(VENV)/bin/ibpool bench pack --seeds 3 --format table --plot docs/packing-openb.png --out tests/bench/results/pack-latest.json
 
 # The node agent's NVML backend on this machine's GPU, step by step (docs/hardware.md); not part of `make test`.
