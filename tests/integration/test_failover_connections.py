@@ -18,6 +18,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,17 @@ async def healthy(url: str, node: str) -> bool:
     return status == 200 and body["status"] == "healthy"
 
 
+async def all_healthy(
+    url: str, nodes: Iterable[str], timeout_s: float = 30.0, what: str = "every node healthy"
+) -> None:
+    """Wait until the controller at `url` calls every one of `nodes` healthy."""
+
+    async def check() -> bool:
+        return all([await healthy(url, n) for n in nodes])
+
+    await eventually(check, timeout_s=timeout_s, what=what)
+
+
 async def test_a_killed_agent_is_failed_through_its_closed_connection_within_the_grace(
     stack: StackInfo, bus: Bus, store: Store
 ) -> None:
@@ -51,8 +63,7 @@ async def test_a_killed_agent_is_failed_through_its_closed_connection_within_the
     async with running("failover_controller", kit, controller_bootstrap) as controller:
         agent = agent_process(stack, prefix, nodes=2, extra_env=QUIET_GPUS_ENV)
         try:
-            for node in nodes:
-                await eventually(lambda n=node: healthy(controller.http_url, n), what=f"{node} healthy")
+            await all_healthy(controller.http_url, nodes)
             killed = time.monotonic()
             await stop_process(agent, signal.SIGKILL)
 
@@ -148,8 +159,7 @@ async def test_a_nats_server_restart_drops_every_connection_and_nobody_is_failed
         async with running("failover_controller", kit, controller_bootstrap) as controller:
             env = {**QUIET_GPUS_ENV, "IBPOOL_NATS_URL": own.url}
             own.agents += [agent_process(stack, p, nodes=2, extra_env=env) for p in prefixes]
-            for node in nodes:
-                await eventually(lambda n=node: healthy(controller.http_url, n), what=f"{node} healthy")
+            await all_healthy(controller.http_url, nodes)
             # The server drops every agent's connection at once (the system account's KICK): each
             # agent reconnects within the grace, and nobody is failed.
             system = await Bus.connect(own.system_url, name="test-kicker")
@@ -175,10 +185,7 @@ async def test_a_nats_server_restart_drops_every_connection_and_nobody_is_failed
             await asyncio.sleep(2.0)
             own.server = own.start()
 
-            async def all_healthy() -> bool:
-                return all([await healthy(controller.http_url, n) for n in nodes])
-
-            await eventually(all_healthy, timeout_s=30, what="every node healthy after the restart")
+            await all_healthy(controller.http_url, nodes, what="every node healthy after the restart")
             await asyncio.sleep(3.0)  # a verdict that was coming would be out by now
             for node in nodes:
                 assert not await health_events(bus, NodeFailed, node), node
@@ -254,18 +261,16 @@ async def test_a_partition_of_a_share_of_the_agents_fails_none_past_the_guard_an
             for p in prefixes:
                 env = {**QUIET_GPUS_ENV, "IBPOOL_NATS_URL": f"nats://127.0.0.1:{via.get(p, own.port)}"}
                 own.agents.append(agent_process(stack, p, extra_env=env))
-            for node in nodes.values():
-                await eventually(lambda n=node: healthy(controller.http_url, n), what=f"{node} healthy")
+            await all_healthy(controller.http_url, nodes.values())
 
             # 2 of 5 cut off for 6 s (twice the fail window): more than may fail at once.
             far.open.clear()
             await asyncio.sleep(6.0)
             far.open.set()
 
-            async def back() -> bool:
-                return all([await healthy(controller.http_url, n) for n in nodes.values()])
-
-            await eventually(back, timeout_s=30, what="the partitioned nodes healthy again")
+            await all_healthy(
+                controller.http_url, nodes.values(), timeout_s=30, what="the partitioned nodes healthy again"
+            )
             for node in nodes.values():
                 assert not await health_events(bus, NodeFailed, node), node
             [degraded] = await health_events(bus, ClusterDegraded, "cluster")

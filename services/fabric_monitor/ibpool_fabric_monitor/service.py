@@ -145,7 +145,7 @@ class FabricMonitor:
         samples = await asyncio.to_thread(self.source.read, now)
         # Judging every link takes seconds of CPU on a large fabric: off the event loop, so the
         # service's API, consumers and outbox relay go on meanwhile.
-        updated, events, changed, kept = await asyncio.to_thread(self.judge, samples, dict(self.healths))
+        updated, events, changed, kept = await asyncio.to_thread(self.judge, samples, self.healths)
         async with self.kit.store.transaction() as tx:
             await state.save_health(tx.conn, list(changed.values()), now)
             await state.record_samples(tx.conn, kept, self.cfg.history_per_link, self.cfg.poll_interval_s)

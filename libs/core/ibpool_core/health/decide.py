@@ -266,17 +266,14 @@ def restart_grace(state: HealthState, now: dt.datetime) -> HealthState:
     It did not listen while it was down, so an old last beat says nothing about the node, and a
     connection it saw close may have been opened again unseen: the heartbeat rule judges those.
     """
-    nodes = {
-        k: n
-        if (n.last_beat is None or n.last_beat >= now) and n.connection_closed_at is None
-        else msgspec.structs.replace(
-            n,
-            last_beat=now if n.last_beat is not None and n.last_beat < now else n.last_beat,
-            connection_closed_at=None,
-        )
-        for k, n in state.nodes.items()
-    }
-    return msgspec.structs.replace(state, nodes=nodes)
+
+    def fresh(n: NodeHealth) -> NodeHealth:
+        last_beat = now if n.last_beat is not None and n.last_beat < now else n.last_beat
+        if last_beat == n.last_beat and n.connection_closed_at is None:
+            return n
+        return msgspec.structs.replace(n, last_beat=last_beat, connection_closed_at=None)
+
+    return msgspec.structs.replace(state, nodes={k: fresh(n) for k, n in state.nodes.items()})
 
 
 def pool_size(nodes: Iterable[NodeHealth]) -> int:
