@@ -88,7 +88,7 @@ POOL_NEWS = (AllocationGranted, AllocationReleased, AllocationRevoked, Allocatio
 FOLLOW_ERRORS: tuple[type[Exception], ...] = (BusUnavailable, *OUTAGES)
 # Beats fetched at once.
 BEAT_BATCH = 256
-# How long a late-stored beat keeps counting in the controller's lag (`beats_lag_s`).
+# How long a late beat keeps counting in the controller's lag (`beats_lag_s`).
 LATE_WINDOW_S = 10.0
 # Telemetry samples buffered between two ticks, at most (the oldest go first).
 TELEMETRY_BUFFER = 10_000
@@ -107,14 +107,14 @@ class FailoverController:
             raise ConfigError(f"invalid failover_controller config: {e}") from None
         self.state = HealthState()
         self.beats: dict[str, NodeHeartbeat] = {}
-        # Every heartbeat stored before this wall-clock time has been read (`follow_latest`'s progress),
-        # and beats are stored up to this long after they were sent: a tick judges silence only up to
-        # what it has read, so neither its own lag nor a slow bus fails a node.
+        # Every heartbeat the server sent before this wall-clock time has been read (`follow_live`'s
+        # progress), and beats arrive up to `beats_late` after they were sent: a tick judges silence
+        # only up to what it has read, so neither its own lag nor a slow bus or publisher fails a node.
         self.beats_heard_at = self.buffer_heard_at = time.time()
-        # (when read, how late after they were sent the beats of one fetch were stored), over the last
-        # LATE_WINDOW_S: late beats come in bursts, so the delay counts for a while after each.
-        self.stored_late: deque[tuple[float, float]] = deque()
-        self.buffer_stored_late = 0.0
+        # (when read, how late after they were sent the beats read since the last report arrived), over
+        # the last LATE_WINDOW_S: late beats come in bursts, so the delay counts for a while after each.
+        self.beats_late: deque[tuple[float, float]] = deque()
+        self.buffer_beats_late = 0.0
         self._lag_logged = 0.0
         self.samples: deque[TelemetryReported] = deque(maxlen=TELEMETRY_BUFFER)
         # Open bus connections per name (nats-server's advisories) and the changes not decided on yet.
@@ -170,10 +170,10 @@ class FailoverController:
             if isinstance(message, NodeHeartbeat | TelemetryReported):
                 self.on_beat(message)
 
-        def heard(until: float, stored_late: float) -> None:
+        def heard(until: float, late: float) -> None:
             self.beats_heard_at = max(self.beats_heard_at, until)
-            if stored_late > 0.0:
-                self.stored_late.append((time.time(), stored_late))
+            if late > 0.0:
+                self.beats_late.append((time.time(), late))
 
         await asyncio.gather(
             # Heartbeats are not stored: followed live on core NATS.
@@ -225,9 +225,9 @@ class FailoverController:
 
     def beats_lag_s(self) -> float:
         """How far behind now the heartbeats of the last `take_buffer` are: a beat sent before
-        `now - lag` has been read (0: caught up). The follower's own lag plus how late the beats it
-        read last were stored after they were sent."""
-        return max(0.0, time.time() - self.buffer_heard_at) + self.buffer_stored_late
+        `now - lag` has been read (0: caught up). The follower's own lag plus how late after they were
+        sent the beats it read last arrived."""
+        return max(0.0, time.time() - self.buffer_heard_at) + self.buffer_beats_late
 
     def on_beat(self, message: NodeHeartbeat | TelemetryReported) -> None:
         match message:
@@ -268,9 +268,9 @@ class FailoverController:
         self.changes.clear()
         self.buffer_heard_at = self.beats_heard_at
         since = time.time() - LATE_WINDOW_S
-        while self.stored_late and self.stored_late[0][0] < since:
-            self.stored_late.popleft()
-        self.buffer_stored_late = max((late for _, late in self.stored_late), default=0.0)
+        while self.beats_late and self.beats_late[0][0] < since:
+            self.beats_late.popleft()
+        self.buffer_beats_late = max((late for _, late in self.beats_late), default=0.0)
         return beats
 
     def give_back(self, buffered: list[Observation]) -> None:
@@ -329,7 +329,7 @@ class FailoverController:
                 log.warning(
                     "behind the heartbeats: silence is judged only up to what was read",
                     lag_s=round(lag, 2),
-                    stored_late_s=round(self.buffer_stored_late, 2),
+                    late_s=round(self.buffer_beats_late, 2),
                 )
             reply = decide(
                 FailoverRequest(
