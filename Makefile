@@ -28,7 +28,7 @@ run: env
 lint: env
 	$(VENV)/bin/ruff check proto libs services tests examples
 	$(VENV)/bin/ruff format --check proto libs services tests examples
-	$(VENV)/bin/mypy --strict proto/ibpool_proto $(wildcard libs/*/ibpool_*) $(wildcard services/*/ibpool_*) examples tests/gpu
+	$(VENV)/bin/mypy --strict proto/ibpool_proto $(wildcard libs/*/ibpool_*) $(wildcard services/*/ibpool_*) examples tests/gpu tests/chaos
 
 docs: env
 	$(PY) -m ibpool_proto.docs docs/events
@@ -65,7 +65,7 @@ images: $(UV)
 	deploy/docker/images.sh
 
 # Every chaos scenario (needs a docker daemon; builds the images it lacks) and the report docs/reliability.md.
-# `make test` runs the three smoke scenarios only.
+# `make test` runs the four smoke scenarios only.
 chaos: env
 	IBPOOL_CHAOS_REPORT=docs/reliability.md $(VENV)/bin/pytest -q -p no:cacheprovider -m chaos tests/chaos
 

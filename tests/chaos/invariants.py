@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import ssl
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 
 import asyncpg
 import nats
+from nats.aio.client import Client as NATS
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from ibpool_proto import decode
@@ -30,6 +32,8 @@ from ibpool_proto.pool import (
     AllocationReleased,
     AllocationRevoked,
 )
+from ibpool_runtime.bus import inbox_prefix, url_user
+from ibpool_runtime.streams import STREAMS, stream_for_subject
 
 ALLOCATION_EVENTS = "ibpool.pool.allocation.>"
 
@@ -43,24 +47,47 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Recorded:
-    """A stream message: its stream sequence, subject, headers and the decoded event (None: not an event)."""
+    """A stream message: its stream sequence, subject, headers, the decoded event (None: not an
+    event) and its body as stored."""
 
     seq: int
     subject: str
     headers: dict[str, str]
     event: Any
+    data: bytes = b""
 
 
-async def connect(urls: list[str]) -> nats.NATS:
-    return await nats.connect(servers=urls, connect_timeout=3, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+@dataclass(frozen=True)
+class Access:
+    """How a client reaches the scenario's NATS cluster: its servers (`tls://user:password@host:port`,
+    all as one user) and the CA their certificates are verified against."""
+
+    urls: tuple[str, ...]
+    ca: str
+
+    @property
+    def url(self) -> str:
+        """The servers as one comma-separated URL (what `Bus.connect` and the services take)."""
+        return ",".join(self.urls)
+
+    async def connect(self) -> NATS:
+        """A client that reconnects through node kills, with the user's own inbox prefix."""
+        return await nats.connect(
+            servers=list(self.urls),
+            tls=ssl.create_default_context(cafile=self.ca),
+            inbox_prefix=inbox_prefix(url_user(self.url)),
+            connect_timeout=3,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+        )
 
 
-async def read_stream(urls: list[str], stream: str, attempts: int = 10) -> list[Recorded]:
+async def read_stream(access: Access, stream: str, attempts: int = 10) -> list[Recorded]:
     """Every message the stream holds now, in order. While a NATS node rejoins, JetStream may answer
     "temporarily unavailable" for a moment: read again, as any reader would."""
     for attempt in range(attempts):
         try:
-            return await _read_stream(urls, stream)
+            return await _read_stream(access, stream)
         except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
             if attempt == attempts - 1:
                 raise
@@ -68,8 +95,8 @@ async def read_stream(urls: list[str], stream: str, attempts: int = 10) -> list[
     raise AssertionError("unreachable")
 
 
-async def _read_stream(urls: list[str], stream: str) -> list[Recorded]:
-    nc = await connect(urls)
+async def _read_stream(access: Access, stream: str) -> list[Recorded]:
+    nc = await access.connect()
     try:
         js = nc.jetstream()
         info = await js.stream_info(stream)
@@ -89,7 +116,7 @@ async def _read_stream(urls: list[str], stream: str) -> list[Recorded]:
                 event = None
                 with contextlib.suppress(Exception):  # a flooded malformed body is not an event
                     event = decode(m.data)
-                out.append(Recorded(m.metadata.sequence.stream, m.subject, dict(m.headers or {}), event))
+                out.append(Recorded(m.metadata.sequence.stream, m.subject, dict(m.headers or {}), event, m.data))
         return out
     finally:
         await nc.close()
@@ -99,15 +126,15 @@ class Subscriber:
     """An outside system's subscriber to allocation events: a durable consumer that acks each message
     and records its stream sequence, through NATS node kills and partitions (it reconnects)."""
 
-    def __init__(self, urls: list[str], name: str = "chaos-observer") -> None:
-        self.urls = urls
+    def __init__(self, access: Access, name: str = "chaos-observer") -> None:
+        self.access = access
         self.name = name
         self.seen: list[tuple[int, str]] = []  # (stream seq, event id), redeliveries included
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.nc = await connect(self.urls)
+        self.nc = await self.access.connect()
         js = self.nc.jetstream()
         config = ConsumerConfig(
             durable_name=self.name,
@@ -341,3 +368,116 @@ def degraded_not_mass_failed(health: list[Recorded]) -> Verdict:
     return Verdict("partition: degraded, not mass-failed", held,
                    f"{kinds.count('ClusterDegraded')} ClusterDegraded, {kinds.count('ClusterRestored')} "
                    f"ClusterRestored, {len(failed)} NodeFailed/RequeueRequested")  # fmt: skip
+
+
+# --- the attacker (tests/chaos/attack.py, attacker.py) -----------------------------------------------
+
+# What a node's failure, or its loss to the scheduler, looks like in the record.
+_HARM = ("NodeFailed", "GpuFailed", "Cordoned", "DrainRequested", "RequeueRequested", "JobFlagged")
+
+
+def attack_refused(report: dict[str, Any], sent: int) -> Verdict:
+    """The servers let the attacker publish its crafted messages (else the rest proves nothing) and
+    nothing beyond its user's permissions: each forbidden request unanswered and refused by the
+    server, each snooping subscription refused with nothing received."""
+    wrong = [f"{what}: {r['outcome']}, violation {r['violation']}" for what, r in report["refused"].items()
+             if r["outcome"].startswith("answered") or not r["violation"]]  # fmt: skip
+    wrong += [f"snooped {s}: {r['received']} received, violation {r['violation']}"
+              for s, r in report["snooped"].items() if r["received"] or not r["violation"]]  # fmt: skip
+    wrong += report["publish_failed"][:3]
+    published = len(report["published"])
+    held = not wrong and published == sent and bool(report["refused"]) and bool(report["snooped"])
+    return Verdict("attacker kept to its own subjects", held,
+                   f"{published}/{sent} crafted messages published, {len(report['refused'])} forbidden requests "
+                   f"and {len(report['snooped'])} snoops refused" + (f"; {wrong[:3]}" if wrong else ""))  # fmt: skip
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcards: `*` one token, `>` the rest."""
+    want, got = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(got) > i
+        if i >= len(got) or (token != "*" and token != got[i]):
+            return False
+    return len(want) == len(got)
+
+
+def attack_dead_lettered(dlq: list[Recorded], report: dict[str, Any], durables: dict[str, Durable]) -> Verdict:
+    """Every crafted message the attacker stored on a subject some durable consumer reads reached the
+    DLQ (so a consumer read it and no handler took it), its `Nats-Expected-Stream` header
+    notwithstanding. Subjects only followed (no durable) are judged by their effects alone."""
+
+    def read(subject: str) -> bool:
+        return any(
+            subject_matches(f, subject) if f else stream_for_subject(subject) == d.stream
+            for d in durables.values()
+            for f in d.filters
+        )
+
+    stored = {p["id"] for p in report["published"] if p["stored"] and read(p["subject"])}
+    unread = sum(1 for p in report["published"] if p["stored"] and not read(p["subject"]))
+    dead = {r.headers.get("ibpool-dlq-header-Nats-Msg-Id", "") for r in dlq}
+    reasons: dict[str, int] = defaultdict(int)
+    for r in dlq:
+        if r.headers.get("ibpool-dlq-header-Nats-Msg-Id", "") in stored:
+            reasons[r.headers.get("ibpool-dlq-reason", "?").split(":")[0]] += 1
+    missing = sorted(stored - dead)
+    detail = f"{len(stored & dead)}/{len(stored)} in the DLQ (reasons {dict(reasons)}); "
+    detail += f"{unread} on subjects no durable reads"
+    return Verdict("attacker's messages dead-lettered", bool(stored) and not missing,
+                   detail + (f"; missing {missing[:3]}" if missing else ""))  # fmt: skip
+
+
+def attack_had_no_effect(records: list[Recorded], mark: str, term: int) -> Verdict:
+    """No event of the system's own acted on the attack: none carries the attacker's mark (its job
+    ids, allocation ids and reasons), no node or GPU was failed, cordoned or drained and no work
+    requeued or revoked (the scenario has no other fault), no node was marked unusable in the
+    ledger, and no proposal on the attacker's fencing term was granted."""
+    harm: list[str] = []
+    for r in records:
+        ev = r.event
+        if ev is None or ev.source == mark:
+            continue
+        kind = type(ev).__name__
+        if mark in r.data.decode(errors="replace"):
+            harm.append(f"{kind} {r.subject} carries {mark!r}")
+        elif kind in _HARM or isinstance(ev, AllocationRevoked):
+            harm.append(f"{kind} {r.subject}")
+        elif kind == "PoolNodeUpdated" and (ev.failed or ev.cordoned or ev.draining or ev.removed):
+            harm.append(f"{kind} {ev.node_id}: failed={ev.failed} cordoned={ev.cordoned} draining={ev.draining}")
+        elif isinstance(ev, AllocationGranted) and (ev.fencing_term or 0) >= term:
+            harm.append(f"{ev.allocation_id} granted on term {ev.fencing_term}")
+    detail = f"{len(records)} events checked" + (f"; {len(harm)} acted on it: {harm[:3]}" if harm else "")
+    return Verdict("nothing the attacker sent took effect", not harm, detail)
+
+
+@dataclass(frozen=True)
+class Durable:
+    stream: str
+    filters: tuple[str, ...]  # ("",): the whole stream
+
+
+async def durables(access: Access) -> dict[str, Durable]:
+    """Every durable consumer on the ibpool streams, with its stream and filter subjects."""
+    nc = await access.connect()
+    found: dict[str, Durable] = {}
+    try:
+        js = nc.jetstream()
+        for stream in (s.name for s in STREAMS if s.name != "IBPOOL_DLQ"):
+            for c in await js.consumers_info(stream):
+                if c.config.durable_name:
+                    filters = tuple(c.config.filter_subjects or [c.config.filter_subject or ""])
+                    found[c.name] = Durable(stream, filters)
+    finally:
+        await nc.close()
+    return found
+
+
+def durables_kept(before: dict[str, Durable], after: dict[str, Durable]) -> Verdict:
+    """Every durable there before the attack is still there, with the same filter."""
+    missing = sorted(set(before) - set(after))
+    changed = sorted(d for d in set(before) & set(after) if before[d] != after[d])
+    detail = f"{len(before) - len(missing)}/{len(before)} durables kept" + (f"; missing {missing}" if missing else "")
+    detail += f"; re-filtered {changed}" if changed else ""
+    return Verdict("every durable kept as its service made it", bool(before) and not missing and not changed, detail)

@@ -19,9 +19,11 @@ import aiohttp
 
 from ibpool_proto.codec import ALL_MESSAGES
 from ibpool_proto.job import JobFinished
-from ibpool_proto.pool import AllocationGranted
-from ibpool_runtime.bus import STREAMS, Bus
+from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
+from ibpool_runtime.bus import Bus
+from ibpool_runtime.streams import STREAMS
 
+from . import attack
 from . import invariants as inv
 from .system import System
 
@@ -47,7 +49,7 @@ FLOOD_PER_SUBJECT = 20
 @dataclass(frozen=True)
 class Fault:
     at_s: float
-    action: str  # kill, start, restart, pause, unpause, disconnect, connect, flood
+    action: str  # kill, start, restart, pause, unpause, disconnect, connect, flood, attack
     role: str = ""  # a role of the system, or a symbolic one (System.resolve)
 
     def __str__(self) -> str:
@@ -94,7 +96,8 @@ async def ensure_streams(system: System, timeout_s: float = 90) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            bus = await Bus.connect(",".join(system.nats_urls), name="chaos-admin")
+            admin = system.access()
+            bus = await Bus.connect(admin.url, name="chaos-admin", tls_ca=admin.ca)
             try:
                 await bus.ensure_streams(replicas=3, specs=STREAMS)
                 return
@@ -146,8 +149,8 @@ async def _submit(http: aiohttp.ClientSession, urls: list[str], body: dict[str, 
         await asyncio.sleep(0.5)
 
 
-async def flood(urls: list[str]) -> None:
-    nc = await inv.connect(urls)
+async def flood(access: inv.Access) -> None:
+    nc = await access.connect()
     try:
         js = nc.jetstream()
         bodies = [b"{not json", b'{"type": "io.ibpool.pool.placement.propose.v1", "job_id": 7}', b'{"type": "nope.v9"}']
@@ -162,22 +165,29 @@ async def run(name: str, system: System, faults: list[Fault], *, extra: tuple[st
     """Load + faults, then the invariants. `extra`: further checks by name ("fencing")."""
     out = Outcome(scenario=name)
     await wait_ready(system)
-    observer = inv.Subscriber(system.nats_urls)
+    observer = inv.Subscriber(system.access("subscriber"))
     await observer.start()
     killed_nodes: dict[str, dt.datetime] = {}
     last_fault_at: dt.datetime | None = None
     flooded = False
+    plan: attack.Plan | None = None
+    durables_before: dict[str, inv.Durable] = {}
     started = time.monotonic()
 
     async def inject() -> None:
-        nonlocal last_fault_at, flooded
+        nonlocal last_fault_at, flooded, plan, durables_before
         for fault in sorted(faults, key=lambda f: f.at_s):
             await asyncio.sleep(max(0.0, fault.at_s - (time.monotonic() - started)))
             at = dt.datetime.now(dt.UTC)
             if fault.action == "flood":
-                await flood(system.nats_urls)
+                await flood(system.access())
                 flooded = True
                 role = "bus"
+            elif fault.action == "attack":
+                plan = await aim(system)
+                durables_before = await inv.durables(system.access())
+                await asyncio.to_thread(system.start_attacker, plan.to_json())
+                role = "bus (an agent's credentials)"
             else:
                 role = await asyncio.to_thread(system.act, fault.action, fault.role)
             if fault.action == "kill" and role.startswith("agent-"):
@@ -201,16 +211,17 @@ async def run(name: str, system: System, faults: list[Fault], *, extra: tuple[st
 
     deadline = time.monotonic() + FINISH_TIMEOUT_S
     while True:
-        job_events = await inv.read_stream(system.nats_urls, "IBPOOL_JOB")
+        job_events = await inv.read_stream(system.access(), "IBPOOL_JOB")
         done = {r.event.job_id for r in job_events if isinstance(r.event, JobFinished)} & set(jobs)
         if done == set(jobs) or time.monotonic() > deadline:
             break
         await asyncio.sleep(3)
     out.finished = len(done)
+    report = await asyncio.to_thread(system.attacker_report) if plan is not None else None
     # With the failover controller down too, a killed agent may be back before its node is judged failed.
     failover_killed = any(f.startswith("kill failover") for f in out.faults)
-    pool = await inv.read_stream(system.nats_urls, "IBPOOL_POOL")
-    dlq = await inv.read_stream(system.nats_urls, "IBPOOL_DLQ")
+    pool = await inv.read_stream(system.access(), "IBPOOL_POOL")
+    dlq = await inv.read_stream(system.access(), "IBPOOL_DLQ")
     await observer.drain(until_seq=max((r.seq for r in pool), default=0))
     out.events_checked = len(pool) + len(job_events) + len(dlq)
     grants_after = [r.event.occurred_at for r in pool if isinstance(r.event, AllocationGranted)
@@ -218,6 +229,9 @@ async def run(name: str, system: System, faults: list[Fault], *, extra: tuple[st
     if grants_after and last_fault_at is not None:
         out.recover_s = (min(grants_after) - last_fault_at).total_seconds()
 
+    dead_subjects = set(FLOODED) if flooded else set()
+    if plan is not None:
+        dead_subjects |= plan.stored_subjects
     out.verdicts = [
         inv.every_job_completed(jobs, job_events),
         inv.capacity_from_stream(pool),
@@ -226,16 +240,37 @@ async def run(name: str, system: System, faults: list[Fault], *, extra: tuple[st
         inv.killed_work_regranted(killed_nodes, job_events, require_requeue=not failover_killed),
         inv.subscriber_saw_everything(pool, observer.seen),
         await inv.outbox_drained(system.postgres_dsn),
-        inv.dead_letters(
-            dlq, set(FLOODED) if flooded else set(), {s: FLOOD_PER_SUBJECT for s in CONSUMED} if flooded else {}
-        ),
+        inv.dead_letters(dlq, dead_subjects, {s: FLOOD_PER_SUBJECT for s in CONSUMED} if flooded else {}),
         await recovered(system),
     ]
+    if plan is not None and report is not None:
+        health = await inv.read_stream(system.access(), "IBPOOL_HEALTH")
+        out.events_checked += len(health)
+        out.verdicts += [
+            inv.attack_refused(report, sent=len(plan.crafted) * attack.ROUNDS),
+            inv.attack_dead_lettered(dlq, report, durables_before),
+            inv.attack_had_no_effect(pool + job_events + health, attack.MARK, attack.ATTACK_TERM),
+            inv.durables_kept(durables_before, await inv.durables(system.access())),
+        ]
     if "fencing" in extra:
         out.verdicts.append(inv.fencing_held(pool))
     if "degraded" in extra:
-        out.verdicts.append(inv.degraded_not_mass_failed(await inv.read_stream(system.nats_urls, "IBPOOL_HEALTH")))
+        out.verdicts.append(inv.degraded_not_mass_failed(await inv.read_stream(system.access(), "IBPOOL_HEALTH")))
     return out
+
+
+async def aim(system: System) -> attack.Plan:
+    """The attacker's plan, aimed at the node with work on it now and one of its live allocations."""
+    pool = await inv.read_stream(system.access(), "IBPOOL_POOL")
+    live: dict[str, inv.Recorded] = {}
+    for r in pool:
+        if isinstance(r.event, AllocationGranted):
+            live[r.event.allocation_id] = r
+        elif isinstance(r.event, AllocationReleased | AllocationRevoked | AllocationExpired):
+            live.pop(r.event.allocation_id, None)
+    grant = next(iter(reversed(live.values())), None)
+    victim = grant.event.node_id if grant is not None else system.layout.agent_nodes(1)[0]
+    return attack.plan(victim, grant.event if grant is not None else None, grant)
 
 
 async def recovered(system: System, timeout_s: float = 60) -> inv.Verdict:

@@ -8,6 +8,12 @@ failover controller, the autoscaler, and node agents of simulated nodes. The tes
 them only through ports published on loopback, fixed at start so that a restarted container keeps
 them.
 
+The bus is secured as in compose.yaml: clients and routes over TLS (a CA made per scenario with
+deploy/tls/make-certs.sh), one NATS user per service with only its own permissions
+(deploy/nats/make-auth.sh), the failover controller reading connection advisories as the `system`
+user, and grants signed by the allocator. The test process reads as `admin` (`System.access`), the
+outside subscriber as `subscriber`.
+
 Parts are named by role (`nats-2`, `scheduler-1`, `agent-3`); the fault timeline may also name a
 role that is resolved when the fault fires: `scheduler-leader` (the replica that says it leads) and
 `stream-leader` (the NATS node leading the pool stream's RAFT group). A symbolic role keeps the
@@ -18,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import tempfile
 import urllib.request
 import uuid
@@ -26,12 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
 from ibpool_runtime.devstack import free_port
 from ibpool_runtime.grant_signing import new_seed, public_key_of
+
+from .invariants import Access
+
+ROOT = Path(__file__).resolve().parents[2]
 
 IMAGES = (
     "nats",
@@ -55,12 +66,25 @@ jetstream {{
   store_dir: /var/lib/nats
   sync_interval: always
 }}
+tls {{
+  cert_file: /etc/nats/tls/server.pem
+  key_file: /etc/nats/tls/server-key.pem
+  ca_file: /etc/nats/tls/ca.pem
+}}
 cluster {{
   name: chaos
   listen: 0.0.0.0:6222
   routes: [{routes}]
+  tls {{
+    cert_file: /etc/nats/tls/server.pem
+    key_file: /etc/nats/tls/server-key.pem
+    ca_file: /etc/nats/tls/ca.pem
+  }}
 }}
+include ./auth.conf
 """
+# Where a service container finds the CA its NATS connections verify the servers against.
+CA_IN_CONTAINER = "/run/secrets/nats-ca.pem"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +119,7 @@ class System:
     postgres_port: int = 0
     resolved: dict[str, str] = field(default_factory=dict)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ibpool-chaos-")))
+    passwords: dict[str, str] = field(default_factory=dict)  # NATS user -> password
 
     # --- addresses -------------------------------------------------------------------------------
 
@@ -102,8 +127,22 @@ class System:
         return f"chaos-{self.run}-{role}"
 
     @property
-    def nats_urls(self) -> list[str]:
-        return [f"nats://127.0.0.1:{p}" for p in self.nats_ports.values()]
+    def secrets(self) -> Path:
+        return self.workdir / "secrets"
+
+    @property
+    def ca(self) -> Path:
+        return self.secrets / "tls" / "ca.pem"
+
+    def access(self, user: str = "admin") -> Access:
+        """The NATS cluster as the test process reaches it (loopback, TLS), as `user`."""
+        pw = self.passwords[user]
+        return Access(tuple(f"tls://{user}:{pw}@127.0.0.1:{p}" for p in self.nats_ports.values()), str(self.ca))
+
+    def _servers(self, user: str) -> str:
+        """The NATS cluster as the containers reach it, as `user`."""
+        pw = self.passwords[user]
+        return ",".join(f"tls://{user}:{pw}@{self.name(f'nats-{i}')}:4222" for i in range(1, NATS_NODES + 1))
 
     @property
     def scheduler_urls(self) -> list[str]:
@@ -130,10 +169,12 @@ class System:
         c.ports[f"{port}/tcp"] = ("127.0.0.1", host)  # type: ignore[assignment]  # loopback only
         return host
 
-    def _service_env(self, c: DockerContainer) -> DockerContainer:
-        servers = ",".join(f"nats://{self.name(f'nats-{i}')}:4222" for i in range(1, NATS_NODES + 1))
+    def _service_env(self, c: DockerContainer, user: str) -> DockerContainer:
+        """A service on its own NATS user over TLS, and Postgres."""
         return (
-            c.with_env("IBPOOL_NATS_URL", servers)
+            c.with_env("IBPOOL_NATS_URL", self._servers(user))
+            .with_env("IBPOOL_NATS_TLS_CA", CA_IN_CONTAINER)
+            .with_volume_mapping(self.ca, CA_IN_CONTAINER)
             .with_env(
                 "IBPOOL_POSTGRES_DSN",
                 f"postgresql://postgres:{POSTGRES_PASSWORD}@{self.name('postgres')}:5432/postgres",
@@ -141,17 +182,35 @@ class System:
             .with_env("IBPOOL_STREAM_REPLICAS", str(NATS_NODES))
         )
 
+    def make_secrets(self) -> None:
+        """Users, passwords and permissions, and the CA and server certificate, by the deployment's
+        own scripts (as deploy/compose-secrets.sh runs them)."""
+        env = {"PY": sys.executable, "PATH": "/usr/local/bin:/usr/bin:/bin"}
+        nats_dir, tls_dir = self.secrets / "nats", self.secrets / "tls"
+        names = [self.name(f"nats-{i}") for i in range(1, NATS_NODES + 1)]
+        for cmd in (["deploy/nats/make-auth.sh", str(nats_dir)], ["deploy/tls/make-certs.sh", str(tls_dir), *names]):
+            r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"{cmd[0]} failed ({r.returncode}): {r.stderr[-2000:]}")
+        self.passwords = {f.stem: f.read_text().strip() for f in nats_dir.glob("*.password")}
+        (nats_dir / "auth.conf").chmod(0o644)  # read by nats-server as uid 10001 through a bind mount
+
     def start_infrastructure(self) -> None:
+        self.make_secrets()
         routes = ", ".join(f"nats-route://{self.name(f'nats-{i}')}:6222" for i in range(1, NATS_NODES + 1))
         conf = self.workdir / "nats.conf"
         conf.write_text(NATS_CONF.format(routes=routes))
         conf.chmod(0o644)
         self.workdir.chmod(0o755)
+        tls = self.secrets / "tls"
         for i in range(1, NATS_NODES + 1):
             role = f"nats-{i}"
             c = self._container(role, "nats", read_only=False)
             self.nats_ports[role] = self._publish(c, 4222)
             c.with_env("NATS_SERVER_NAME", role).with_volume_mapping(conf, "/etc/nats/nats.conf")
+            c.with_volume_mapping(self.secrets / "nats" / "auth.conf", "/etc/nats/auth.conf")
+            for f in ("ca.pem", "server.pem", "server-key.pem"):
+                c.with_volume_mapping(tls / f, f"/etc/nats/tls/{f}")
             c.with_command(["--config", "/etc/nats/nats.conf"]).start()
         pg = self._container("postgres", "postgres", read_only=False).with_env("POSTGRES_PASSWORD", POSTGRES_PASSWORD)
         self.postgres_port = self._publish(pg, 5432)
@@ -165,30 +224,32 @@ class System:
         seed.write_text(new_seed() + "\n")
         seed.chmod(0o644)
         signers = json.dumps([public_key_of(seed.read_text().strip())])
-        c = self._service_env(self._container("allocator", "pool-allocator"))
+        c = self._service_env(self._container("allocator", "pool-allocator"), "pool_allocator")
         c.with_volume_mapping(seed, "/run/secrets/grant-signing.seed")
         c.with_env("IBPOOL_POOL_ALLOCATOR_GRANT_SIGNING_SEED_FILE", "/run/secrets/grant-signing.seed")
         self.http_ports["allocator"] = self._publish(c, 8080)
         c.start()
         for i in range(1, lo.schedulers + 1):
-            c = self._service_env(self._container(f"scheduler-{i}", "scheduler"))
+            c = self._service_env(self._container(f"scheduler-{i}", "scheduler"), "scheduler")
             c.with_env("IBPOOL_SCHEDULER_INSTANCE", f"s-{i}").with_env(
                 "IBPOOL_SCHEDULER_LEADER_TTL_S", str(lo.scheduler_lease_s)
             )
             self.http_ports[f"scheduler-{i}"] = self._publish(c, 8080)
             c.start()
-        c = self._service_env(self._container("fabric-monitor", "fabric-monitor"))
+        c = self._service_env(self._container("fabric-monitor", "fabric-monitor"), "fabric_monitor")
         c.with_env("IBPOOL_FABRIC_MONITOR_PUBLIC_URL", f"http://{self.name('fabric-monitor')}:8080")
         c.start()
-        c = self._service_env(self._container("autoscaler", "autoscaler"))
+        c = self._service_env(self._container("autoscaler", "autoscaler"), "autoscaler")
         c.start()
-        c = self._service_env(self._container("failover", "failover-controller"))
+        c = self._service_env(self._container("failover", "failover-controller"), "failover_controller")
         c.with_env("IBPOOL_FAILOVER_CONTROLLER_STABLE_WINDOW_S", "3")
         c.with_env("IBPOOL_FAILOVER_CONTROLLER_MAX_FAILED_FRACTION", str(lo.max_failed_fraction))
+        # Agents' closed connections, from the servers' advisories on the system account.
+        c.with_env("IBPOOL_FAILOVER_CONTROLLER_CONNECTION_EVENTS_URL", self._servers("system"))
         self.http_ports["failover"] = self._publish(c, 8080)
         c.start()
         for a in range(1, lo.agents + 1):
-            c = self._service_env(self._container(f"agent-{a}", "node-agent"))
+            c = self._service_env(self._container(f"agent-{a}", "node-agent"), "node_agent")
             c.with_env("IBPOOL_NODE_AGENT_BACKEND", "simulated").with_env(
                 "IBPOOL_NODE_AGENT_NODES", str(lo.nodes_per_agent)
             )
@@ -196,6 +257,34 @@ class System:
             c.with_env("IBPOOL_NODE_AGENT_NODE_PREFIX", "chaos")
             c.with_env("IBPOOL_NODE_AGENT_GRANT_SIGNERS", signers)
             c.start()
+
+    def start_attacker(self, plan_json: str) -> None:
+        """The attacker (tests/chaos/attacker.py) in a container of its own on the scenario's network,
+        from the node agent's image, holding the node agent's NATS credentials."""
+        plan = self.workdir / "attack-plan.json"
+        plan.write_text(plan_json)
+        plan.chmod(0o644)
+        c = self._container("attacker", "node-agent")
+        c.with_kwargs(read_only=True, entrypoint=["python", "/attack/attacker.py", "/attack/plan.json"])
+        c.with_volume_mapping(ROOT / "tests" / "chaos" / "attacker.py", "/attack/attacker.py")
+        c.with_volume_mapping(plan, "/attack/plan.json")
+        c.with_volume_mapping(self.ca, CA_IN_CONTAINER)
+        c.with_env("ATTACK_NATS_URL", self._servers("node_agent")).with_env("ATTACK_NATS_CA", CA_IN_CONTAINER)
+        c.start()
+
+    def attacker_report(self, timeout_s: float = 180) -> dict[str, Any]:
+        """What the attacker says the servers let it do, once it has finished (then it is removed, so
+        that the health of the system's own containers is judged without it)."""
+        container = self.containers.pop("attacker")
+        wrapped = container.get_wrapped_container()
+        status = wrapped.wait(timeout=timeout_s)
+        logs = wrapped.logs().decode(errors="replace")
+        container.stop()
+        lines = [ln for ln in logs.splitlines() if ln.startswith("ATTACK-REPORT ")]
+        if status.get("StatusCode") != 0 or not lines:
+            raise AssertionError(f"the attacker failed ({status}): {logs[-3000:]}")
+        report: dict[str, Any] = json.loads(lines[-1].removeprefix("ATTACK-REPORT "))
+        return report
 
     def stop(self) -> None:
         for c in self.containers.values():
@@ -250,7 +339,7 @@ class System:
 
     def _stream_leader(self, stream: str = "IBPOOL_POOL") -> str:
         async def leader() -> str:
-            nc = await nats.connect(servers=self.nats_urls, connect_timeout=3)
+            nc = await self.access().connect()
             try:
                 info = await nc.jetstream().stream_info(stream)
             finally:

@@ -5,10 +5,11 @@ Each scenario is a list of faults on a timeline (seconds from the start of the l
 no GPU share granted twice (from the event log and from the allocator's ledger), no job held
 twice, every job completed, work on a killed agent requeued and re-granted, an outside subscriber
 saw every allocation event, no outbox left unsent, the DLQ holds exactly the malformed flood, and
-every container healthy again without help.
+every container healthy again without help. The bus runs as deployed: TLS, a NATS user per service,
+signed grants (system.py).
 
-`make test` runs the three marked `chaos_smoke` (a service kill, an agent kill, a NATS node kill);
-`make chaos` runs all and writes docs/reliability.md.
+`make test` runs the four marked `chaos_smoke` (a service kill, an agent kill, a NATS node kill, an
+attacker holding an agent's credentials); `make chaos` runs all and writes docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ async def test_a_nats_node_partitioned(system: System, outcomes: list[Outcome]) 
 
 
 async def test_everything_killed_at_once(system: System, outcomes: list[Outcome]) -> None:
-    parts = ("fabric-monitor", "allocator", "scheduler-1", "scheduler-2", "failover", "autoscaler")
+    parts: tuple[str, ...] = ("fabric-monitor", "allocator", "scheduler-1", "scheduler-2", "failover", "autoscaler")
     parts += ("agent-1", "agent-2")
     faults = [Fault(5, "kill", p) for p in parts] + [Fault(9, "start", p) for p in parts]
     await _check("every service and agent SIGKILLed at once", system, faults, outcomes)
@@ -103,3 +104,14 @@ async def test_a_partitioned_agent_is_not_mass_failed(system: System, outcomes: 
 
 async def test_a_flood_of_malformed_events(system: System, outcomes: list[Outcome]) -> None:
     await _check("malformed events flooded on every subject", system, [Fault(4, "flood")], outcomes)
+
+
+@pytest.mark.chaos_smoke
+async def test_an_attacker_with_an_agents_credentials(system: System, outcomes: list[Outcome]) -> None:
+    """From its own container, with the node agent's NATS user, the attacker publishes every type of
+    the contract on every subject that user may publish (type confusion, aimed at a real node and a
+    live allocation), tries what the user may not (a forged and a replayed grant, a node failure, a
+    fencing term of 10^9, deleting or reading the allocator's durable, snooping on others' replies),
+    while the load runs: the servers refuse what is not its own, the consumers dead-letter the rest,
+    and nothing it sent takes effect."""
+    await _check("attacker with a node agent's credentials", system, [Fault(4, "attack")], outcomes)
