@@ -24,12 +24,14 @@ from .health import (
 from .job import (
     CancelJob,
     JobExited,
+    JobExitedV2,
     JobFinished,
     JobPreempted,
     JobQueued,
     JobRequeued,
     JobScheduled,
     JobStarted,
+    JobStartedV2,
     SubmitJob,
 )
 from .message import Message
@@ -83,6 +85,8 @@ AnyMessage = (
     | CancelJob
     | JobStarted
     | JobExited
+    | JobStartedV2
+    | JobExitedV2
     | JobQueued
     | JobScheduled
     | JobPreempted
@@ -130,11 +134,16 @@ def misaddressed(message: Message, subject: str, ce_type: str | None = None) -> 
     """Why `message` may not be taken from `subject`, or None when it may: the subject must be
     exactly the one its type and key build (`Message.subject_of`), so a body of one type published
     on another type's subject (which a publisher may be allowed to use) is refused, whatever the
-    subscription; `ce_type`, the `ce-type` header when there is one, must name the body's type."""
+    subscription; `ce_type`, the `ce-type` header when there is one, must name the body's type. The
+    key must be the field it names (`key_name`), so that a permission to publish one key's subject
+    is a permission for that key's messages only."""
     try:
         built = message.subject_of()
     except ValueError as e:
         return f"a {type(message).__name__} whose key cannot be a subject: {e}"
+    named = getattr(message, message.key_name, None) if message.key_name != "key" else None
+    if isinstance(named, str) and named != message.key:
+        return f"a {type(message).__name__} keyed {message.key!r} whose {message.key_name} is {named!r}"
     if built != subject:
         return f"a {type(message).__name__} on {subject}; its type and key build {built}"
     if ce_type is not None and ce_type != message.ce_type():

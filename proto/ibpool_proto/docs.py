@@ -136,23 +136,36 @@ def asyncapi_document(messages: Sequence[type[Message]] = ALL_MESSAGES) -> Json:
     channels: Json = {}
     operations: Json = {}
     component_messages: Json = {}
+    # A channel is addressed by the key of its newest version (a v2 may change the subject key).
+    newest: dict[str, type[Message]] = {}
+    for cls in ordered:
+        cid = channel_id(cls)
+        if cid not in newest or cls.type_name().version > newest[cid].type_name().version:
+            newest[cid] = cls
     for cls in ordered:
         ce_type = cls.ce_type()
         cid = channel_id(cls)
+        head = newest[cid]
+        older = sorted(
+            f"v{m.type_name().version}: the {m.key_name}"
+            for m in ordered
+            if channel_id(m) == cid and m.key_name != head.key_name
+        )
         channel = channels.setdefault(
             cid,
             {
-                "address": channel_address(cls),
+                "address": channel_address(head),
                 "title": cid,
                 "description": (
-                    f"Stored in JetStream stream `{stream_of(cls)}`. "
-                    if cls.stored
+                    f"Stored in JetStream stream `{stream_of(head)}`. "
+                    if head.stored
                     else "Core NATS only, not stored: subscribe to the subject. "
                 )
-                + f"The last subject token is the {cls.key_name}.",
+                + f"The last subject token is the {head.key_name}"
+                + (f" ({'; '.join(older)})." if older else "."),
                 "messages": {},
                 "parameters": {
-                    cls.key_name: {"description": f"The {cls.key_name} this message is about."},
+                    head.key_name: {"description": f"The {head.key_name} this message is about."},
                 },
                 "bindings": {"nats": {"bindingVersion": NATS_BINDING_VERSION}},
             },

@@ -77,6 +77,26 @@ class JobExited(Event, frozen=True, kw_only=True, tag="io.ibpool.job.job.exited.
     runtime_s: float = 0.0
 
 
+class JobStartedV2(JobStarted, frozen=True, kw_only=True, tag="io.ibpool.job.job.started.v2"):
+    """JobStarted keyed by the node, not the job: a node agent allowed only its own nodes' subjects
+    (a NATS user per agent) can report only its own nodes' work. What agents publish since v2; v1
+    is still read."""
+
+    key_name: ClassVar[str] = "node_id"
+    summary: ClassVar[str] = "A node agent started the workload of an allocation (keyed by node)."
+
+    schema_version: int = 2
+
+
+class JobExitedV2(JobExited, frozen=True, kw_only=True, tag="io.ibpool.job.job.exited.v2"):
+    """JobExited keyed by the node, not the job (see JobStartedV2)."""
+
+    key_name: ClassVar[str] = "node_id"
+    summary: ClassVar[str] = "The workload of an allocation ended, with its exit code and why (keyed by node)."
+
+    schema_version: int = 2
+
+
 class JobQueued(Event, frozen=True, kw_only=True, tag="io.ibpool.job.job.queued.v1"):
     key_name: ClassVar[str] = "job_id"
     summary: ClassVar[str] = "The scheduler accepted a job into one of its queues (again, after a requeue)."

@@ -218,3 +218,7 @@ def test_a_message_is_taken_only_from_the_subject_its_type_and_key_build() -> No
     assert "header ce-type" in (misaddressed(cancel, "ibpool.job.job.cancel.j1", "io.ibpool.job.job.submit.v1") or "")
     bad_key = CancelJob(source="t", key="a b", job_id="x")
     assert "cannot be a subject" in (misaddressed(bad_key, "ibpool.job.job.cancel.a b") or "")
+    # The key is the field it names: a cancel of j2 under j1's key is neither.
+    other = CancelJob(source="t", key="j1", job_id="j2")
+    assert "whose job_id is 'j2'" in (misaddressed(other, "ibpool.job.job.cancel.j1") or "")
+    assert misaddressed(msgspec.structs.replace(other, key="j2"), "ibpool.job.job.cancel.j2") is None

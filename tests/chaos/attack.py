@@ -1,14 +1,18 @@
 """What the chaos suite's attacker sends: built from the contract, aimed at what is live.
 
-The attacker holds one node agent's NATS credentials (issue 20's threat). `plan` builds, for every
+The attacker holds one node agent's NATS credentials (issue 20's threat): that agent's own user,
+allowed only its nodes' subjects (`bus_permissions.agent_permissions`). `plan` builds, for every
 subject that user may publish, a well-formed message of every other type of the contract (type
 confusion: a `RequestAllocation`, `NodeFailed`, `ProposePlacement` with a fencing term of 10^9, an
-unsigned `AllocationGranted`, a `ReleaseAllocation` of a live allocation, ...), each aimed at a real
-node and a live allocation, its job ids and reasons marked `attack`, and each stored one carrying
-`Nats-Expected-Stream` (the header that once let a message escape the DLQ). It adds what that user
-may not do at all: publish a grant (forged, and a real signed one replayed), fail a node, propose a
-placement, ask for GPUs, delete, fetch from or re-filter the allocator's durable, make or purge a
-stream; and subjects to snoop on. `attacker.py` carries the plan out from its own container.
+unsigned `AllocationGranted`, a `ReleaseAllocation` of a live allocation, ...), each aimed at
+another agent's node and a live allocation, its job ids and reasons marked `attack`, and each
+stored one carrying `Nats-Expected-Stream` (the header that once let a message escape the DLQ). It
+adds what that user may not do at all: the node agents' own messages about another agent's node
+(an XID report, a heartbeat, a job's exit, a registration), reading another agent's durable,
+publishing a grant (forged, and a real signed one replayed), failing a node, proposing a
+placement, asking for GPUs, deleting, fetching from or re-filtering the allocator's durable,
+making or purging a stream; and subjects to snoop on. `attacker.py` carries the plan out from its
+own container.
 """
 
 from __future__ import annotations
@@ -24,19 +28,22 @@ import msgspec.inspect as mi
 
 from ibpool_proto import ALL_MESSAGES, Message
 from ibpool_proto.health import NodeFailed
+from ibpool_proto.job import JobExitedV2
+from ibpool_proto.node import NodeHeartbeat, NodeRegistered, TelemetryReported
 from ibpool_proto.pool import AllocationGranted, ProposePlacement, RequestAllocation
 from ibpool_runtime.bus import envelope_headers, inbox_prefix
-from ibpool_runtime.bus_permissions import PUBLISHES
+from ibpool_runtime.bus_permissions import PUBLISHES, AgentGrant
 from ibpool_runtime.streams import stream_for_subject
 from proto.tests.message_strategies import sample
 
 from .invariants import Recorded
 
-USER = "node_agent"
+USER = "node_agent"  # the messages it may send are the node agents'; its user is one agent's own
 MARK = "attack"  # in every job id and reason the attacker writes: an event of ours carrying it acted on the attack
 ATTACK_TERM = 10**9
 ROUNDS = 2
 PAUSE_S = 2.0
+DEADLINE_S = 90.0  # for all the crafted messages: a server that stops acking ends the attack, said so
 # Replies meant for other users, and events this user may only read through its own durables.
 SNOOP = ("_INBOX.>", "_INBOX_pool_allocator.>", "_INBOX_scheduler.>", "ibpool.pool.>")
 VICTIM_DURABLE = ("IBPOOL_POOL", "pool-allocator-commands")
@@ -48,6 +55,7 @@ class Plan:
     crafted: list[dict[str, Any]]  # subject, headers, data (JSON text), stored
     forbidden: list[dict[str, Any]]  # what, subject, data, headers
     victim_node: str
+    user: str  # whose credentials the attacker holds (its replies come to that user's inboxes only)
 
     @property
     def stored_subjects(self) -> set[str]:
@@ -61,7 +69,8 @@ class Plan:
                 "snoop": list(SNOOP),
                 "rounds": ROUNDS,
                 "pause_s": PAUSE_S,
-                "inbox_prefix": inbox_prefix(USER),
+                "deadline_s": DEADLINE_S,
+                "inbox_prefix": inbox_prefix(self.user),
             }
         )
 
@@ -107,27 +116,39 @@ def aimed(cls: type[Message], *, victim_node: str, live: AllocationGranted | Non
     return msgspec.structs.replace(message, key=str(key))
 
 
-def plan(victim_node: str, live: AllocationGranted | None, live_raw: Recorded | None) -> Plan:
-    """Everything the attacker sends; `live` is a granted allocation still held, `live_raw` its
-    stored message (body and the allocator's signature headers) to replay."""
+def plan(
+    user: str,
+    grant: AgentGrant,
+    victim_node: str,
+    live: AllocationGranted | None,
+    live_raw: Recorded | None,
+    other_durable: str,
+) -> Plan:
+    """Everything the attacker sends, holding `user`, the agent of `grant`'s own (its nodes, its
+    durable): `victim_node` is another agent's node, `live` a granted allocation still held (on it,
+    where one was), `live_raw` its stored message (body and the allocator's signature headers) to
+    replay, `other_durable` another agent's durable."""
     crafted = []
-    own = PUBLISHES[USER]
-    for subject_type in own:
+    own_node = grant.nodes[0]
+    roots = sorted({m.subject_root(): m.stored for m in PUBLISHES[USER]}.items())
+    for root, stored in roots:
         for cls in sorted(ALL_MESSAGES, key=lambda m: m.ce_type()):
-            if cls is subject_type:
-                continue  # the message the subject is for is this user's to send: not type confusion
-            # Each its own id (a repeated Nats-Msg-Id would be dropped by the stream as a duplicate).
-            message = msgspec.structs.replace(aimed(cls, victim_node=victim_node, live=live), id=uuid.uuid4().hex)
-            subject = f"{subject_type.subject_root()}.{message.key}"
+            if cls.subject_root() == root:
+                continue  # the messages the subject is for are this user's to send: not type confusion
+            # Under its own node's key (the only one it may use), each with its own id (a repeated
+            # Nats-Msg-Id would be dropped by the stream as a duplicate).
+            message = aimed(cls, victim_node=victim_node, live=live)
+            message = msgspec.structs.replace(message, key=own_node, id=uuid.uuid4().hex)
+            subject = f"{root}.{own_node}"
             headers = envelope_headers(message, with_trace=False)
-            if subject_type.stored:
+            if stored:
                 headers["Nats-Expected-Stream"] = stream_for_subject(subject)
             crafted.append(
                 {
                     "subject": subject,
                     "headers": headers,
                     "data": msgspec.json.encode(message).decode(),
-                    "stored": subject_type.stored,
+                    "stored": stored,
                 }
             )
 
@@ -139,7 +160,19 @@ def plan(victim_node: str, live: AllocationGranted | None, live_raw: Recorded | 
             "headers": envelope_headers(message, with_trace=False),
         }
 
+    def victims(cls: type[Message]) -> Message:
+        return aimed(cls, victim_node=victim_node, live=live)
+
     refused = [
+        # What the shared `node_agent` user could do to every node: its own user may not, for others'.
+        forbidden("report telemetry of another agent's node", victims(TelemetryReported)),
+        forbidden("beat for another agent's node", victims(NodeHeartbeat)),
+        forbidden("end a job on another agent's node", victims(JobExitedV2)),
+        forbidden("register a node of another agent", victims(NodeRegistered)),
+        {
+            "what": "fetch from another agent's durable",
+            "subject": f"$JS.API.CONSUMER.MSG.NEXT.IBPOOL_POOL.{other_durable}",
+        },
         forbidden("publish a forged grant", aimed(AllocationGranted, victim_node=victim_node, live=live)),
         forbidden("fail a node", aimed(NodeFailed, victim_node=victim_node, live=live)),
         forbidden("propose a placement on term 10^9", aimed(ProposePlacement, victim_node=victim_node, live=live)),
@@ -170,4 +203,4 @@ def plan(victim_node: str, live: AllocationGranted | None, live_raw: Recorded | 
     ]
     for r in refused:
         r.setdefault("data", "{}")
-    return Plan(crafted=crafted, forbidden=refused, victim_node=victim_node)
+    return Plan(crafted=crafted, forbidden=refused, victim_node=victim_node, user=user)

@@ -56,9 +56,13 @@ async def attack(plan: dict[str, Any], url: str, ca: str) -> dict[str, Any]:
 
         await nc.subscribe(subject, cb=count)
 
-    # The crafted messages, on subjects this user may publish, while the load runs.
+    # The crafted messages, on subjects this user may publish, while the load runs (bounded in time too).
+    deadline = asyncio.get_running_loop().time() + plan["deadline_s"]
     for r in range(plan["rounds"]):
         for p in plan["crafted"]:
+            if asyncio.get_running_loop().time() > deadline:
+                report["publish_failed"].append(f"out of time after {plan['deadline_s']} s")
+                break
             body = json.loads(p["data"])
             body["id"] = f"{body['id']}-{r}"
             headers = {**p["headers"], "Nats-Msg-Id": body["id"], "ce-id": body["id"]}

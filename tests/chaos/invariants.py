@@ -432,8 +432,9 @@ def attack_dead_lettered(dlq: list[Recorded], report: dict[str, Any], durables: 
 def attack_had_no_effect(records: list[Recorded], mark: str, term: int) -> Verdict:
     """No event of the system's own acted on the attack: none carries the attacker's mark (its job
     ids, allocation ids and reasons), no node or GPU was failed, cordoned or drained and no work
-    requeued or revoked (the scenario has no other fault), no node was marked unusable in the
-    ledger, and no proposal on the attacker's fencing term was granted."""
+    requeued or revoked (the scenario has no other fault, and its agents' GPUs no random ones), no
+    node was marked unusable in the ledger, and no proposal on the attacker's fencing term was
+    granted."""
     harm: list[str] = []
     for r in records:
         ev = r.event
@@ -443,7 +444,7 @@ def attack_had_no_effect(records: list[Recorded], mark: str, term: int) -> Verdi
         if mark in r.data.decode(errors="replace"):
             harm.append(f"{kind} {r.subject} carries {mark!r}")
         elif kind in _HARM or isinstance(ev, AllocationRevoked):
-            harm.append(f"{kind} {r.subject}")
+            harm.append(f"{kind} {r.subject} ({getattr(ev, 'reason', '')})")
         elif kind == "PoolNodeUpdated" and (ev.failed or ev.cordoned or ev.draining or ev.removed):
             harm.append(f"{kind} {ev.node_id}: failed={ev.failed} cordoned={ev.cordoned} draining={ev.draining}")
         elif isinstance(ev, AllocationGranted) and (ev.fencing_term or 0) >= term:

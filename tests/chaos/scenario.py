@@ -25,7 +25,7 @@ from ibpool_runtime.streams import STREAMS
 
 from . import attack
 from . import invariants as inv
-from .system import System
+from .system import ATTACKER_HOLDS, System
 
 JOBS = 30
 RATE_PER_S = 2.0
@@ -260,17 +260,20 @@ async def run(name: str, system: System, faults: list[Fault], *, extra: tuple[st
 
 
 async def aim(system: System) -> attack.Plan:
-    """The attacker's plan, aimed at the node with work on it now and one of its live allocations."""
+    """The attacker's plan: it holds agent 1's user; its victims are another agent's node with work
+    on it now and that work's live allocation, and another agent's durable."""
+    mine = system.layout.agent_grant(1)
     pool = await inv.read_stream(system.access(), "IBPOOL_POOL")
     live: dict[str, inv.Recorded] = {}
     for r in pool:
-        if isinstance(r.event, AllocationGranted):
+        if isinstance(r.event, AllocationGranted) and r.event.node_id not in mine.nodes:
             live[r.event.allocation_id] = r
         elif isinstance(r.event, AllocationReleased | AllocationRevoked | AllocationExpired):
             live.pop(r.event.allocation_id, None)
     grant = next(iter(reversed(live.values())), None)
-    victim = grant.event.node_id if grant is not None else system.layout.agent_nodes(1)[0]
-    return attack.plan(victim, grant.event if grant is not None else None, grant)
+    other = system.layout.agent_grant(2)
+    victim = grant.event.node_id if grant is not None else other.nodes[0]
+    return attack.plan(ATTACKER_HOLDS, mine, victim, grant.event if grant is not None else None, grant, other.durable)
 
 
 async def recovered(system: System, timeout_s: float = 60) -> inv.Verdict:

@@ -9,10 +9,10 @@ them only through ports published on loopback, fixed at start so that a restarte
 them.
 
 The bus is secured as in compose.yaml: clients and routes over TLS (a CA made per scenario with
-deploy/tls/make-certs.sh), one NATS user per service with only its own permissions
-(deploy/nats/make-auth.sh), the failover controller reading connection advisories as the `system`
-user, and grants signed by the allocator. The test process reads as `admin` (`System.access`), the
-outside subscriber as `subscriber`.
+deploy/tls/make-certs.sh), one NATS user per service with only its own permissions and one per node
+agent allowed only its own nodes (deploy/nats/make-auth.sh with an agents.json), the failover
+controller reading connection advisories as the `system` user, and grants signed by the allocator.
+The test process reads as `admin` (`System.access`), the outside subscriber as `subscriber`.
 
 Parts are named by role (`nats-2`, `scheduler-1`, `agent-3`); the fault timeline may also name a
 role that is resolved when the fault fires: `scheduler-leader` (the replica that says it leads) and
@@ -37,6 +37,7 @@ from typing import Any
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
+from ibpool_runtime.bus_permissions import AgentGrant, agent_grant
 from ibpool_runtime.devstack import free_port
 from ibpool_runtime.grant_signing import new_seed, public_key_of
 
@@ -83,6 +84,8 @@ cluster {{
 }}
 include ./auth.conf
 """
+# Whose NATS credentials the attacker holds: agent 1's own user.
+ATTACKER_HOLDS = "agent-1"
 # Where a service container finds the CA its NATS connections verify the servers against.
 CA_IN_CONTAINER = "/run/secrets/nats-ca.pem"
 
@@ -93,6 +96,9 @@ class Layout:
 
     agents: int = 2
     nodes_per_agent: int = 4
+    # The simulated GPUs' random ECC errors and XIDs (the node agent's `sim_*_rate`): off where a
+    # scenario must tell every failure apart from what it did itself.
+    random_gpu_faults: bool = True
     schedulers: int = 2
     # The largest fraction of the cluster the failover controller fails at once (more is ClusterDegraded).
     max_failed_fraction: float = 0.5
@@ -104,8 +110,11 @@ class Layout:
 
     def agent_nodes(self, agent: int) -> list[str]:
         """The node ids agent `agent` (1-based) hosts, as the node agent names them."""
-        first = 1 + (agent - 1) * self.nodes_per_agent
-        return [f"chaos-{i:03d}" for i in range(first, first + self.nodes_per_agent)]
+        return list(self.agent_grant(agent).nodes)
+
+    def agent_grant(self, agent: int) -> AgentGrant:
+        """Agent `agent`'s nodes and durable, for its own NATS user."""
+        return agent_grant("chaos", 1 + (agent - 1) * self.nodes_per_agent, self.nodes_per_agent)
 
 
 @dataclass
@@ -187,6 +196,14 @@ class System:
         own scripts (as deploy/compose-secrets.sh runs them)."""
         env = {"PY": sys.executable, "PATH": "/usr/local/bin:/usr/bin:/bin"}
         nats_dir, tls_dir = self.secrets / "nats", self.secrets / "tls"
+        # Each agent enrolled with a user of its own, allowed only its nodes (make-auth.sh reads this).
+        nats_dir.mkdir(parents=True, exist_ok=True)
+        agents = {
+            f"agent-{a}": {"nodes": list(g.nodes), "durable": g.durable}
+            for a in range(1, self.layout.agents + 1)
+            for g in [self.layout.agent_grant(a)]
+        }
+        (nats_dir / "agents.json").write_text(json.dumps(agents))
         names = [self.name(f"nats-{i}") for i in range(1, NATS_NODES + 1)]
         for cmd in (["deploy/nats/make-auth.sh", str(nats_dir)], ["deploy/tls/make-certs.sh", str(tls_dir), *names]):
             r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -249,18 +266,20 @@ class System:
         self.http_ports["failover"] = self._publish(c, 8080)
         c.start()
         for a in range(1, lo.agents + 1):
-            c = self._service_env(self._container(f"agent-{a}", "node-agent"), "node_agent")
+            c = self._service_env(self._container(f"agent-{a}", "node-agent"), f"agent-{a}")
             c.with_env("IBPOOL_NODE_AGENT_BACKEND", "simulated").with_env(
                 "IBPOOL_NODE_AGENT_NODES", str(lo.nodes_per_agent)
             )
             c.with_env("IBPOOL_NODE_AGENT_FIRST_NODE", str(1 + (a - 1) * lo.nodes_per_agent))
             c.with_env("IBPOOL_NODE_AGENT_NODE_PREFIX", "chaos")
+            if not lo.random_gpu_faults:
+                c.with_env("IBPOOL_NODE_AGENT_SIM_ECC_RATE", "0").with_env("IBPOOL_NODE_AGENT_SIM_XID_RATE", "0")
             c.with_env("IBPOOL_NODE_AGENT_GRANT_SIGNERS", signers)
             c.start()
 
     def start_attacker(self, plan_json: str) -> None:
         """The attacker (tests/chaos/attacker.py) in a container of its own on the scenario's network,
-        from the node agent's image, holding the node agent's NATS credentials."""
+        from the node agent's image, holding agent 1's NATS credentials."""
         plan = self.workdir / "attack-plan.json"
         plan.write_text(plan_json)
         plan.chmod(0o644)
@@ -269,7 +288,7 @@ class System:
         c.with_volume_mapping(ROOT / "tests" / "chaos" / "attacker.py", "/attack/attacker.py")
         c.with_volume_mapping(plan, "/attack/plan.json")
         c.with_volume_mapping(self.ca, CA_IN_CONTAINER)
-        c.with_env("ATTACK_NATS_URL", self._servers("node_agent")).with_env("ATTACK_NATS_CA", CA_IN_CONTAINER)
+        c.with_env("ATTACK_NATS_URL", self._servers(ATTACKER_HOLDS)).with_env("ATTACK_NATS_CA", CA_IN_CONTAINER)
         c.start()
 
     def attacker_report(self, timeout_s: float = 180) -> dict[str, Any]:

@@ -107,11 +107,12 @@ async def test_a_flood_of_malformed_events(system: System, outcomes: list[Outcom
 
 
 @pytest.mark.chaos_smoke
+@pytest.mark.parametrize("system", [Layout(random_gpu_faults=False)], indirect=True)
 async def test_an_attacker_with_an_agents_credentials(system: System, outcomes: list[Outcome]) -> None:
-    """From its own container, with the node agent's NATS user, the attacker publishes every type of
-    the contract on every subject that user may publish (type confusion, aimed at a real node and a
-    live allocation), tries what the user may not (a forged and a replayed grant, a node failure, a
-    fencing term of 10^9, deleting or reading the allocator's durable, snooping on others' replies),
-    while the load runs: the servers refuse what is not its own, the consumers dead-letter the rest,
-    and nothing it sent takes effect."""
+    """From its own container, with agent 1's own NATS user, the attacker publishes every type of the
+    contract on every subject that user may publish (type confusion, aimed at agent 2's busy node
+    and a live allocation), tries what the user may not (news of agent 2's node, reading its
+    durable, a forged and a replayed grant, a node failure, a fencing term of 10^9, deleting or
+    reading the allocator's durable, snooping on others' replies), while the load runs: the servers
+    refuse what is not its own, the consumers dead-letter the rest, and nothing it sent takes effect."""
     await _check("attacker with a node agent's credentials", system, [Fault(4, "attack")], outcomes)

@@ -72,3 +72,29 @@ def test_every_metric_on_the_dashboard_is_exported_by_the_code() -> None:
     code = "\n".join(p.read_text() for d in ("libs", "services") for p in (ROOT / d).rglob("*.py"))
     exported = set(re.findall(r'"(ibpool_[a-z_]+)"', code))
     assert names and names <= exported, names - exported
+
+
+def test_make_auth_enrols_the_agents_listed_and_refuses_a_broken_list(tmp_path: Path) -> None:
+    """deploy/nats/make-auth.sh with an agents.json: each agent listed gets a password and a user
+    allowed only its own nodes and durable; a broken list stops it with the file and entry named."""
+    import subprocess
+    import sys
+
+    secrets = tmp_path / "nats"
+    secrets.mkdir()
+    agents = {"agent-r1": {"nodes": ["gpu-001", "gpu-002"], "durable": "node-agent-gpu-1-2"}}
+    (secrets / "agents.json").write_text(json.dumps(agents))
+    env = {"PY": sys.executable, "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([str(ROOT / "deploy/nats/make-auth.sh"), str(secrets)], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (secrets / "agent-r1.password").stat().st_mode & 0o077 == 0
+    conf = (secrets / "auth.conf").read_text()
+    block = conf[conf.index('"user": "agent-r1"') :]
+    block = block[: block.index('"user"', 10)] if '"user"' in block[10:] else block
+    assert "ibpool.node.telemetry.reported.gpu-002" in block and "ibpool.job.job.exited.gpu-001" in block
+    assert "$JS.API.CONSUMER.MSG.NEXT.IBPOOL_POOL.node-agent-gpu-1-2" in block
+    assert "ibpool.node.telemetry.reported.*" not in block
+    (secrets / "agents.json").write_text(json.dumps({"agent-r1": {"nodes": [], "durable": "x"}}))
+    r = subprocess.run([str(ROOT / "deploy/nats/make-auth.sh"), str(secrets)], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "agents.json: agent-r1: `nodes` must be a non-empty list" in r.stderr
+    assert "Traceback" not in r.stderr

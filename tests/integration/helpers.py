@@ -12,6 +12,8 @@ import asyncpg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
+from ibpool_proto import decode
+from ibpool_proto.job import JobExited, JobStarted
 from ibpool_runtime.devstack import StackInfo
 from ibpool_runtime.store import Store
 
@@ -44,6 +46,12 @@ async def stream_messages(js: JetStreamContext, stream: str, subject: str, limit
     finally:
         await sub.unsubscribe()
     return out
+
+
+async def job_news(js: JetStreamContext, kind: type[JobStarted] | type[JobExited], job_id: str) -> list:
+    """A job's starts or exits as agents report them (keyed by node since their v2, so read them all)."""
+    messages = await stream_messages(js, "IBPOOL_JOB", kind.subject_pattern())
+    return [e for e in (decode(m.data) for m in messages) if isinstance(e, kind) and e.job_id == job_id]
 
 
 @asynccontextmanager

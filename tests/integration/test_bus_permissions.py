@@ -31,8 +31,9 @@ from ibpool_pool_allocator.bootstrap import bootstrap
 from ibpool_pool_allocator.config import PoolAllocatorConfig
 from ibpool_pool_allocator.service import PoolAllocator
 from ibpool_proto import ALL_MESSAGES
-from ibpool_proto.job import JobExited, JobStarted
-from ibpool_proto.node import NodeDeregistered, NodeHeartbeat
+from ibpool_proto.job import JobExited, JobExitedV2, JobStarted
+from ibpool_proto.message import new_id
+from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, TelemetryReported
 from ibpool_proto.pool import (
     AllocationGranted,
     Enforcement,
@@ -43,25 +44,30 @@ from ibpool_proto.pool import (
 )
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus, BusUnavailable, StreamSetupError, outgoing
-from ibpool_runtime.bus_permissions import PUBLISHES, permissions, render_authorization
+from ibpool_runtime.bus_permissions import PUBLISHES, agent_grant, permissions, render_authorization
 from ibpool_runtime.ledger_replica import LEDGER_BUCKET, LedgerReplica
 from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit, Service
 from ibpool_runtime.store import Store
 from ibpool_runtime.streams import StreamSpec
+from proto.tests.message_strategies import sample
 from tests.integration.agent_support import running_agent, unique_prefix
-from tests.integration.helpers import eventually, own_store, stream_messages
+from tests.integration.helpers import eventually, job_news, own_store, stream_messages
 
 SUBSCRIBER = Path(__file__).resolve().parents[2] / "examples" / "subscriber.py"
-USERS = ("admin", "node_agent", "pool_allocator", "operator", "subscriber", "scheduler", "failover_controller")
+# Two node agents enrolled with users of their own, one node each (bus_permissions.agent_permissions).
+ENROLLED_PREFIX = f"enrolled{secrets.token_hex(3)}"
+AGENTS = {"agent-a": agent_grant(ENROLLED_PREFIX, 1, 1), "agent-b": agent_grant(ENROLLED_PREFIX, 2, 1)}
+USERS = ("admin", "node_agent", "pool_allocator", "operator", "subscriber", "scheduler", "failover_controller", *AGENTS)
 
 
 @pytest.fixture
 async def secured() -> AsyncIterator[tuple[str, dict[str, str]]]:
-    """A nats-server with one user per entry of USERS; yields its address and the passwords."""
+    """A nats-server with one user per entry of USERS (AGENTS each allowed only its own node); yields
+    its address and the passwords."""
     state = Path(tempfile.mkdtemp(prefix="ibpool-test-auth-"))
     passwords = {u: secrets.token_urlsafe(16) for u in USERS}
-    proc, url, _ = devstack.start_nats(state, extra_config=render_authorization(passwords))
+    proc, url, _ = devstack.start_nats(state, extra_config=render_authorization(passwords, AGENTS))
     try:
         yield url.removeprefix("nats://"), passwords
     finally:
@@ -192,17 +198,19 @@ def test_every_published_message_has_exactly_one_owner_among_the_services() -> N
     assert not any("CONSUMER.DELETE" in p for u in PUBLISHES for p in permissions(u)["publish"]["allow"])
 
 
+@pytest.mark.parametrize("agent_user", ["node_agent", "agent-a"])
 async def test_allocator_and_agent_work_with_only_their_own_permissions(
-    secured: tuple[str, dict[str, str]], stack: devstack.StackInfo, store: Store
+    secured: tuple[str, dict[str, str]], stack: devstack.StackInfo, store: Store, agent_user: str
 ) -> None:
-    """Request -> grant -> job started and exited, each service on its own restricted user."""
+    """Request -> grant -> job started and exited, each service on its own restricted user; the agent
+    on the shared agents' user, or enrolled with a user of its own allowed only its node."""
     address, passwords = secured
     admin = await connect(address, passwords, "admin")
     await admin.ensure_streams()
-    agent_bus = await connect(address, passwords, "node_agent")
+    agent_bus = await connect(address, passwords, agent_user)
     allocator_bus = await connect(address, passwords, "pool_allocator")
     operator = await connect(address, passwords, "operator")
-    prefix = unique_prefix()
+    prefix = unique_prefix() if agent_user == "node_agent" else ENROLLED_PREFIX
     cfg = PoolAllocatorConfig(instance="secured", expiry_interval_s=0.5)
     kit = Kit(name="pool_allocator", config=cfg, bus=allocator_bus, store=store, metrics=ServiceMetrics("pa"))
     spec = await bootstrap(kit)
@@ -223,10 +231,10 @@ async def test_allocator_and_agent_work_with_only_their_own_permissions(
             await operator.publish(ask)
 
             async def ran() -> bool:
-                return bool(await stream_messages(admin.js, "IBPOOL_JOB", JobExited.subject(job)))
+                return bool(await job_news(admin.js, JobExited, job))
 
             await eventually(ran, what="granted, started and exited under restricted users")
-            assert await stream_messages(admin.js, "IBPOOL_JOB", JobStarted.subject(job))
+            assert await job_news(admin.js, JobStarted, job)
             assert await stream_messages(admin.js, "IBPOOL_DLQ", "ibpool.dlq.>") == []
             # The allocator publishes its ledger snapshot; the scheduler's ledger replica reads it.
             # This call publishes it, unless the allocator's own snapshot loop just did (then: None).
@@ -241,6 +249,53 @@ async def test_allocator_and_agent_work_with_only_their_own_permissions(
         await allocator.stop()
         for b in (admin, agent_bus, allocator_bus, operator, scheduler_bus):
             await b.close()
+
+
+async def test_an_enrolled_agent_speaks_only_for_its_own_node(secured: tuple[str, dict[str, str]]) -> None:
+    """Agent a's own user reports on its node; news of agent b's node (an XID report, a job's exit, a
+    heartbeat) and a read of b's durable are refused by the server, and nothing of it is stored."""
+    address, passwords = secured
+    admin = await connect(address, passwords, "admin")
+    await admin.ensure_streams()
+    agent = await connect(address, passwords, "agent-a")
+    (mine,), (theirs,) = AGENTS["agent-a"].nodes, AGENTS["agent-b"].nodes
+    beats: list[str] = []
+
+    async def on_beat(m: Msg) -> None:
+        beats.append(m.subject.rsplit(".", 1)[1])
+
+    await admin.nc.subscribe(NodeHeartbeat.subject_pattern(), cb=on_beat)
+    await admin.nc.flush()
+    try:
+        for node in (mine, theirs):
+            telemetry = msgspec.structs.replace(sample(TelemetryReported), key=node, node_id=node, id=new_id())
+            exit_ = msgspec.structs.replace(sample(JobExitedV2), key=node, node_id=node, id=new_id())
+            for message in (telemetry, exit_):
+                out = outgoing(message)
+                if node == mine:
+                    await agent.js.publish(out.subject, out.body, headers=out.headers, timeout=2)
+                else:
+                    with pytest.raises(nats.errors.TimeoutError):  # refused: no ack ever comes
+                        await agent.js.publish(out.subject, out.body, headers=out.headers, timeout=1)
+            beat = msgspec.structs.replace(sample(NodeHeartbeat), key=node, node_id=node, id=new_id())
+            await agent.publish_unacked(beat)  # core NATS: the server drops a refused one
+        await agent.nc.flush()
+        await eventually(lambda: _true(mine in beats), what="agent a's own heartbeat delivered")
+        await admin.nc.flush()  # anything the server routed before that is delivered by now
+        stored = {(m.subject.rsplit(".", 1)[1]) for m in await stream_messages(admin.js, "IBPOOL_NODE", ">")}
+        stored |= {(m.subject.rsplit(".", 1)[1]) for m in await stream_messages(admin.js, "IBPOOL_JOB", ">")}
+        assert mine in stored and theirs not in stored and theirs not in beats
+        with pytest.raises(nats.errors.TimeoutError):
+            await agent.nc.request(
+                f"$JS.API.CONSUMER.MSG.NEXT.IBPOOL_POOL.{AGENTS['agent-b'].durable}", b"{}", timeout=1
+            )
+    finally:
+        await admin.close()
+        await agent.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_a_wrong_password_is_refused_and_never_shown(secured: tuple[str, dict[str, str]]) -> None:

@@ -154,8 +154,8 @@ async def test_killed_agent_is_suspected_then_failed_its_grant_revoked_and_it_re
             allocation_id = grant["allocation_id"]
 
             async def started() -> bool:
-                msgs = await stream_messages(bus.js, "IBPOOL_JOB", JobStarted.subject(job_id))
-                return bool(msgs)
+                msgs = await stream_messages(bus.js, "IBPOOL_JOB", JobStarted.subject(node))
+                return any(decode(m.data).job_id == job_id for m in msgs)
 
             await eventually(started, what="the job started on the agent")
 

@@ -9,13 +9,15 @@ import subprocess
 import asyncpg
 from nats.js.errors import NotFoundError
 
+from ibpool_node_agent.backends import store_schema
+from ibpool_node_agent.config import NodeAgentConfig
 from ibpool_proto import decode
 from ibpool_proto.job import JobStarted
 from ibpool_proto.node import NodeDeregistered, NodeRegistered
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.devstack import StackInfo
 from tests.integration.agent_support import agent_process, grant, unique_prefix
-from tests.integration.helpers import eventually, stream_messages
+from tests.integration.helpers import eventually, job_news, stream_messages
 
 
 async def wait_exit(proc: subprocess.Popen[bytes], timeout_s: float = 30) -> int:
@@ -46,8 +48,9 @@ async def test_sigkill_after_commit_before_publish_then_restart_publishes_exactl
 
     conn = await asyncpg.connect(stack.postgres_dsn)
     try:
+        schema = store_schema(NodeAgentConfig(node_prefix=prefix, nodes=1))  # the agent's own
         rows = await conn.fetch(
-            "SELECT event_id FROM node_agent.outbox WHERE subject = $1", NodeRegistered.subject(node)
+            f'SELECT event_id FROM "{schema}".outbox WHERE subject = $1', NodeRegistered.subject(node)
         )
     finally:
         await conn.close()
@@ -95,7 +98,7 @@ async def test_sigterm_during_a_handler_finishes_it_acks_and_exits_zero(stack: S
             proc.kill()
     info = await bus.js.consumer_info("IBPOOL_POOL", durable)
     assert (info.num_ack_pending, info.num_redelivered, info.num_pending) == (0, 0, 0)
-    started = await stream_messages(bus.js, "IBPOOL_JOB", JobStarted.subject(g.job_id))
+    started = await job_news(bus.js, JobStarted, g.job_id)
     assert len(started) == 1, "the handler's event left through the outbox before exit"
     gone = await stream_messages(bus.js, "IBPOOL_NODE", NodeDeregistered.subject(node))
     assert len(gone) == 1

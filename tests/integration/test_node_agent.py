@@ -26,11 +26,15 @@ from ibpool_runtime.bus import Bus
 from ibpool_runtime.store import Store
 from services.node_agent.tests.fake_nvml import FakeNvml
 from tests.integration.agent_support import grant, running_agent, unique_prefix
-from tests.integration.helpers import eventually, stream_messages
+from tests.integration.helpers import eventually, job_news, stream_messages
 
 
 async def events_on(bus: Bus, stream: str, subject: str) -> list:
     return [decode(m.data) for m in await stream_messages(bus.js, stream, subject)]
+
+
+async def job_events(bus: Bus, kind: type[JobStarted] | type[JobExited], job_id: str) -> list:
+    return await job_news(bus.js, kind, job_id)
 
 
 async def test_agent_registers_heartbeats_and_reports_telemetry(bus: Bus, store: Store) -> None:
@@ -76,22 +80,22 @@ async def test_grant_starts_work_which_exits_and_revoke_stops_it(bus: Bus, store
         await bus.publish(short)  # a duplicate publish: dropped by JetStream, and by the inbox if not
 
         async def exited(job: str, n: int = 1) -> bool:
-            return len(await events_on(bus, "IBPOOL_JOB", JobExited.subject(job))) == n
+            return len(await job_events(bus, JobExited, job)) == n
 
         await eventually(lambda: exited(short.job_id), what="short job exited")
         await eventually(lambda: exited(oom.job_id), what="oom job killed")
         await eventually(lambda: exited(bad.job_id), what="bad grant refused")
-        [e_short] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(short.job_id))
-        [e_oom] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(oom.job_id))
-        [e_bad] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(bad.job_id))
+        [e_short] = await job_events(bus, JobExited, short.job_id)
+        [e_oom] = await job_events(bus, JobExited, oom.job_id)
+        [e_bad] = await job_events(bus, JobExited, bad.job_id)
         assert (e_short.reason, e_short.exit_code) == ("completed", 0)
         assert (e_oom.reason, e_oom.exit_code) == ("oom", 137) and "20000" in e_oom.detail
         assert e_bad.reason == "failed" and "[9]" in e_bad.detail
-        assert len(await events_on(bus, "IBPOOL_JOB", JobStarted.subject(short.job_id))) == 1
-        assert not await events_on(bus, "IBPOOL_JOB", JobStarted.subject(bad.job_id))
+        assert len(await job_events(bus, JobStarted, short.job_id)) == 1
+        assert not await job_events(bus, JobStarted, bad.job_id)
 
         # the long job runs until revoked
-        assert not await events_on(bus, "IBPOOL_JOB", JobExited.subject(long.job_id))
+        assert not await job_events(bus, JobExited, long.job_id)
         await bus.publish(
             AllocationRevoked(
                 source="test",
@@ -104,7 +108,7 @@ async def test_grant_starts_work_which_exits_and_revoke_stops_it(bus: Bus, store
             )
         )
         await eventually(lambda: exited(long.job_id), what="revoked job stopped")
-        [e_long] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(long.job_id))
+        [e_long] = await job_events(bus, JobExited, long.job_id)
         assert e_long.reason == "revoked" and e_long.detail == "preempted"
 
         # the API shows the node and nothing left running
@@ -154,10 +158,10 @@ async def test_mig_and_fraction_limits_are_put_in_force_and_taken_back(bus: Bus,
         await bus.publish(overlap)
 
         async def refused() -> bool:
-            return bool(await events_on(bus, "IBPOOL_JOB", JobExited.subject(overlap.job_id)))
+            return bool(await job_events(bus, JobExited, overlap.job_id))
 
         await eventually(refused, what="overlapping MIG instance refused")
-        [e] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(overlap.job_id))
+        [e] = await job_events(bus, JobExited, overlap.job_id)
         assert e.reason == "failed" and "overlaps" in e.detail and "1g.10gb" in e.detail
 
         async def in_force() -> dict[str, dict]:
@@ -195,7 +199,7 @@ async def test_mig_and_fraction_limits_are_put_in_force_and_taken_back(bus: Bus,
 
 
 async def _started(bus: Bus, job_id: str) -> bool:
-    return bool(await events_on(bus, "IBPOOL_JOB", JobStarted.subject(job_id)))
+    return bool(await job_events(bus, JobStarted, job_id))
 
 
 async def test_agent_rides_out_a_bus_outage_and_reannounces(store: Store) -> None:
@@ -250,6 +254,10 @@ async def _count(bus: Bus, stream: str, subject: str, at_least: int) -> bool:
     return len(await stream_messages(bus.js, stream, subject)) >= at_least
 
 
+async def _seen(bus: Bus, kind: type[JobStarted] | type[JobExited], job_id: str) -> bool:
+    return bool(await job_events(bus, kind, job_id))
+
+
 async def _true(value: bool) -> bool:
     return value
 
@@ -287,13 +295,13 @@ async def test_commands_run_as_processes_with_the_grants_environment(bus: Bus, s
             await bus.publish(g)
 
         async def exited(job: str) -> bool:
-            return bool(await events_on(bus, "IBPOOL_JOB", JobExited.subject(job)))
+            return bool(await job_events(bus, JobExited, job))
 
         for g in (prints_and_fails, kills_itself, missing):
             await eventually(lambda g=g: exited(g.job_id), what=f"{g.job_id} exited")
-        [e1] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(prints_and_fails.job_id))
-        [e2] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(kills_itself.job_id))
-        [e3] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(missing.job_id))
+        [e1] = await job_events(bus, JobExited, prints_and_fails.job_id)
+        [e2] = await job_events(bus, JobExited, kills_itself.job_id)
+        [e3] = await job_events(bus, JobExited, missing.job_id)
         assert (e1.reason, e1.exit_code) == ("failed", 3)
         assert (tmp_path / f"{prints_and_fails.allocation_id}@{node}" / "output.log").read_text().split() == [
             "GPU-test-1",
@@ -301,7 +309,7 @@ async def test_commands_run_as_processes_with_the_grants_environment(bus: Bus, s
         ]
         assert (e2.reason, e2.exit_code, e2.detail) == ("signal", 137, "killed by SIGKILL")
         assert e3.reason == "failed" and "cannot start '/nonexistent/train'" in e3.detail
-        [started] = await events_on(bus, "IBPOOL_JOB", JobStarted.subject(sleeper.job_id))
+        [started] = await job_events(bus, JobStarted, sleeper.job_id)
         assert started.launcher == "process" and started.pid is not None
         os.kill(started.pid, 0)  # running
 
@@ -317,7 +325,7 @@ async def test_commands_run_as_processes_with_the_grants_environment(bus: Bus, s
             )
         )
         await eventually(lambda: exited(sleeper.job_id), what="revoked process stopped")
-        [e4] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(sleeper.job_id))
+        [e4] = await job_events(bus, JobExited, sleeper.job_id)
         assert (e4.reason, e4.detail) == ("revoked", "preempted")
 
         async def process_gone() -> bool:
@@ -337,12 +345,12 @@ async def test_commands_are_refused_where_the_agent_does_not_allow_them(bus: Bus
         await bus.publish(g)
 
         async def refused() -> bool:
-            return bool(await events_on(bus, "IBPOOL_JOB", JobExited.subject(g.job_id)))
+            return bool(await job_events(bus, JobExited, g.job_id))
 
         await eventually(refused, what="command refused")
-        [e] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(g.job_id))
+        [e] = await job_events(bus, JobExited, g.job_id)
         assert e.reason == "failed" and "allow_commands" in e.detail
-        assert not await events_on(bus, "IBPOOL_JOB", JobStarted.subject(g.job_id))
+        assert not await job_events(bus, JobStarted, g.job_id)
 
 
 async def test_a_restarted_agent_adopts_the_processes_still_running(bus: Bus, store: Store, tmp_path: Path) -> None:
@@ -354,18 +362,16 @@ async def test_a_restarted_agent_adopts_the_processes_still_running(bus: Bus, st
     )
     async with running_agent(bus, store, **settings):
         await bus.publish(g)
-        await eventually(lambda: _count(bus, "IBPOOL_JOB", JobStarted.subject(g.job_id), 1), what="the process started")
-    [started] = await events_on(bus, "IBPOOL_JOB", JobStarted.subject(g.job_id))
+        await eventually(lambda: _seen(bus, JobStarted, g.job_id), what="the process started")
+    [started] = await job_events(bus, JobStarted, g.job_id)
     assert started.pid is not None
     os.kill(started.pid, 0)  # the agent stopped; its work did not
     async with running_agent(bus, store, **settings):
         await asyncio.sleep(0.5)
-        assert not await events_on(bus, "IBPOOL_JOB", JobExited.subject(g.job_id))  # adopted, still running
+        assert not await job_events(bus, JobExited, g.job_id)  # adopted, still running
         os.kill(started.pid, signal.SIGKILL)
-        await eventually(
-            lambda: _count(bus, "IBPOOL_JOB", JobExited.subject(g.job_id), 1), what="the adopted process's end seen"
-        )
-        [e] = await events_on(bus, "IBPOOL_JOB", JobExited.subject(g.job_id))
+        await eventually(lambda: _seen(bus, JobExited, g.job_id), what="the adopted process's end seen")
+        [e] = await job_events(bus, JobExited, g.job_id)
         assert e.reason == "lost" and "restarted" in e.detail
 
 
@@ -380,10 +386,10 @@ async def test_gang_members_on_two_nodes_of_one_agent_each_run_and_exit(bus: Bus
             await bus.publish(g)
 
         async def both_exited() -> bool:
-            return len(await events_on(bus, "IBPOOL_JOB", JobExited.subject(first.job_id))) == 2
+            return len(await job_events(bus, JobExited, first.job_id)) == 2
 
         await eventually(both_exited, what="both gang members exited")
-        exits = await events_on(bus, "IBPOOL_JOB", JobExited.subject(first.job_id))
+        exits = await job_events(bus, JobExited, first.job_id)
         assert sorted(e.node_id for e in exits) == [f"{prefix}-001", f"{prefix}-002"]
         assert all(e.reason == "completed" for e in exits)
 
@@ -399,10 +405,10 @@ async def test_an_agent_hosting_more_nodes_than_its_filters_reads_every_grant_an
             await bus.publish(g)
 
         async def ours_exited() -> bool:
-            return bool(await events_on(bus, "IBPOOL_JOB", JobExited.subject(ours.job_id)))
+            return bool(await job_events(bus, JobExited, ours.job_id))
 
         await eventually(ours_exited, what="the grant on a hosted node ran and exited")
-        assert await events_on(bus, "IBPOOL_JOB", JobStarted.subject(theirs.job_id)) == []
+        assert await job_events(bus, JobStarted, theirs.job_id) == []
 
 
 async def test_workloads_that_exited_before_the_retention_are_deleted(bus: Bus, store: Store, tmp_path: Path) -> None:

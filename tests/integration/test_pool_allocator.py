@@ -42,7 +42,7 @@ from ibpool_runtime.service import Kit, Service
 from ibpool_runtime.store import Store
 from ibpool_runtime.streams import DLQ_STREAM
 from tests.integration.agent_support import running_agent, unique_prefix
-from tests.integration.helpers import eventually, own_store, stream_messages
+from tests.integration.helpers import eventually, job_news, own_store, stream_messages
 from tests.integration.pool_support import MODEL, registered, unique
 
 # One durable name for every test: each test sees only what was published after the last one stopped.
@@ -444,12 +444,12 @@ async def test_grant_reaches_the_node_agent_which_starts_the_job(stack: StackInf
         assert granted["grants"][0]["node_id"] == node
 
         async def started_and_exited() -> bool:
-            started = await stream_messages(bus.js, "IBPOOL_JOB", JobStarted.subject(job))
-            exited = await stream_messages(bus.js, "IBPOOL_JOB", JobExited.subject(job))
+            started = await job_news(bus.js, JobStarted, job)
+            exited = await job_news(bus.js, JobExited, job)
             return bool(started) and bool(exited)
 
         await eventually(started_and_exited, what="JobStarted and JobExited from the agent")
-        (started,) = [decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_JOB", JobStarted.subject(job))]
+        (started,) = await job_news(bus.js, JobStarted, job)
         assert started.node_id == node and started.allocation_id == granted["allocation_id"]
 
 

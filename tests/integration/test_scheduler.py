@@ -51,7 +51,7 @@ from ibpool_scheduler.bootstrap import bootstrap as scheduler_bootstrap
 from ibpool_scheduler.config import SchedulerConfig
 from ibpool_scheduler.service import Scheduler
 from tests.integration.agent_support import running_agent, unique_prefix
-from tests.integration.helpers import eventually, own_store, stream_messages
+from tests.integration.helpers import eventually, job_news, own_store, stream_messages
 
 # One durable name per service for every test: each test sees only what was published after the last one stopped.
 ALLOCATOR_DURABLES = "pool-allocator-test"
@@ -122,7 +122,10 @@ async def job_state(service: Service[Any], job_id: str) -> dict[str, Any]:
 async def job_events(bus: Bus, job_id: str, *types: type) -> list[Any]:
     out = []
     for t in types:
-        out.extend(decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_JOB", t.subject(job_id)))
+        if t in (JobStarted, JobExited):  # agents' news, keyed by node since v2
+            out.extend(await job_news(bus.js, t, job_id))
+        else:
+            out.extend(decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_JOB", t.subject(job_id)))
     return sorted(out, key=lambda e: e.occurred_at)
 
 
@@ -206,7 +209,8 @@ async def test_submitted_job_runs_to_completion_as_one_trace(bus: Bus, store: St
         await eventually(completed, what="the job completed")
         done = await job_state(service, j)
         assert done["nodes"][0] in node_ids and len(done["assignments"]) == 2 and done["exit_code"] == 0
-        types = [type(e).__name__ for e in await job_events(bus, j, JobQueued, JobScheduled, JobStarted, JobExited)]
+        news = await job_events(bus, j, JobQueued, JobScheduled, JobStarted, JobExited)
+        types = [type(e).__name__.removesuffix("V2") for e in news]  # the agents' news is v2 (keyed by node)
         # The agent starts the work and the scheduler marks the job scheduled on the same grant: either first.
         assert types[0] == "JobQueued" and types[-1] == "JobExited"
         assert sorted(types[1:3]) == ["JobScheduled", "JobStarted"]

@@ -26,7 +26,7 @@ from ibpool_runtime.service import Service
 from ibpool_runtime.store import Store
 from ibpool_runtime.streams import DLQ_STREAM
 from tests.integration.agent_support import grant, running_agent
-from tests.integration.helpers import eventually, own_store, stream_messages
+from tests.integration.helpers import eventually, job_news, own_store, stream_messages
 from tests.integration.test_pool_allocator import propose, running_allocator
 
 SEED = new_seed()
@@ -42,7 +42,7 @@ async def publish(bus: Bus, message: Message, signer: GrantSigner | None = SIGNE
 
 
 async def started(bus: Bus, job_id: str) -> bool:
-    return bool(await stream_messages(bus.js, "IBPOOL_JOB", JobStarted.subject(job_id)))
+    return bool(await job_news(bus.js, JobStarted, job_id))
 
 
 async def refusals(bus: Bus, svc: Service) -> list[str]:

@@ -46,6 +46,7 @@ from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationRe
 from ibpool_proto.scale import ElasticJobResized, ScaleDecided
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus, redact_url
+from ibpool_runtime.bus_permissions import AgentGrant, agent_grant
 from ibpool_runtime.discovery import ServiceView
 from ibpool_runtime.discovery import services as services_on_the_bus
 from ibpool_runtime.grant_signing import SIGNER_HEADER, new_seed, public_key_of
@@ -327,6 +328,18 @@ def _view(
 
 GANG_JOB, REMOTE_JOB, BUSY_JOB = "job-07", "job-09", "job-03"
 SPARE_AGENT = "node_agent_spare"
+# Each node agent on a NATS user of its own, allowed only its own nodes (bus_permissions.agent_permissions).
+AGENT_USERS = {"node_agent": "agent-main", SPARE_AGENT: "agent-spare"}
+
+
+def _agents(args: argparse.Namespace) -> dict[str, AgentGrant]:
+    """The agents of the run by their NATS users: the cluster's nodes, and the spare the scenario kills."""
+    return {
+        AGENT_USERS["node_agent"]: agent_grant("node", 1, args.nodes),
+        AGENT_USERS[SPARE_AGENT]: agent_grant("node", args.nodes + 1, 1),
+    }
+
+
 # An inference deployment the autoscaler sizes to the load ramp the scenario publishes (5 -> 35 -> 5 req/s,
 # 10 req/s per replica), with short windows so the scale-down shows within the run.
 DEMO_DEPLOYMENT = {
@@ -614,6 +627,10 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
         seed_file.write_text(new_seed() + "\n")
         seed_file.chmod(0o600)
     signers = json.dumps([public_key_of(seed_file.read_text().strip())])
+    own = {
+        name: {"NATS_URL": devstack.nats_url_as(info, user)} if info.secured else {}
+        for name, user in AGENT_USERS.items()
+    }
     return [
         ServiceProcess.of("pool_allocator", base, state, GRANT_SIGNING_SEED_FILE=str(seed_file)),
         ServiceProcess.of(
@@ -627,7 +644,9 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
             POLL_INTERVAL_S="1",
             CLEAR_AFTER_S="3",
         ),
-        ServiceProcess.of("node_agent", base, state, args=nodes, BACKEND="simulated", GRANT_SIGNERS=signers),
+        ServiceProcess.of(
+            "node_agent", base, state, args=nodes, BACKEND="simulated", GRANT_SIGNERS=signers, **own["node_agent"]
+        ),
         # One more node in its own agent process: the scenario SIGKILLs it and starts it again.
         ServiceProcess.of(
             "node_agent",
@@ -638,6 +657,7 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
             args=spare,
             BACKEND="simulated",
             GRANT_SIGNERS=signers,
+            **own[SPARE_AGENT],
         ),
         # A stable window short enough to see a node come back within the scenario.
         ServiceProcess.of("failover_controller", base, state, STABLE_WINDOW_S="3"),
@@ -655,7 +675,7 @@ def run_main(args: argparse.Namespace) -> int:
     )
     t0 = time.monotonic()
     try:
-        info = devstack.up(state, secure=not args.insecure)
+        info = devstack.up(state, secure=not args.insecure, agents=_agents(args))
     except devstack.StackError as e:
         console.print(f"[red]embedded stack failed:[/] {e}")
         return 1

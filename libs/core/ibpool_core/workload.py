@@ -6,10 +6,11 @@ after the grant's `simulated_runtime_s`; work whose simulated memory exceeds the
 limit is killed as OOM, which is how the simulated agent enforces fractional grants.
 
 Event ids derive from what caused the event (`ibpool_core.ids.event_id`), never drawn at random:
-JobStarted and a refusal's JobExited from the grant (`<grant id>/started`, `<grant id>/refused`), a
-stop from the news that ended the allocation (`<its id>/stopped/<node>`), a workload's own end from
-the workload (`<allocation>/<node>/<started at>/exited`). The same input gives the same event, so a
-redelivered grant or a repeated tick publishes what JetStream's duplicate window drops.
+JobStarted and a refusal's JobExited (their v2, keyed by node) from the grant (`<grant id>/started`,
+`<grant id>/refused`), a stop from the news that ended the allocation (`<its id>/stopped/<node>`), a
+workload's own end from the workload (`<allocation>/<node>/<started at>/exited`). The same input
+gives the same event, so a redelivered grant or a repeated tick publishes what JetStream's
+duplicate window drops.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from ibpool_proto.job import ExitReason, JobExited, JobStarted
+from ibpool_proto.job import ExitReason, JobExited, JobExitedV2, JobStarted, JobStartedV2
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
 
 from .ids import event_id
@@ -167,10 +168,10 @@ def admit_grant(
 
 
 def _started(w: Workload, grant: AllocationGranted, source: str) -> JobStarted:
-    return JobStarted(
+    return JobStartedV2(
         id=event_id(w.started_at, f"{grant.id}/started", 0),
         source=source,
-        key=w.job_id,
+        key=w.node_id,
         occurred_at=w.started_at,
         job_id=w.job_id,
         allocation_id=w.allocation_id,
@@ -205,10 +206,10 @@ def process_exited(
 
 def refuse_grant(grant: AllocationGranted, *, now: dt.datetime, source: str, detail: str) -> JobExited:
     """The exit of a job whose grant this node cannot honour: it fails at once, saying why."""
-    return JobExited(
+    return JobExitedV2(
         id=event_id(now, f"{grant.id}/refused", 0),
         source=source,
-        key=grant.job_id,
+        key=grant.node_id,
         occurred_at=now,
         job_id=grant.job_id,
         allocation_id=grant.allocation_id,
@@ -268,10 +269,10 @@ def _exited(
     cause: str,
     n: int = 0,
 ) -> JobExited:
-    return JobExited(
+    return JobExitedV2(
         id=event_id(now, cause, n),
         source=source,
-        key=w.job_id,
+        key=w.node_id,
         occurred_at=now,
         job_id=w.job_id,
         allocation_id=w.allocation_id,

@@ -209,6 +209,13 @@ def test_each_transition(
             queued(),
             JobStarted(source="a", key="j", job_id="j", allocation_id="a1", node_id="n1", launcher="sim"),
         ),
+        # News of a job from a node it does not hold is no news of that job.
+        ("an exit from a node the job does not hold", held("n1"), exited("n9", "failed")),
+        (
+            "a start from a node the job does not hold",
+            held("n1", state="scheduled"),
+            JobStarted(source="a", key="j", job_id="j", allocation_id="a1", node_id="n9", launcher="sim"),
+        ),
     ],
 )
 def test_news_that_changes_nothing(name: str, job: JobRecord | None, news: lifecycle.News) -> None:

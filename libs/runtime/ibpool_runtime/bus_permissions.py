@@ -12,18 +12,20 @@ with the admin user); services find their streams in place. The exceptions are t
 service owns: the leader-election KV bucket, made by whichever elector comes first, and the pool
 ledger's snapshot object store, made by the pool allocator.
 
-    python -m ibpool_runtime.bus_permissions PASSWORD_DIR > auth.conf
+    python -m ibpool_runtime.bus_permissions PASSWORD_DIR [--agents AGENTS.json] > auth.conf
 
 renders the nats-server `authorization` block from one password file per user in PASSWORD_DIR
-(`<user>.password`, e.g. written by deploy/nats/make-auth.sh; never committed).
+(`<user>.password`, e.g. written by deploy/nats/make-auth.sh; never committed). AGENTS.json enrols
+node agents each with a user of its own, allowed only its own nodes (`agent_permissions`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ibpool_proto import fabric, health, job, node, pool, scale
 from ibpool_proto.message import Message
@@ -45,6 +47,8 @@ PUBLISHES: dict[str, tuple[type[Message], ...]] = {
         node.HcaPortsReported,
         job.JobStarted,
         job.JobExited,
+        job.JobStartedV2,
+        job.JobExitedV2,
     ),
     "fabric_monitor": (
         fabric.TopologyPublished,
@@ -241,20 +245,71 @@ def _ledger_snapshots(write: bool) -> list[str]:
     return allowed
 
 
+class AgentGrant(NamedTuple):
+    """What one node agent's own NATS user is for: the nodes it reports on and its durable of grants."""
+
+    nodes: tuple[str, ...]
+    durable: str
+
+
+def agent_nodes(prefix: str, first: int, count: int) -> tuple[str, ...]:
+    """The node ids of an agent hosting `count` nodes from `first` (the node agent names them so)."""
+    return tuple(f"{prefix}-{i:03d}" for i in range(first, first + count))
+
+
+def agent_durable(prefix: str, first: int, count: int) -> str:
+    """The durable consumer of grants of such an agent."""
+    return f"node-agent-{prefix}-{first}-{count}"
+
+
+def agent_grant(prefix: str, first: int, count: int) -> AgentGrant:
+    return AgentGrant(agent_nodes(prefix, first, count), agent_durable(prefix, first, count))
+
+
+def agent_permissions(user: str, grant: AgentGrant) -> Permissions:
+    """A node agent's own user: it publishes the node agents' messages keyed by node (all of them,
+    JobStarted and JobExited since their v2) only on its own nodes' subjects, and the consumers refuse
+    a message whose key is not the field it names (`ibpool_proto.misaddressed`), so it speaks only
+    for its own nodes; it reads the pool stream only through its own durable, dead-letters only to
+    that durable's DLQ subject, and reads only its own inboxes. The shared `node_agent` user, which
+    speaks for every node, is for deployments that cannot enrol each agent (docs/security.md)."""
+    keyed = [m for m in PUBLISHES["node_agent"] if m.key_name == "node_id"]
+    publish = sorted({f"{m.subject_root()}.{node}" for m in keyed for node in grant.nodes})
+    publish += ["$JS.API.INFO", "$JS.API.STREAM.NAMES", *(f"$JS.API.STREAM.INFO.{s.name}" for s in STREAMS)]
+    stream, d = "IBPOOL_POOL", grant.durable
+    publish += [
+        f"$JS.API.CONSUMER.CREATE.{stream}.{d}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.{d}.>",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{d}",
+        f"$JS.API.CONSUMER.INFO.{stream}.{d}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{d}",
+        f"$JS.ACK.{stream}.{d}.>",
+        f"{DLQ_SUBJECT_PREFIX}.{d}",
+    ]
+    subscribe = [f"{inbox_prefix(user)}.>", "$SRV.>", about_subject("node_agent")]
+    return Permissions(publish={"allow": publish}, subscribe={"allow": subscribe}, allow_responses=True)
+
+
 # The user of nats-server's system account: it reads the servers' client connect/disconnect advisories
 # (and may do everything else the system account may, so only the failover controller holds it).
 SYSTEM_USER = "system"
 
 
-def render_authorization(passwords: dict[str, str]) -> str:
+def render_authorization(passwords: dict[str, str], agents: Mapping[str, AgentGrant] | None = None) -> str:
     """The nats-server `authorization` block: an `admin` user (everything) and one user per other
-    entry; with a `system` entry, also the system account `SYS` with that one user."""
+    entry, a node agent's own user (`agents`) allowed only its nodes; with a `system` entry, also the
+    system account `SYS` with that one user."""
+    agents = agents or {}
+    if missing := sorted(set(agents) - set(passwords)):
+        raise KeyError(f"no password for the agent users {', '.join(missing)}")
     users = []
     for user, password in sorted(passwords.items()):
         if user == SYSTEM_USER:
             continue
         entry: dict[str, object] = {"user": user, "password": password}
-        if user != "admin":
+        if user in agents:
+            entry["permissions"] = agent_permissions(user, agents[user])
+        elif user != "admin":
             entry["permissions"] = permissions(user)
         users.append(entry)
     # nats-server's config format accepts JSON values.
@@ -271,21 +326,50 @@ def render_system_account(password: str) -> str:
     return f"accounts {{\n  SYS: {{ users: {system} }}\n}}\nsystem_account: SYS\n"
 
 
+def read_agents(path: Path) -> dict[str, AgentGrant]:
+    """An agents file: `{"<user>": {"nodes": ["node-001", ...], "durable": "node-agent-..."}, ...}`.
+    Raises ValueError naming the file and the entry that is wrong."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected an object of agent users")
+    out = {}
+    for user, entry in raw.items():
+        nodes, durable = (entry.get("nodes"), entry.get("durable")) if isinstance(entry, dict) else (None, None)
+        if not (isinstance(nodes, list) and nodes and all(isinstance(n, str) and n for n in nodes)):
+            raise ValueError(f"{path}: {user}: `nodes` must be a non-empty list of node ids")
+        if not (isinstance(durable, str) and durable):
+            raise ValueError(f"{path}: {user}: `durable` must be the agent's durable consumer name")
+        out[str(user)] = AgentGrant(tuple(nodes), durable)
+    return out
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m ibpool_runtime.bus_permissions PASSWORD_DIR", file=sys.stderr)
+    usage = "usage: python -m ibpool_runtime.bus_permissions PASSWORD_DIR [--agents AGENTS.json]"
+    if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] != "--agents"):
+        print(usage, file=sys.stderr)
         return 2
     folder = Path(argv[0])
+    try:
+        agents = read_agents(Path(argv[2])) if len(argv) == 3 else {}
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     files = sorted(folder.glob("*.password"))
     if not files:
         print(f"no <user>.password files in {folder}", file=sys.stderr)
         return 2
     passwords = {f.stem: f.read_text().strip() for f in files}
-    unknown = sorted(set(passwords) - set(PUBLISHES) - {"admin", SYSTEM_USER})
+    unknown = sorted(set(passwords) - set(PUBLISHES) - set(agents) - {"admin", SYSTEM_USER})
     if unknown:
         print(f"{folder}: no permissions known for {', '.join(unknown)}", file=sys.stderr)
         return 2
-    sys.stdout.write(render_authorization(passwords))
+    if missing := sorted(set(agents) - set(passwords)):
+        print(f"{folder}: no password for the agent users {', '.join(missing)}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_authorization(passwords, agents))
     return 0
 
 

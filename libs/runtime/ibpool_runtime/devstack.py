@@ -27,12 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import msgspec
 
-from .bus_permissions import PUBLISHES, SYSTEM_USER, render_authorization, render_system_account
+from .bus_permissions import PUBLISHES, SYSTEM_USER, AgentGrant, render_authorization, render_system_account
 from .processes import process_alive
 
 STACK_FILE = "stack.json"
@@ -323,13 +323,14 @@ def _secret(folder: Path, name: str) -> str:
     return path.read_text().strip()
 
 
-def _secrets(state_dir: Path) -> tuple[Path, dict[str, str], str]:
-    """The secrets folder of a secured stack, its NATS users' passwords and the Postgres password;
-    the API tokens file (an operator and a client token) is made there too."""
+def _secrets(state_dir: Path, extra_users: Iterable[str] = ()) -> tuple[Path, dict[str, str], str]:
+    """The secrets folder of a secured stack, its NATS users' passwords (`extra_users`: node agents'
+    own) and the Postgres password; the API tokens file (an operator and a client token) is made
+    there too."""
     folder = state_dir / SECRETS_DIR
     folder.mkdir(mode=0o700, exist_ok=True)
     folder.chmod(0o700)
-    passwords = {user: _secret(folder, f"nats-{user}.password") for user in NATS_USERS}
+    passwords = {user: _secret(folder, f"nats-{user}.password") for user in (*NATS_USERS, *extra_users)}
     tokens = folder / API_TOKENS_FILE
     if not tokens.exists():
         lines = [f"{role} {_secret(folder, f'api-{role}.token')}" for role in ("operator", "client")]
@@ -365,9 +366,17 @@ def api_token(info: StackInfo, role: str = "operator") -> str | None:
     return (Path(info.secrets_dir) / f"api-{role}.token").read_text().strip()
 
 
-def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True, secure: bool = False) -> StackInfo:
+def up(
+    state_dir: Path,
+    *,
+    sync_always: bool = True,
+    pg_fsync: bool = True,
+    secure: bool = False,
+    agents: Mapping[str, AgentGrant] | None = None,
+) -> StackInfo:
     """Start both servers (or return the running stack of this state dir) and write stack.env;
-    `secure`: with users, passwords and API tokens (module docstring)."""
+    `secure`: with users, passwords and API tokens (module docstring), and `agents` enrolled each
+    with a NATS user of its own, allowed only its nodes (`nats_url_as(info, <agent user>)`)."""
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     existing = read_info(state_dir)
@@ -375,9 +384,10 @@ def up(state_dir: Path, *, sync_always: bool = True, pg_fsync: bool = True, secu
         return existing
     if existing is not None:
         down(state_dir)
-    folder, passwords, pg_password = _secrets(state_dir) if secure else (None, {}, None)
+    agents = agents or {}
+    folder, passwords, pg_password = _secrets(state_dir, agents) if secure else (None, {}, None)
     if secure:
-        extra = render_authorization(passwords)
+        extra = render_authorization(passwords, agents)
         system_password = passwords[SYSTEM_USER]
     else:
         # An open stack's one credential: clients need none, but nats-server's connection

@@ -305,8 +305,16 @@ async def close_kit(kit: Kit[C]) -> None:
     await kit.store.close()
 
 
-def run_service(name: str, config_type: type[C], build: Build[C], argv: list[str] | None = None) -> int:
-    """The whole `python -m ibpool_<service>`: config, logging, tracing, signals, exit code."""
+def run_service(
+    name: str,
+    config_type: type[C],
+    build: Build[C],
+    argv: list[str] | None = None,
+    schema: Callable[[C], str] | None = None,
+) -> int:
+    """The whole `python -m ibpool_<service>`: config, logging, tracing, signals, exit code. The
+    store's schema is the service's name, or `schema(config)` for a service whose instances each
+    keep state of their own (node agents: one per agent)."""
     try:
         config = load_config(config_type, name)
     except ConfigError as e:
@@ -315,7 +323,7 @@ def run_service(name: str, config_type: type[C], build: Build[C], argv: list[str
     configure_logging(name, config.log_level)
     telemetry.setup_tracing(name)
     try:
-        return asyncio.run(_serve(name, config, build))
+        return asyncio.run(_serve(name, config, build, schema(config) if schema else name))
     except ConfigError as e:  # a setting only the service's own wiring can check
         print(f"{name}: {e}", file=sys.stderr)
         return 2
@@ -335,8 +343,8 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-async def _serve(name: str, config: C, build: Build[C]) -> int:
-    kit = await connect_kit(name, config, schema=name)
+async def _serve(name: str, config: C, build: Build[C], schema: str) -> int:
+    kit = await connect_kit(name, config, schema=schema)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, kit.stop.set)

@@ -8,6 +8,7 @@ import sys
 
 from ibpool_runtime.service import run_service
 
+from .backends import store_schema
 from .bootstrap import bootstrap
 from .config import NodeAgentConfig
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, flag)
         if value is not None:
             os.environ[f"IBPOOL_NODE_AGENT_{field.upper()}"] = str(value)
-    return run_service(SERVICE, NodeAgentConfig, bootstrap)
+    return run_service(SERVICE, NodeAgentConfig, bootstrap, schema=store_schema)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import re
 import socket
 import threading
 import time
@@ -13,6 +15,7 @@ import msgspec
 
 from ibpool_core.gpu_model import SimulatedGpus
 from ibpool_proto.node import GpuInfo, GpuSample
+from ibpool_runtime.bus_permissions import agent_nodes
 from ibpool_runtime.logs import get_logger
 
 from .config import NodeAgentConfig
@@ -303,8 +306,16 @@ def nvml_gpu_count() -> int:
 
 
 def node_ids(cfg: NodeAgentConfig) -> list[str]:
-    prefix = node_prefix(cfg)
-    return [f"{prefix}-{i:03d}" for i in range(cfg.first_node, cfg.first_node + cfg.nodes)]
+    return list(agent_nodes(node_prefix(cfg), cfg.first_node, cfg.nodes))
+
+
+def store_schema(cfg: NodeAgentConfig) -> str:
+    """The agent's own schema in the store: `node_agent_<prefix>_<first>_<count>` as a SQL identifier.
+    Each agent keeps its nodes, workloads and outbox apart, so its outbox relay publishes only its
+    own nodes' news (all that a user of its own may publish: `bus_permissions.agent_permissions`)."""
+    raw = f"node_agent_{node_prefix(cfg)}_{cfg.first_node}_{cfg.nodes}".lower()
+    name = re.sub(r"[^a-z0-9_]", "_", raw)
+    return name if len(name) <= 63 else f"{name[:54]}_{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
 
 
 def node_prefix(cfg: NodeAgentConfig) -> str:

@@ -26,6 +26,7 @@ from ibpool_proto.node import (
     TelemetryReported,
 )
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked, Enforcement
+from ibpool_runtime.bus_permissions import agent_durable
 from ibpool_runtime.config import ConfigError
 from ibpool_runtime.consumer import HandlerContext, Refused, Subscription
 from ibpool_runtime.grant_signing import GrantVerifier, SigningKeyError
@@ -110,7 +111,7 @@ class NodeAgent:
             filters = [k.subject_pattern() for k in kinds]
         else:
             filters = [k.subject(n) for n in self.node_ids for k in kinds]
-        durable = f"node-agent-{node_prefix(self.cfg)}-{self.cfg.first_node}-{self.cfg.nodes}"
+        durable = agent_durable(node_prefix(self.cfg), self.cfg.first_node, self.cfg.nodes)
         return [Subscription(durable=durable, filter_subjects=tuple(filters), handler=self.on_allocation_event)]
 
     async def on_allocation_event(self, event: object, ctx: HandlerContext) -> None:

@@ -11,7 +11,8 @@ its events in the outbox; every rule of a job's life is here, table-tested witho
                            `retry_after_s` otherwise (`wait_code` over_quota for quota); a refused
                            member replacement is tried again at once a few times, then the gang restarts
     JobStarted             `running` (an agent's news of a proposal still marked proposed means it
-                           was granted: `scheduled` first)
+                           was granted: `scheduled` first); news of a node the job does not hold is
+                           ignored, here and for JobExited
     JobExited              a gang completes when every member exited `completed`, fails at the
                            first member that exited otherwise; `revoked` changes nothing (the
                            revocation requeues it); a replaceable gang's hardware exit replaces the member
@@ -305,8 +306,8 @@ def _current(step: _Step, allocation_id: str) -> bool:
 
 
 def _started(step: _Step, ev: JobStarted) -> None:
-    if not _current(step, ev.allocation_id) or step.job.state != "scheduled":
-        return
+    if not _current(step, ev.allocation_id) or step.job.state != "scheduled" or ev.node_id not in step.job.nodes:
+        return  # not current, or news from a node the job does not hold
     step.save(msgspec.structs.replace(step.job, state="running", started_at=ev.occurred_at))
 
 
@@ -314,9 +315,9 @@ def _exited(step: _Step, ev: JobExited) -> None:
     if ev.reason == "revoked" or not _current(step, ev.allocation_id):
         return  # not ours, not current, or revoked (the revocation requeues it)
     job = step.job
+    if ev.node_id not in job.nodes:
+        return  # a node the job does not hold (a member replaced already): its end is not the job's
     if replaceable(job):
-        if ev.node_id not in job.nodes:
-            return  # the member replaced already: its end is not the job's
         if ev.reason in HARDWARE_EXITS:
             detail = f"{ev.reason} on {ev.node_id}: {ev.detail}".rstrip(": ")
             _member_lost(step, ev.node_id, f"member exited ({detail})", None)
