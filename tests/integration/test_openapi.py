@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -208,3 +209,34 @@ async def test_service_api_rejects_what_its_document_forbids(services: dict[str,
     document = await _document(service)
     exercised = await asyncio.to_thread(_fuzz, document, service.http_url or "", GenerationMode.NEGATIVE)
     assert exercised, "some operation takes a body or parameters"
+
+
+def _promtool() -> str | None:
+    """Prometheus's own tool (Debian's `prometheus` package); `.ci/run` installs it and requires it."""
+    found = shutil.which("promtool")
+    if found is None and os.environ.get("IBPOOL_REQUIRE_PROMTOOL") == "1":
+        pytest.fail("promtool is not installed (Debian's prometheus package), and IBPOOL_REQUIRE_PROMTOOL=1")
+    return found
+
+
+@pytest.mark.parametrize("name", SERVICES)
+async def test_service_metrics_pass_promtool(services: dict[str, Service[Any]], name: str) -> None:
+    """Each service's /metrics, after the fuzzing above has exercised its API, read by Prometheus's
+    own linter (`promtool check metrics`): no problem reported (names, units, help, types)."""
+    tool = _promtool()
+    if tool is None:
+        pytest.skip("promtool is not installed (Debian's prometheus package)")
+    async with aiohttp.ClientSession() as s, s.get(f"{services[name].http_url}/metrics") as r:
+        assert r.status == 200
+        text = await r.read()
+    assert b"# TYPE " in text and b"ibpool_" in text
+    proc = await asyncio.create_subprocess_exec(
+        tool,
+        "check",
+        "metrics",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate(text)
+    assert proc.returncode == 0, f"promtool check metrics on {name}:\n{out.decode()}"
