@@ -57,6 +57,7 @@ IMAGES = (
 )
 NATS_NODES = 3
 POSTGRES_PASSWORD = "chaos"
+NODE_PREFIX = "chaos"  # the simulated nodes are chaos-001, chaos-002, ...
 
 # One node of the cluster; the server name comes from the environment, the routes name every node.
 NATS_CONF = """\
@@ -112,9 +113,13 @@ class Layout:
         """The node ids agent `agent` (1-based) hosts, as the node agent names them."""
         return list(self.agent_grant(agent).nodes)
 
+    def agent_first(self, agent: int) -> int:
+        """The number of agent `agent`'s first node."""
+        return 1 + (agent - 1) * self.nodes_per_agent
+
     def agent_grant(self, agent: int) -> AgentGrant:
         """Agent `agent`'s nodes and durable, for its own NATS user."""
-        return agent_grant("chaos", 1 + (agent - 1) * self.nodes_per_agent, self.nodes_per_agent)
+        return agent_grant(NODE_PREFIX, self.agent_first(agent), self.nodes_per_agent)
 
 
 @dataclass
@@ -270,8 +275,8 @@ class System:
             c.with_env("IBPOOL_NODE_AGENT_BACKEND", "simulated").with_env(
                 "IBPOOL_NODE_AGENT_NODES", str(lo.nodes_per_agent)
             )
-            c.with_env("IBPOOL_NODE_AGENT_FIRST_NODE", str(1 + (a - 1) * lo.nodes_per_agent))
-            c.with_env("IBPOOL_NODE_AGENT_NODE_PREFIX", "chaos")
+            c.with_env("IBPOOL_NODE_AGENT_FIRST_NODE", str(lo.agent_first(a)))
+            c.with_env("IBPOOL_NODE_AGENT_NODE_PREFIX", NODE_PREFIX)
             if not lo.random_gpu_faults:
                 c.with_env("IBPOOL_NODE_AGENT_SIM_ECC_RATE", "0").with_env("IBPOOL_NODE_AGENT_SIM_XID_RATE", "0")
             c.with_env("IBPOOL_NODE_AGENT_GRANT_SIGNERS", signers)

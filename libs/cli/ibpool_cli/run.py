@@ -328,16 +328,19 @@ def _view(
 
 GANG_JOB, REMOTE_JOB, BUSY_JOB = "job-07", "job-09", "job-03"
 SPARE_AGENT = "node_agent_spare"
-# Each node agent on a NATS user of its own, allowed only its own nodes (bus_permissions.agent_permissions).
-AGENT_USERS = {"node_agent": "agent-main", SPARE_AGENT: "agent-spare"}
+NODE_PREFIX = "node"
+
+
+def _agent_layout(args: argparse.Namespace) -> dict[str, tuple[str, int, int]]:
+    """The run's agent processes: each one's NATS user of its own (allowed only its nodes:
+    bus_permissions.agent_permissions), first node and node count. The cluster's nodes, and the
+    spare the scenario kills."""
+    return {"node_agent": ("agent-main", 1, args.nodes), SPARE_AGENT: ("agent-spare", args.nodes + 1, 1)}
 
 
 def _agents(args: argparse.Namespace) -> dict[str, AgentGrant]:
-    """The agents of the run by their NATS users: the cluster's nodes, and the spare the scenario kills."""
-    return {
-        AGENT_USERS["node_agent"]: agent_grant("node", 1, args.nodes),
-        AGENT_USERS[SPARE_AGENT]: agent_grant("node", args.nodes + 1, 1),
-    }
+    """The agents' grants by their NATS users, for the stack to enrol."""
+    return {user: agent_grant(NODE_PREFIX, first, count) for user, first, count in _agent_layout(args).values()}
 
 
 # An inference deployment the autoscaler sizes to the load ramp the scenario publishes (5 -> 35 -> 5 req/s,
@@ -619,18 +622,16 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
             prefix = f"IBPOOL_{service.upper()}_"
             base[prefix + "NATS_URL"] = devstack.nats_url_as(info, service)
             base[prefix + "API_TOKENS_FILE"] = devstack.api_tokens_file(info)
-    nodes = ("--nodes", str(args.nodes), "--seed", str(args.seed), "--prefix", "node")
-    spare = ("--nodes", "1", "--first", str(args.nodes + 1), "--seed", str(args.seed), "--prefix", "node")
     # The allocator signs what the agents act on; they trust its key only (a seed made for this run).
     seed_file = state / "grant-signing.seed"
     if not seed_file.exists():
         seed_file.write_text(new_seed() + "\n")
         seed_file.chmod(0o600)
     signers = json.dumps([public_key_of(seed_file.read_text().strip())])
-    own = {
-        name: {"NATS_URL": devstack.nats_url_as(info, user)} if info.secured else {}
-        for name, user in AGENT_USERS.items()
-    }
+    agents: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}  # process name -> (argv, its own user's URL)
+    for name, (user, first, count) in _agent_layout(args).items():
+        argv = ("--nodes", str(count), "--first", str(first), "--seed", str(args.seed), "--prefix", NODE_PREFIX)
+        agents[name] = (argv, {"NATS_URL": devstack.nats_url_as(info, user)} if info.secured else {})
     return [
         ServiceProcess.of("pool_allocator", base, state, GRANT_SIGNING_SEED_FILE=str(seed_file)),
         ServiceProcess.of(
@@ -645,7 +646,13 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
             CLEAR_AFTER_S="3",
         ),
         ServiceProcess.of(
-            "node_agent", base, state, args=nodes, BACKEND="simulated", GRANT_SIGNERS=signers, **own["node_agent"]
+            "node_agent",
+            base,
+            state,
+            args=agents["node_agent"][0],
+            BACKEND="simulated",
+            GRANT_SIGNERS=signers,
+            **agents["node_agent"][1],
         ),
         # One more node in its own agent process: the scenario SIGKILLs it and starts it again.
         ServiceProcess.of(
@@ -654,10 +661,10 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
             state,
             name=SPARE_AGENT,
             instance="spare",
-            args=spare,
+            args=agents[SPARE_AGENT][0],
             BACKEND="simulated",
             GRANT_SIGNERS=signers,
-            **own[SPARE_AGENT],
+            **agents[SPARE_AGENT][1],
         ),
         # A stable window short enough to see a node come back within the scenario.
         ServiceProcess.of("failover_controller", base, state, STABLE_WINDOW_S="3"),

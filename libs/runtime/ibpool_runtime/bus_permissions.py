@@ -160,6 +160,25 @@ SERVICE_DURABLES: dict[str, tuple[str, ...]] = {
 }
 
 
+def _check_streams() -> list[str]:
+    """Every service checks at start that all streams are in place as declared (reading their info only)."""
+    return ["$JS.API.INFO", "$JS.API.STREAM.NAMES", *(f"$JS.API.STREAM.INFO.{s.name}" for s in STREAMS)]
+
+
+def _read_durable(stream: str, durable: str) -> list[str]:
+    """Consume `stream` through `durable` only: create it (also with its filter in the subject), look
+    it up, fetch, ack, and dead-letter to its DLQ subject."""
+    return [
+        f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+        f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>",
+        f"{DLQ_SUBJECT_PREFIX}.{durable}",
+    ]
+
+
 def _read_stream(stream: str) -> list[str]:
     """Consume `stream` with durables of one's own: create, look up, fetch, ack (never delete)."""
     return [
@@ -192,9 +211,7 @@ def permissions(user: str) -> Permissions:
     """What `user` (a service name, "operator" or "subscriber") may publish and subscribe to."""
     if user not in PUBLISHES:
         raise KeyError(f"no bus permissions for {user!r}; known: {', '.join(sorted(PUBLISHES))}")
-    publish = sorted({m.subject_pattern() for m in PUBLISHES[user]})
-    # Every service checks at start that all streams are in place as declared (reading their info only).
-    publish += ["$JS.API.INFO", "$JS.API.STREAM.NAMES", *(f"$JS.API.STREAM.INFO.{s.name}" for s in STREAMS)]
+    publish = sorted({m.subject_pattern() for m in PUBLISHES[user]}) + _check_streams()
     for stream in CONSUMES[user]:
         publish += _read_stream(stream)
     if user not in ("operator", "subscriber"):
@@ -275,17 +292,8 @@ def agent_permissions(user: str, grant: AgentGrant) -> Permissions:
     speaks for every node, is for deployments that cannot enrol each agent (docs/security.md)."""
     keyed = [m for m in PUBLISHES["node_agent"] if m.key_name == "node_id"]
     publish = sorted({f"{m.subject_root()}.{node}" for m in keyed for node in grant.nodes})
-    publish += ["$JS.API.INFO", "$JS.API.STREAM.NAMES", *(f"$JS.API.STREAM.INFO.{s.name}" for s in STREAMS)]
-    stream, d = "IBPOOL_POOL", grant.durable
-    publish += [
-        f"$JS.API.CONSUMER.CREATE.{stream}.{d}",
-        f"$JS.API.CONSUMER.CREATE.{stream}.{d}.>",
-        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{d}",
-        f"$JS.API.CONSUMER.INFO.{stream}.{d}",
-        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{d}",
-        f"$JS.ACK.{stream}.{d}.>",
-        f"{DLQ_SUBJECT_PREFIX}.{d}",
-    ]
+    (stream,) = CONSUMES["node_agent"]
+    publish += _check_streams() + _read_durable(stream, grant.durable)
     subscribe = [f"{inbox_prefix(user)}.>", "$SRV.>", about_subject("node_agent")]
     return Permissions(publish={"allow": publish}, subscribe={"allow": subscribe}, allow_responses=True)
 
