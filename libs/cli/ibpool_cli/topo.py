@@ -79,13 +79,20 @@ def _display(path: str) -> str:
     return "<stdin>" if path == STDIN else path
 
 
-def load(path: str, fmt: str | None, names_file: str | None) -> tuple[Topology, str]:
-    """(topology, format used) of `path`; `fmt` None guesses it. InputError / UsageError on failure."""
+def load(path: str, fmt: str | None, names_file: str | None, rails: str | None = None) -> tuple[Topology, str]:
+    """(topology, format used) of `path`; `fmt` None guesses it. `rails`: adapter names in rail order,
+    comma-separated. InputError / UsageError on failure."""
     text = _read_text(path)
     kind = fmt or guess_format(path, text)
-    if names_file and kind != "ibnetdiscover":
-        how = "given" if fmt else "guessed from its content"
-        raise UsageError(f"--names applies to ibnetdiscover input; {_display(path)} reads as {kind} ({how})")
+    for option, value in (("--names", names_file), ("--rails", rails)):
+        if value and kind != "ibnetdiscover":
+            how = "given" if fmt else "guessed from its content"
+            raise UsageError(f"{option} applies to ibnetdiscover input; {_display(path)} reads as {kind} ({how})")
+    rail_order = None
+    if rails:
+        rail_order = [r.strip() for r in rails.split(",")]
+        if "" in rail_order or len(set(rail_order)) != len(rail_order):
+            raise UsageError(f"--rails {rails!r}: adapter names in rail order, each once, e.g. mlx5_0,mlx5_3")
     names = None
     if names_file:
         try:
@@ -94,7 +101,9 @@ def load(path: str, fmt: str | None, names_file: str | None) -> tuple[Topology, 
             raise InputError(str(e)) from None
     stem = "stdin" if path == STDIN else Path(path).stem
     try:
-        topology = import_topology(kind, text, file=_display(path), names=names, name=stem or "fabric")
+        topology = import_topology(
+            kind, text, file=_display(path), names=names, name=stem or "fabric", rails=rail_order
+        )
     except FormatError as e:
         raise InputError(str(e) + ("" if fmt else f" (read as {kind}, guessed; --from picks the format)")) from None
     except (FabricError, ValueError) as e:
@@ -128,7 +137,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             nodes = expand_hostlist(args.nodes, file="--nodes")
         except FormatError as e:
             raise UsageError(e.reason) from None
-    topology, _ = load(args.file, args.from_format, args.names)
+    topology, _ = load(args.file, args.from_format, args.names, args.rails)
     exported = export_topology(args.to, topology, nodes=nodes)
     if not args.quiet:
         _warn([*topology.warnings, *exported.warnings])
@@ -199,13 +208,14 @@ class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
     tiers: list[TierSummary]
     rails: list[RailSummary]
     hosts_by_rail_count: list[RailCountSummary]
+    hosts_without_rail: int  # hosts with a cabled adapter that has no rail (one adapter: a single-rail host)
     link_rates: list[RateSummary]
     sharp_switches: int
     largest_sharp_subtree_hosts: int
     bisection_gbps: float | None
     bisection_hosts: int
     warnings: list[str]
-    tree: TreeUnit | None = None
+    trees: list[TreeUnit] = []  # the exported tree, one per part of the fabric that links join (--tree)
 
 
 def summarize(topology: Topology, *, file: str, fmt: str) -> Summary:
@@ -259,12 +269,19 @@ def summarize(topology: Topology, *, file: str, fmt: str) -> Summary:
             )
         )
 
-    rail_hosts: Counter[int] = Counter()
-    rail_counts: Counter[int] = Counter()
-    for host in index.hosts:
-        rails = index.rails(host)
-        rail_hosts.update(rails)
-        rail_counts[len(rails)] += 1
+    # Rails as the adapters carry them (`Ca.rail`); a host whose cabled adapters have none (one
+    # adapter, no rail) is counted apart, not as rail 0.
+    cabled = {guid for guid, switches in index.graph.ca_switches.items() if switches}
+    host_rails: dict[str, set[int]] = {h.name: set() for h in topology.hosts}
+    unrailed: set[str] = set()
+    for ca in topology.cas:
+        if ca.guid in cabled:
+            if ca.rail is None:
+                unrailed.add(ca.host)
+            else:
+                host_rails[ca.host].add(ca.rail)
+    rail_hosts: Counter[int] = Counter(r for rails in host_rails.values() for r in rails)
+    rail_counts: Counter[int] = Counter(len(rails) for h, rails in host_rails.items() if rails)
     gpu_models: Counter[str] = Counter(g.model for h in topology.hosts for g in h.gpus)
 
     bisection: float | None = None
@@ -289,11 +306,12 @@ def summarize(topology: Topology, *, file: str, fmt: str) -> Summary:
         links=len(topology.links),
         links_by_state=dict(sorted(states.items())),
         levels=index.levels,
-        leaf_groups=len(index.leaf_groups()),
+        leaf_groups=len(build_hierarchy(topology).leaf_units()),
         tree_like=index.tree_like,
         tiers=tier_rows,
         rails=[RailSummary(rail=r, hosts=n) for r, n in sorted(rail_hosts.items())],
         hosts_by_rail_count=[RailCountSummary(rails=r, hosts=n) for r, n in sorted(rail_counts.items())],
+        hosts_without_rail=len(unrailed),
         link_rates=[
             RateSummary(rate=f"{w}x{s}", gbps=w * LANE_GBPS[s], links=c[0], host_links=c[1], switch_links=c[2])
             for (w, s), c in sorted(rates.items(), key=lambda kv: (-kv[0][0] * LANE_GBPS[kv[0][1]], kv[0]))
@@ -313,12 +331,11 @@ def _compact(names: Sequence[str]) -> str:
     return compressed if len(compressed) <= 0.75 * len(joined) else joined
 
 
-def switch_tree(topology: Topology) -> tuple[TreeUnit | None, list[str]]:
-    """The tree the tree-shaped exports are cut from (`build_hierarchy`), top-down, and its warnings."""
+def switch_trees(topology: Topology) -> tuple[list[TreeUnit], list[str]]:
+    """The trees the tree-shaped exports are cut from (`build_hierarchy`: one per part of the
+    fabric that links join; none when no host is cabled), top-down, and their warnings."""
     hierarchy = build_hierarchy(topology)
     names = {s.guid: s.name for s in topology.switches}
-    if hierarchy.root is None:
-        return None, list(hierarchy.warnings)
 
     first_host: dict[str, str] = {}
 
@@ -340,7 +357,7 @@ def switch_tree(topology: Topology) -> tuple[TreeUnit | None, list[str]]:
             children=[unit(c) for c in sorted(u.children, key=lambda c: (first(c), c))],
         )
 
-    return unit(hierarchy.root), list(hierarchy.warnings)
+    return [unit(r) for r in hierarchy.roots], list(hierarchy.warnings)
 
 
 def _gbps(value: float) -> str:
@@ -361,8 +378,9 @@ def _ranges(numbers: list[int]) -> str:
 
 def _rails_text(summary: Summary) -> str:
     """`8 (rails 0-7: 127 hosts each)`, or rails grouped by their host count."""
+    apart = f"{summary.hosts_without_rail} host(s) with one adapter and no rail"
     if not summary.rails:
-        return "none (no host has a cabled adapter)"
+        return f"none ({apart})" if summary.hosts_without_rail else "none (no host has a cabled adapter)"
     by_count: dict[int, list[int]] = {}
     for r in summary.rails:
         by_count.setdefault(r.hosts, []).append(r.rail)
@@ -371,6 +389,8 @@ def _rails_text(summary: Summary) -> str:
         label = f"rail{'s' if len(rails) > 1 else ''} {_ranges(rails)}"
         each = " each" if len(rails) > 1 else ""
         parts.append(f"{label}: {hosts} host{'' if hosts == 1 else 's'}{each}")
+    if summary.hosts_without_rail:
+        parts.append(apart)
     return f"{len(summary.rails)} ({'; '.join(parts)})"
 
 
@@ -440,10 +460,10 @@ def render_summary(console: Console, summary: Summary) -> None:
         console.print(Text("warnings: none"))
 
 
-def render_tree(console: Console, unit: TreeUnit | None, warnings: list[str]) -> None:
-    if unit is None:
+def render_trees(console: Console, units: list[TreeUnit], warnings: list[str]) -> None:
+    if not units:
         console.print(Text("tree: no host is cabled to a switch"))
-    else:
+    for unit in units:
 
         def label(u: TreeUnit) -> Text:
             text = Text(u.name, style="bold")
@@ -467,11 +487,11 @@ def render_tree(console: Console, unit: TreeUnit | None, warnings: list[str]) ->
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    topology, kind = load(args.file, args.from_format, args.names)
+    topology, kind = load(args.file, args.from_format, args.names, args.rails)
     summary = summarize(topology, file=_display(args.file), fmt=kind)
-    tree, tree_warnings = switch_tree(topology) if args.tree else (None, [])
+    trees, tree_warnings = switch_trees(topology) if args.tree else ([], [])
     if args.format == "json":
-        summary.tree = tree
+        summary.trees = trees
         if tree_warnings:
             summary.warnings = [*summary.warnings, *tree_warnings]
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(summary).decode(), indent=2) + "\n")
@@ -479,7 +499,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     console = Console(file=sys.stdout, highlight=False)
     render_summary(console, summary)
     if args.tree:
-        render_tree(console, tree, tree_warnings)
+        render_trees(console, trees, tree_warnings)
     return EXIT_OK
 
 
@@ -782,6 +802,12 @@ def build_parser() -> _Parser:
     c.add_argument("file", metavar="FILE", help="input file, '-' for stdin")
     c.add_argument("--to", required=True, choices=EXPORT_FORMATS, metavar="FORMAT", help=f"output format: {_OUT}")
     c.add_argument("--names", metavar="MAPFILE", help="GUID -> host name map (ibnetdiscover input)")
+    c.add_argument(
+        "--rails",
+        metavar="NAMES",
+        help="adapter names in rail order (ibnetdiscover input), e.g. mlx5_0,mlx5_3,mlx5_4; "
+        "default: the number in each adapter's name (mlx5_N: rail N, HCA-N: rail N-1)",
+    )
     c.add_argument("--nodes", metavar="HOSTLIST", help="only these hosts, e.g. 'gpu[001-032,040]'")
     c.add_argument("-o", "--output", metavar="OUT", help="output file (default: stdout)")
     c.add_argument("-q", "--quiet", action="store_true", help="no warnings on stderr")
@@ -802,6 +828,12 @@ def build_parser() -> _Parser:
         help=f"input format: {_IN} (default: guessed)",
     )
     s.add_argument("--names", metavar="MAPFILE", help="GUID -> host name map (ibnetdiscover input)")
+    s.add_argument(
+        "--rails",
+        metavar="NAMES",
+        help="adapter names in rail order (ibnetdiscover input), e.g. mlx5_0,mlx5_3,mlx5_4; "
+        "default: the number in each adapter's name (mlx5_N: rail N, HCA-N: rail N-1)",
+    )
     s.add_argument("--tree", action="store_true", help="also print the switch tree, top-down")
     s.add_argument("--format", choices=("table", "json"), default="table", help="output (default: table)")
     s.set_defaults(handler=cmd_show)

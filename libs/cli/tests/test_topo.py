@@ -21,7 +21,7 @@ from ibpool_cli.__main__ import main
 from ibpool_core.fabric.formats import EXPORT_FORMATS, build_hierarchy, guess_format, import_topology, leaf_groups
 from ibpool_core.fabric.formats.slurm import expand_hostlist, import_slurm
 from ibpool_core.fabric.generators import GENERATORS
-from ibpool_core.fabric.model import Topology
+from ibpool_core.fabric.model import Topology, unnamed_host
 from ibpool_sim.shared_data import need
 
 REPO = Path(__file__).resolve().parents[3]
@@ -79,16 +79,20 @@ def test_convert_x5_to_slurm_gives_a_tree_with_the_sites_leaf_groups(
         capsys, "convert", "--from", "ibnetdiscover", dump, "--names", names, "--to", "slurm", "-o", out
     )
     assert code == 0 and stdout == ""
-    # the three adapters X5.map does not name are warned about on stderr, FILE:LINE: message
-    assert len(re.findall(r"^warning: .*X5\.topofile:\d+: adapter .* generic description", err, re.M)) == 3
+    # the three adapters X5.map does not name are warned about on stderr, once, FILE:LINE: message,
+    # and left out of the Slurm file (the site's own file lists them as nodes H-<guid>)
+    assert len(re.findall(r"^warning: .*X5\.topofile:\d+: 3 adapter\(s\) name no host", err, re.M)) == 1
     text = out.read_text()
     tree = import_slurm(text, file="topology.conf", strict=True)  # strict: a cycle or undefined switch raises
     hierarchy = build_hierarchy(tree)
-    assert hierarchy.root is not None
+    assert len(hierarchy.roots) == 1
     hosts = [h for u in hierarchy.units.values() for h in u.hosts]
-    assert len(hosts) == len(set(hosts)) == 89  # every node under exactly one leaf
-    # the same host set per leaf switch as the site's own topology.conf
-    site = slurm_nodes(need("fabrics/psmn-x5/X5.topology.conf").read_text())
+    assert len(hosts) == len(set(hosts)) == 86  # every named node under exactly one leaf
+    # the same host set per leaf switch as the site's own topology.conf, less the three H-<guid>
+    site = {
+        s: frozenset(h for h in hosts if not unnamed_host(h))
+        for s, hosts in slurm_nodes(need("fabrics/psmn-x5/X5.topology.conf").read_text()).items()
+    }
     assert slurm_nodes(text) == site
 
 
@@ -162,15 +166,15 @@ def test_show_x5_summary(capsys: pytest.CaptureFixture[str]) -> None:
     assert summary["hosts"] == 89 and summary["switches"] == 11 and summary["leaf_groups"] == 6
     tiers = {t["tier"]: t for t in summary["tiers"]}
     assert tiers[1]["switches"] == 6
-    assert len(summary["warnings"]) == 3
+    assert len(summary["warnings"]) == 2  # the import's (three unnamed adapters, one warning) and the tree's
     leaves: list[str] = []
-    stack: list[dict[str, Any]] = [summary["tree"]]
+    stack: list[dict[str, Any]] = list(summary["trees"])
     while stack:
         unit = stack.pop()
         if unit.get("hosts"):
             leaves.extend(expand_hostlist(unit["hosts"]))
         stack.extend(unit.get("children", []))
-    assert len(leaves) == len(set(leaves)) == 89
+    assert len(leaves) == len(set(leaves)) == 86  # the three unnamed adapters are left out of the tree
 
 
 def test_show_rail_optimised_superpod(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -392,3 +396,21 @@ def test_x5_leaf_groups_survive_every_cli_round_trip(capsys: pytest.CaptureFixtu
         assert code == 0, err
         back = import_topology(guess_format(str(out), out.read_text()), out.read_text(), file=out.name)
         assert groups(back) == reference, fmt
+
+
+def test_show_counts_hosts_whose_one_adapter_has_no_rail_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    dump = need("fabrics/ibtopotool/3.topo")  # one host with HCA-1 and HCA-2, four with one adapter each
+    summary = show_json(capsys, dump)
+    assert summary["rails"] == [{"rail": 0, "hosts": 1}, {"rail": 1, "hosts": 1}]
+    assert summary["hosts_without_rail"] == 4 and summary["hosts_by_rail_count"] == [{"rails": 2, "hosts": 1}]
+    code, out, _ = run(capsys, "show", dump)
+    assert code == 0 and "4 host(s) with one adapter and no" in out
+
+
+def test_rails_applies_to_ibnetdiscover_input_only(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    conf = tmp_path / "t.conf"
+    conf.write_text("SwitchName=a Nodes=n1\n")
+    code, _, err = run(capsys, "convert", conf, "--to", "native", "--rails", "mlx5_0,mlx5_3")
+    assert code == 1 and "--rails applies to ibnetdiscover input" in err
+    code, _, err = run(capsys, "show", need("fabrics/ibtopotool/3.topo"), "--rails", "mlx5_0,,mlx5_0")
+    assert code == 1 and "adapter names in rail order, each once" in err

@@ -20,7 +20,13 @@ from ibpool_core.fabric.formats import (
     import_topology,
     leaf_groups,
 )
-from ibpool_core.fabric.formats.ibnetdiscover import export_ibnetdiscover, import_ibnetdiscover, parse_name_map
+from ibpool_core.fabric.formats.ibnetdiscover import (
+    adapter_rails,
+    export_ibnetdiscover,
+    import_ibnetdiscover,
+    parse_name_map,
+    rail_number,
+)
 from ibpool_core.fabric.formats.k8s import export_k8s_labels, import_k8s_labels, k8s_name
 from ibpool_core.fabric.formats.native import export_native, import_native, native_schema, native_schema_text
 from ibpool_core.fabric.formats.slurm import (
@@ -33,8 +39,9 @@ from ibpool_core.fabric.formats.slurm import (
     import_slurm_yaml,
 )
 from ibpool_core.fabric.formats.volcano import export_volcano, import_volcano
+from ibpool_core.fabric.generators import generate
 from ibpool_core.fabric.graph import Graph
-from ibpool_core.fabric.model import FabricError, Topology
+from ibpool_core.fabric.model import FabricError, Topology, build_topology, unnamed_host
 from ibpool_sim.shared_data import need
 
 REPO = Path(__file__).resolve().parents[3]
@@ -75,6 +82,12 @@ def test_every_ibtopotool_dump_imports(name: str) -> None:
     topology = import_ibnetdiscover(text, file=file)
     assert (len(topology.switches), len(topology.hosts), len(topology.links)) == IBTOPOTOOL[name]
     assert all(w.startswith(f"{file}:") for w in topology.warnings)
+    if all(unnamed_host(h.name) for h in topology.hosts):  # 1.topo: every adapter's description is generic
+        with pytest.raises(FabricError, match=r"no named host .*4 host\(s\) named only by an adapter's GUID.*--names"):
+            export_slurm_tree(topology)
+        (warning,) = [w for w in topology.warnings if "name no host" in w]  # one warning for all four
+        assert warning.startswith(f"{file}:") and "4 adapter(s) name no host" in warning and "--names" in warning
+        return
     assert export_slurm_tree(topology).text.count("SwitchName=") >= 1
 
 
@@ -100,8 +113,8 @@ def test_generic_adapter_names_come_from_the_guid_with_a_warning() -> None:
         "H-0008f10403961354",
         "H-0008f10403960558",
     }
-    generic = [w for w in topology.warnings if "generic description" in w]
-    assert len(generic) == 4 and generic[0].startswith("1.topo:32: adapter 0x0008f10403960984")
+    generic = [w for w in topology.warnings if "generic description" in w]  # one warning for the four
+    assert len(generic) == 1 and generic[0].startswith("1.topo:32: 4 adapter(s) name no host")
     # the two ends of a cable disagree on the width: warned, the slower one kept
     assert any("is 1xSDR here but 4xSDR at line 15; kept 1xSDR" in w for w in topology.warnings)
     two_port = [c for c in topology.cas if c.host == "H-0008f10403960558"]
@@ -133,15 +146,24 @@ def test_x5_imports_with_its_name_map() -> None:
     assert all(tiers[g] >= 2 for g in spines)  # the site's spines are above the leaves
     assert len(graph.leaves()) == 6 and not spines & set(graph.leaves())
     # three adapters are not in X5.map: named from their GUID, as the site's own file names them
-    unnamed = sorted(w.split(" named ")[1].split(" ")[0] for w in topology.warnings if "generic" in w)
+    unnamed = sorted(h.name for h in topology.hosts if unnamed_host(h.name))
     assert unnamed == ["H-003048c749450000", "H-003048c74ae20000", "H-78e7d1030024535c"]
+    assert [w for w in topology.warnings if "generic" in w] == [
+        f"{read('fabrics/psmn-x5/X5.topofile')[1]}:403: 3 adapter(s) name no host (a generic description, first this "
+        'one\'s "MT25408 ConnectX Mellanox Technologies"): each is a host H-<guid>; a GUID -> name map '
+        "(--names MAPFILE) names them"
+    ]
 
 
 def test_x5_slurm_tree_has_the_sites_leaf_groups_and_is_a_tree() -> None:
     ours = export_slurm_tree(x5())
-    assert ours.warnings == []
+    assert ours.warnings == [
+        "3 host(s) named only by an adapter's GUID (H-003048c749450000...) are left out: no Slurm, Kubernetes or "
+        "Volcano node has such a name"
+    ]
     site_text, _ = read("fabrics/psmn-x5/X5.topology.conf")
-    site = slurm_leaf_groups(site_text)
+    # the site's file lists the three adapters X5.map does not name as nodes H-<guid>; ours leaves them out
+    site = {s: frozenset(h for h in hosts if not unnamed_host(h)) for s, hosts in slurm_leaf_groups(site_text).items()}
     mine = slurm_leaf_groups(ours.text)
     assert set(mine.values()) == set(site.values())  # the same host set per leaf switch...
     assert mine == site  # ...under the same switch names
@@ -208,7 +230,7 @@ def test_aggregation_node_marks_the_switch_sharp_and_is_no_host() -> None:
     assert {h.name for h in topology.hosts} == {"dgx01", "dgx02"}
     assert {(c.host, c.name, c.rail) for c in topology.cas} == {
         ("dgx01", "mlx5_0", 0),
-        ("dgx01", "mlx5_3", 1),
+        ("dgx01", "mlx5_3", 3),  # its rail is its own number, not its rank among dgx01's adapters
         ("dgx02", "mlx5_0", None),
     }
     assert sorted((ln.width, ln.speed) for ln in topology.links) == [(2, "HDR"), (4, "HDR"), (4, "HDR")]
@@ -297,7 +319,7 @@ def test_slurm_tree_import_reads_hostlists_comments_and_continuations() -> None:
 def test_slurm_block_and_yaml_round_trip() -> None:
     topology = x5()
     block = export_slurm_block(topology)
-    assert block.text.splitlines()[-1] == "BlockSizes=5,10,20"
+    assert block.text.splitlines()[-1] == "BlockSizes=4,8,16"  # the smallest leaf: 5 hosts, one of them unnamed
     back = import_slurm_block(block.text, file="block.conf")
     assert leaf_groups(build_hierarchy(back)) == leaf_groups(build_hierarchy(topology))
     assert import_slurm(block.text, file="block.conf") == back
@@ -427,7 +449,9 @@ def test_every_export_of_an_empty_topology_says_so(kind: str) -> None:
 
 
 def test_dispatch_by_cli_names() -> None:
-    topology = import_slurm_tree("SwitchName=a Nodes=n[1-2]\nSwitchName=b Nodes=n[3-4]\n", file="t.conf")
+    topology = import_slurm_tree(
+        "SwitchName=a Nodes=n[1-2]\nSwitchName=b Nodes=n[3-4]\nSwitchName=top Switches=a,b\n", file="t.conf"
+    )
     yaml_text = export_topology("slurm-yaml", topology).text
     blocks = import_topology("slurm-block", yaml_text, file="topology.yaml")
     assert sorted(s.name for s in blocks.switches) == ["a", "b"]
@@ -436,7 +460,7 @@ def test_dispatch_by_cli_names() -> None:
         import_topology("xml", "", file="x")
     with pytest.raises(ValueError, match="unknown output format 'xml'"):
         export_topology("xml", topology)
-    with pytest.raises(ValueError, match="name map applies to ibnetdiscover input only"):
+    with pytest.raises(ValueError, match="a name map and a rail order apply to ibnetdiscover input only"):
         import_topology("slurm", "SwitchName=a Nodes=n1\n", file="t.conf", names={"0x1": "x"})
 
 
@@ -456,3 +480,67 @@ def test_volcano_leaves_out_hosts_that_cannot_be_kubernetes_nodes() -> None:
     assert nodes == ["gpu1", "gpu2"]
     assert "host 'x5570_comp1' is not a valid Kubernetes node name; left out" in out.warnings
     assert any("'GPU2'" in w and "both node 'gpu2'" in w for w in out.warnings), out.warnings
+
+
+# --- rails from the adapters' own numbers (issue 21) ----------------------------------------------
+
+
+def test_adapter_rails_come_from_the_adapters_own_numbers() -> None:
+    # a host missing HCA-2 keeps HCA-3 on the third rail, like every other host
+    assert adapter_rails([("HCA-1", "0x1"), ("HCA-3", "0x3")]) == ({"0x1": 0, "0x3": 2}, True)
+    assert adapter_rails([("mlx5_0", "0x9"), ("mlx5_3", "0x1")]) == ({"0x9": 0, "0x1": 3}, True)
+    # names without a number (or a number twice): the host's adapters in GUID order, said so
+    assert adapter_rails([("ib-b", "0x2"), ("ib-a", "0x1")]) == ({"0x1": 0, "0x2": 1}, False)
+    assert adapter_rails([("mlx5_1", "0x2"), ("mlx4_1", "0x1")]) == ({"0x1": 0, "0x2": 1}, False)
+    # --rails: adapter names in rail order; one not listed has no rail
+    order = ["mlx5_0", "mlx5_3", "mlx5_4"]
+    assert adapter_rails([("mlx5_3", "0x1"), ("mlx5_4", "0x2"), ("mlx5_5", "0x3")], order) == (
+        {"0x1": 1, "0x2": 2, "0x3": None},
+        True,
+    )
+    assert [rail_number(n) for n in ("mlx5_11", "HCA-1", "HCA-0", "mlx5_x", "eth0")] == [11, 0, None, None, None]
+
+
+def test_a_host_missing_an_adapter_keeps_its_other_rails() -> None:
+    fabric = generate("rail_optimised:hosts=4")
+    gone = next(c for c in fabric.cas if c.host == "dgx001" and c.rail == 1)
+    fabric = build_topology(
+        name=fabric.name,
+        hosts=fabric.hosts,
+        cas=[c for c in fabric.cas if c is not gone],
+        switches=fabric.switches,
+        links=[ln for ln in fabric.links if gone.guid not in (ln.a.guid, ln.b.guid)],
+    )
+    back = import_ibnetdiscover(export_ibnetdiscover(fabric).text, file="dump")
+    rails = {c.name: c.rail for c in back.cas if c.host == "dgx001"}
+    assert rails == {f"mlx5_{r}": r for r in range(8) if r != 1}  # mlx5_2 is still rail 2, not 1
+    assert not [w for w in back.warnings if "rail" in w]
+
+
+def test_rails_given_in_order_override_the_numbers() -> None:
+    topology = import_ibnetdiscover(QUANTUM, file="quantum.topo", rails=["mlx5_3", "mlx5_0"])
+    assert {(c.host, c.name, c.rail) for c in topology.cas if c.host == "dgx01"} == {
+        ("dgx01", "mlx5_3", 0),
+        ("dgx01", "mlx5_0", 1),
+    }
+    with pytest.raises(ValueError, match="rail order apply to ibnetdiscover input only"):
+        import_topology("slurm", "SwitchName=a Nodes=n1\n", file="t.conf", rails=["mlx5_0"])
+
+
+# --- disconnected fabrics stay disconnected (issue 21) --------------------------------------------
+
+
+def test_a_disconnected_fabric_keeps_its_tops_and_a_torus_gets_one_root() -> None:
+    text = "SwitchName=spineA Switches=l[1-2]\nSwitchName=spineB Switches=l3\n" + "".join(
+        f"SwitchName=l{i} Nodes=n{i}\n" for i in (1, 2, 3)
+    )
+    out = export_slurm_tree(import_slurm_tree(text, file="two.conf"))
+    assert [ln for ln in out.text.splitlines() if "Switches=" in ln] == [
+        "SwitchName=spineA Switches=l1,l2",
+        "SwitchName=spineB Switches=l3",
+    ]  # no invented root above them: slurmctld keeps warning that no switch reaches every node
+    assert any("2 parts that no link joins (tops spineA, spineB)" in w for w in out.warnings)
+    torus = export_slurm_tree(generate("torus_3d:x=2,y=2,z=2"))  # one part: links join every switch
+    tops = [ln for ln in torus.text.splitlines() if ln.startswith("SwitchName=root ")]
+    assert len(tops) == 1 and not any("parts" in w for w in torus.warnings)
+    assert torus.text.count("Nodes=") == 8  # a leaf group per torus switch, as `topo show` counts them

@@ -334,12 +334,23 @@ def test_garbage_never_gives_a_traceback(kind: str) -> None:
 
 
 def test_a_dump_with_no_host_cabled_to_a_switch_exports_no_slurm_file_and_says_why() -> None:
-    # One adapter, no port lines, no switches: slurmctld refuses an empty topology.conf ("No switches
-    # configured"), so the tree and block exports refuse too; the yaml export keeps a flat topology.
+    # One adapter, no cable, no switches (a dump of it is refused: see below): slurmctld refuses an
+    # empty topology.conf ("No switches configured"), so the tree and block exports refuse too; the
+    # yaml export keeps a flat topology.
     from ibpool_core.fabric.formats.slurm import export_slurm_block, export_slurm_tree, export_slurm_yaml
+    from ibpool_core.fabric.model import Ca, Host, build_topology
 
-    dump = import_ibnetdiscover('Ca\t1 "H-0002c903000e0b72"\t\t# "lonely HCA-1"\n')
+    dump = build_topology(
+        name="lonely", hosts=[Host(name="lonely")], cas=[Ca(guid="0x0002c903000e0b72", host="lonely")]
+    )
     for export in (export_slurm_tree, export_slurm_block):
         with pytest.raises(FabricError, match="no host of the topology is cabled to a switch"):
             export(dump)
     assert "flat: true" in export_slurm_yaml(dump).text
+
+
+def test_a_dump_of_one_adapter_without_port_lines_is_refused() -> None:
+    # issue 21: this was "ok" (exit 0) and an empty topology.conf that slurmctld rejects
+    one = 'vendid=0x2c9\ndevid=0x1017\ncaguid=0x1070fd0300aabb00\nCa\t1 "H-1070fd0300aabb00"\t\t# "dgx01 mlx5_0"\n'
+    with raises_at("one.topo", 4, "truncated dump: the last node H-1070fd0300aabb00 has no port lines"):
+        import_ibnetdiscover(one, file="one.topo")

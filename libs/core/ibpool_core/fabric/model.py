@@ -9,6 +9,7 @@ more channel adapters (CAs), one per rail on rail-optimised (DGX-class) hosts.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Literal
 
 import msgspec
@@ -90,6 +91,17 @@ class Ca(msgspec.Struct, frozen=True, kw_only=True):
     name: str = ""
     ports: int = 1
     rail: int | None = None
+
+
+# A host known only by its adapter: ibnetdiscover's id `H-<16 hex digits>` of an adapter whose
+# description names no host (a generic "MT4129 ConnectX7 Mellanox Technologies"). Kept in the
+# native format; the host-level exports (Slurm, Kubernetes, Volcano) leave such hosts out.
+_UNNAMED_HOST = re.compile(r"^H-[0-9a-fA-F]{16}$")
+
+
+def unnamed_host(name: str) -> bool:
+    """True for a host named only by its adapter's GUID (`H-0002c90300080e84`)."""
+    return bool(_UNNAMED_HOST.match(name))
 
 
 class Host(msgspec.Struct, frozen=True, kw_only=True):

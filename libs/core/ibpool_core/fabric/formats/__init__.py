@@ -9,12 +9,12 @@ exporter takes a Topology (and optionally the hosts to keep) and returns `Export
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import PurePath
 
 from ..model import Topology
 from .diagnostics import Exported, FormatError
-from .hierarchy import Hierarchy, build_hierarchy, leaf_groups
+from .hierarchy import Hierarchy, build_hierarchy, host_groups, leaf_groups
 from .ibnetdiscover import export_ibnetdiscover, import_ibnetdiscover, parse_name_map
 from .k8s import export_k8s_labels, import_k8s_labels
 from .native import export_native, import_native, native_schema, native_schema_text
@@ -45,6 +45,7 @@ __all__ = [
     "export_topology",
     "export_volcano",
     "guess_format",
+    "host_groups",
     "import_ibnetdiscover",
     "import_k8s_labels",
     "import_native",
@@ -106,13 +107,15 @@ def import_topology(
     file: str,
     names: Mapping[str, str] | None = None,
     name: str = "fabric",
+    rails: Sequence[str] | None = None,
 ) -> Topology:
     """Read `text` as `kind` (one of IMPORT_FORMATS). `slurm` takes a tree or block topology.conf or a
-    topology.yaml; `slurm-block` insists on blocks. `names` (GUID -> name) is for ibnetdiscover only."""
-    if names and kind != "ibnetdiscover":
-        raise ValueError("a name map applies to ibnetdiscover input only")
+    topology.yaml; `slurm-block` insists on blocks. `names` (GUID -> name) and `rails` (adapter names
+    in rail order) are for ibnetdiscover only."""
+    if (names or rails) and kind != "ibnetdiscover":
+        raise ValueError("a name map and a rail order apply to ibnetdiscover input only")
     if kind == "ibnetdiscover":
-        return import_ibnetdiscover(text, file=file, names=names, name=name)
+        return import_ibnetdiscover(text, file=file, names=names, name=name, rails=rails)
     if kind == "slurm":
         return import_slurm(text, file=file, name=name)
     if kind == "slurm-block":

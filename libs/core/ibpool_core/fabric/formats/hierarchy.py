@@ -2,14 +2,19 @@
 
 A fabric is rarely a tree: a fat tree gives every leaf several spines. The exports need one, so:
 
-1. Leaf groups: hosts cabled to the same set of leaf switches form a group. A single-rail host's
-   group is its leaf switch; a rail-optimised host (one HCA per rail, each on another leaf) lands in
-   the group of the leaves it shares with its scalable unit. Each host is in exactly one group.
+1. Leaf groups (`host_groups`, also what `ibpool topo show` counts): the connected components of
+   the graph of hosts and the leaf switches their adapters are cabled to (links between switches
+   do not join groups). A single-rail host's group is its leaf switch; a rail-optimised host (one
+   HCA per rail, each on another leaf) joins the leaves of its scalable unit, also when one of its
+   adapters is missing. Each host is in exactly one group.
 2. Upwards, tier by tier (tiers from `Graph.tiers()`): groups joined through switches of the next
    tier merge into one unit (connected components of "unit - upper switch" links). A unit whose
    upper switches reach no other unit just rises (no one-child chains). Units that reach no higher
    switch are finished.
-3. What is left at the top hangs under one root: the unit itself, or a made-up `root`.
+3. What is left at the top: units whose switches are joined by links (a torus, a dragonfly, leaves
+   cabled to each other) hang under a made-up `root`; parts of the fabric that no link joins stay
+   apart, each with its own top (as Slurm allows; it then places no job across them), and a
+   warning names them.
 
 When the switch graph is itself a tree (a Slurm topology.conf read back, a tree-shaped fabric) and
 each link between switches points from child (`a`) to parent (`b`) consistently, that tree is taken
@@ -22,11 +27,11 @@ of the member switch GUIDs (`leafgroup-1a2b3c4d`, `tier2group-...`), stable acro
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ..graph import Graph
-from ..model import Ca, FabricError, Host, Link, PortRef, Switch, Topology, build_topology
+from ..model import Ca, FabricError, Host, Link, PortRef, Switch, Topology, build_topology, unnamed_host
 from .diagnostics import FormatError, synthetic_guid, where
 
 __all__ = [
@@ -35,7 +40,9 @@ __all__ = [
     "Unit",
     "build_hierarchy",
     "check_tree",
+    "host_groups",
     "leaf_groups",
+    "nothing_to_export",
     "subset_topology",
     "topology_from_tree",
     "unique_names",
@@ -56,14 +63,14 @@ class Unit:
 
 @dataclass(frozen=True)
 class Hierarchy:
-    root: str | None  # None when no host is cabled to any leaf
+    roots: tuple[str, ...]  # the tops, by name: one per part of the fabric; none when no host is cabled
     units: dict[str, Unit]
     warnings: tuple[str, ...] = ()
 
     def walk(self) -> list[str]:
-        """Unit names in depth-first pre-order from the root, children by name."""
+        """Unit names in depth-first pre-order from the roots (by name), children by name."""
         out: list[str] = []
-        stack = [self.root] if self.root else []
+        stack = sorted(self.roots, reverse=True)
         while stack:
             name = stack.pop()
             out.append(name)
@@ -78,7 +85,7 @@ class Hierarchy:
         return {c: u.name for u in self.units.values() for c in u.children}
 
     def depths(self) -> dict[str, int]:
-        """Unit name -> distance from the root (root = 0)."""
+        """Unit name -> distance from its root (a root = 0)."""
         parents = self.parents()
         depth: dict[str, int] = {}
         for name in self.walk():  # parents come before their children
@@ -89,6 +96,35 @@ class Hierarchy:
 def leaf_groups(hierarchy: Hierarchy) -> set[frozenset[str]]:
     """The host sets of the leaf groups: what every round trip must keep."""
     return {frozenset(u.hosts) for u in hierarchy.units.values() if u.hosts}
+
+
+def nothing_to_export(hierarchy: Hierarchy) -> str:
+    """Why a hierarchy has no leaf group, for the error of an export that needs one."""
+    unnamed = next((w for w in hierarchy.warnings if "only by an adapter's GUID" in w), None)
+    if unnamed:
+        return (
+            f"nothing to export: no named host is cabled to a switch ({unnamed}; a GUID -> name map, "
+            "--names MAPFILE, names them)"
+        )
+    return "nothing to export: no host of the topology is cabled to a switch"
+
+
+def host_groups(host_leaves: Mapping[str, Sequence[str]]) -> dict[frozenset[str], list[str]]:
+    """The leaf groups: leaf switch GUIDs -> the hosts of the group, from host -> the leaves its
+    adapters are cabled to. A group is a connected component of hosts and leaves (a host joins every
+    leaf it is cabled to); hosts cabled to no leaf are in none."""
+    uf = _UnionFind()
+    for leaves in host_leaves.values():
+        for leaf in leaves:
+            uf.union(leaves[0], leaf)
+    leaves_of: dict[str, set[str]] = {}
+    hosts_of: dict[str, list[str]] = {}
+    for host, leaves in host_leaves.items():
+        if leaves:
+            key = uf.find(leaves[0])
+            leaves_of.setdefault(key, set()).update(leaves)
+            hosts_of.setdefault(key, []).append(host)
+    return {frozenset(leaves_of[k]): hosts_of[k] for k in leaves_of}
 
 
 def unique_names(names: Iterable[str], sanitize: Callable[[str], str] | None = None) -> dict[str, str]:
@@ -173,7 +209,8 @@ def _switch_tree(topology: Topology, graph: Graph, selected_leaves: set[str]) ->
 
 
 def build_hierarchy(topology: Topology, *, nodes: Collection[str] | None = None) -> Hierarchy:
-    """The tree of leaf groups and upper units for `topology` (only `nodes`, when given)."""
+    """The tree of leaf groups and upper units for `topology` (only `nodes`, when given). Hosts named
+    only by an adapter's GUID (`model.unnamed_host`) are left out, with one warning."""
     graph = Graph(topology)
     warnings: list[str] = []
     switch_names = _switch_names(topology, warnings)
@@ -184,15 +221,19 @@ def build_hierarchy(topology: Topology, *, nodes: Collection[str] | None = None)
         if unknown:
             warnings.append(f"{len(unknown)} selected node(s) are not in the topology: {', '.join(unknown[:10])}")
         host_leaves = {h: ls for h, ls in host_leaves.items() if h in wanted}
+    unnamed = sorted(h for h in host_leaves if unnamed_host(h))
+    if unnamed:
+        warnings.append(
+            f"{len(unnamed)} host(s) named only by an adapter's GUID ({unnamed[0]}...) are left out: "
+            "no Slurm, Kubernetes or Volcano node has such a name"
+        )
+        host_leaves = {h: ls for h, ls in host_leaves.items() if not unnamed_host(h)}
     unplaced = sorted(h for h, ls in host_leaves.items() if not ls)
     if unplaced:
         warnings.append(f"{len(unplaced)} host(s) are cabled to no switch and left out: {', '.join(unplaced[:10])}")
-    groups: dict[frozenset[str], list[str]] = {}
-    for host, leaves in host_leaves.items():
-        if leaves:
-            groups.setdefault(frozenset(leaves), []).append(host)
+    groups = host_groups(host_leaves)
     if not groups:
-        return Hierarchy(root=None, units={}, warnings=tuple(warnings))
+        return Hierarchy(roots=(), units={}, warnings=tuple(warnings))
     used_names = set(switch_names.values())
 
     def made_up(prefix: str, guids: Iterable[str]) -> str:
@@ -231,7 +272,7 @@ def build_hierarchy(topology: Topology, *, nodes: Collection[str] | None = None)
         tops = sorted((g for g, p in tree.items() if p is None), key=lambda g: switch_names[g])
         for top in tops:
             unit_of(top)
-        return _rooted(units, [switch_names[t] for t in tops], used_names, warnings)
+        return _rooted(units, [switch_names[t] for t in tops], graph, used_names, warnings)
 
     tiers = graph.tiers()
     top_of: dict[str, set[str]] = {}
@@ -279,17 +320,40 @@ def build_hierarchy(topology: Topology, *, nodes: Collection[str] | None = None)
             top_of[name] = switches
             active.append(name)
         active.sort()
-    return _rooted(units, sorted(finished + active), used_names, warnings)
+    return _rooted(units, sorted(finished + active), graph, used_names, warnings)
 
 
-def _rooted(units: dict[str, Unit], tops: list[str], used: set[str], warnings: list[str]) -> Hierarchy:
-    if len(tops) == 1:
-        return Hierarchy(root=tops[0], units=units, warnings=tuple(warnings))
-    name, n = "root", 2
-    while name in used or name in units:
-        name, n = f"root-{n}", n + 1
-    units[name] = Unit(name=name, tier=1 + max(units[t].tier for t in tops), children=tuple(sorted(tops)))
-    return Hierarchy(root=name, units=units, warnings=tuple(warnings))
+def _rooted(units: dict[str, Unit], tops: list[str], graph: Graph, used: set[str], warnings: list[str]) -> Hierarchy:
+    """The hierarchy with these tops: tops joined by links between switches share a made-up root;
+    parts of the fabric no link joins keep their own tops (with a warning)."""
+    uf = _UnionFind()
+    for a, neighbours in graph.switch_links.items():
+        for b in neighbours:
+            uf.union(a, b)
+    for top in tops:  # a unit's own switches are one part (a leaf group joined by its hosts)
+        for guid in units[top].switches:
+            uf.union(units[top].switches[0], guid)
+    parts: dict[str, list[str]] = {}
+    for top in tops:
+        parts.setdefault(uf.find(units[top].switches[0]), []).append(top)
+    roots: list[str] = []
+    n = 1
+    for members in sorted(parts.values()):
+        if len(members) == 1:
+            roots.append(members[0])
+            continue
+        name = "root"
+        while name in used or name in units:
+            n += 1
+            name = f"root-{n}"
+        units[name] = Unit(name=name, tier=1 + max(units[t].tier for t in members), children=tuple(sorted(members)))
+        roots.append(name)
+    if len(roots) > 1:
+        warnings.append(
+            f"the fabric is {len(roots)} parts that no link joins (tops {', '.join(sorted(roots)[:6])}"
+            f"{', ...' if len(roots) > 6 else ''}): each is a tree of its own, and Slurm places no job across them"
+        )
+    return Hierarchy(roots=tuple(sorted(roots)), units=units, warnings=tuple(warnings))
 
 
 def _switch_names(topology: Topology, warnings: list[str]) -> dict[str, str]:

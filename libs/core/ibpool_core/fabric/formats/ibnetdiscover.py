@@ -8,10 +8,12 @@ optional `w=`), and the `-p` ports report (`SW lid port 0xguid 4x QDR - CA lid p
 - Switches: GUID, name (the `S-<guid>` id, the host name of a managed switch description
   `MF0;name:model/U1`, or the name map's), radix = port count from the dump, model = description.
 - Channel adapters are grouped into hosts by description: "node01 mlx5_0" is CA `mlx5_0` of host
-  `node01`. A host with several CAs gets rail indices in CA-number order (mlx5_0, mlx5_1, ... or
-  HCA-1, HCA-2, ...). A CA whose description is a generic adapter name ("MT25408 ConnectX
-  Mellanox Technologies") is named `H-<guid>` (as ibnetdiscover shows it) with a warning, unless
-  the name map names it.
+  `node01`. A host with several CAs gets each one's rail from its own number (mlx5_N -> N, HCA-N
+  -> N - 1), so a missing adapter shifts no other; where names give no number, by GUID order, and
+  `rails=` (adapter names in rail order) overrides both (`adapter_rails`). A CA whose description
+  is a generic adapter name ("MT25408 ConnectX Mellanox Technologies") is a host of its own named
+  `H-<guid>` (as ibnetdiscover shows it), unless the name map names it; one warning gives their
+  count. The host-level exports leave such hosts out (`model.unnamed_host`).
 - "Mellanox Technologies Aggregation Node" CAs (SHARP, on Quantum-class switches) mark the switch
   they hang off as SHARP-capable and are never hosts; their virtual port is not counted in radix.
 - Every link appears twice (from each end): the two sightings are merged; ends that disagree are
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..graph import Graph
@@ -46,7 +48,14 @@ from ..model import (
 from .diagnostics import Exported, FormatError, synthetic_guid, where
 from .hierarchy import subset_topology
 
-__all__ = ["export_ibnetdiscover", "import_ibnetdiscover", "is_generic_description", "parse_name_map"]
+__all__ = [
+    "adapter_rails",
+    "export_ibnetdiscover",
+    "import_ibnetdiscover",
+    "is_generic_description",
+    "parse_name_map",
+    "rail_number",
+]
 
 _ID_LINE = re.compile(r"^(vendid|devid|sysimgguid|switchguid|caguid|rtguid)\s*=\s*(?:0x)?([0-9a-fA-F]+)")
 _NODE_LINE = re.compile(r'^(Switch|Ca|Hca|Rt|Router)\s+(\d+)\s+"([^"]*)"(.*)$')
@@ -70,7 +79,7 @@ _GENERIC = re.compile(
 _AGGREGATION_NODE = re.compile(r"Aggregation Node", re.I)
 _MANAGED_SWITCH = re.compile(r"^MF0;([^:;\s]+):([^/;]+)")
 _IDENT_GUID = re.compile(r"^[SHR]-([0-9a-fA-F]{1,16})$")  # ibnetdiscover's node ids: S-<guid>, H-..., R-...
-_TRAILING_INT = re.compile(r"(\d+)\D*$")
+_RAIL_NAME = re.compile(r"^(?:mlx\d+_(\d+)|HCA-([1-9]\d*))$", re.I)
 _KINDS = {"Switch": "switch", "Ca": "ca", "Hca": "ca", "Rt": "router", "Router": "router"}
 _PORTS_KINDS = {"SW": "switch", "CA": "ca", "RT": "router"}
 _PREFIX = {"switch": "S", "ca": "H", "router": "R"}
@@ -273,7 +282,7 @@ def _parse_standard(lines: list[str], reader: _Reader, ends_with_newline: bool) 
         reader.warn(number, f"line ignored: {line[:80]!r}")
     if pending:
         raise FormatError(file, pending_line, "truncated dump: a node header is not followed by its node line")
-    if len(nodes) > 1 and not nodes[-1].entries:
+    if nodes and not nodes[-1].entries:  # also a dump of one node: a node line is followed by its ports
         raise FormatError(
             file, nodes[-1].line, f"truncated dump: the last node {nodes[-1].ident} has no port lines after it"
         )
@@ -360,6 +369,7 @@ def _assemble(
     names: Mapping[str, str],
     default_speed: str,
     truncated_hint: bool,
+    rail_order: Sequence[str] | None,
 ) -> Topology:
     file = reader.file
     by_ident: dict[str, _Node] = {}
@@ -476,27 +486,38 @@ def _assemble(
         return Topology(name=name, warnings=reader.warnings)
     cas: list[Ca] = []
     by_host: dict[str, list[tuple[str, _Node]]] = {}
+    generic: list[tuple[_Node, str]] = []
     for node in ca_nodes:
         mapped = names.get(node.guid)
         description = mapped or node.desc or node.ident
         if not mapped and is_generic_description(description):
             host, ca_name = f"H-{_guid16(node.guid)}", ""
-            reader.warn(
-                node.line,
-                f'adapter {node.guid} has a generic description "{description}"; named {host} '
-                "(a name map, --names, can name it)",
-            )
+            generic.append((node, description))
         else:
             host, _, ca_name = description.strip().partition(" ")
             ca_name = ca_name.strip()
         by_host.setdefault(host, []).append((ca_name, node))
+    if generic:
+        first, description = generic[0]
+        reader.warn(
+            first.line,
+            f"{len(generic)} adapter(s) name no host (a generic description, first this one's "
+            f'"{description}"): each is a host H-<guid>; a GUID -> name map (--names MAPFILE) names them',
+        )
+    by_guid_order = 0
     for host, members in by_host.items():
         rails: dict[str, int | None] = {}
         if len(members) > 1:
-            ranked = sorted(members, key=lambda m: (_ca_number(m[0]), m[0], m[1].guid))
-            rails = {m[1].guid: index for index, m in enumerate(ranked)}
+            rails, numbered = adapter_rails([(ca_name, node.guid) for ca_name, node in members], rail_order)
+            by_guid_order += not numbered
         for ca_name, node in members:
             cas.append(Ca(guid=node.guid, host=host, name=ca_name, ports=node.ports, rail=rails.get(node.guid)))
+    if by_guid_order:
+        reader.warn(
+            None,
+            f"{by_guid_order} host(s) have adapters whose names give no rail number (mlx5_N, HCA-N) or give one "
+            "twice: their rails follow their adapters' GUID order (--rails NAMES lists adapter names in rail order)",
+        )
     missing_rate = 0
     model_links: list[Link] = []
     for record in links.values():
@@ -524,9 +545,32 @@ def _assemble(
         raise FormatError(file, None, str(error)) from None
 
 
-def _ca_number(name: str) -> float:
-    match = _TRAILING_INT.search(name)
-    return int(match[1]) if match else float("inf")
+def rail_number(ca_name: str) -> int | None:
+    """The rail an adapter's own name gives: `mlx5_N` (and `mlx4_N`...) -> N, `HCA-N` -> N - 1 (HCA-1
+    is the first); None for other names."""
+    match = _RAIL_NAME.match(ca_name)
+    if match is None:
+        return None
+    return int(match[1]) if match[1] is not None else int(match[2]) - 1
+
+
+def adapter_rails(
+    adapters: Sequence[tuple[str, str]], rail_order: Sequence[str] | None = None
+) -> tuple[dict[str, int | None], bool]:
+    """Rails of one host's adapters, given as (name, GUID): GUID -> rail, and whether the names gave them.
+
+    With `rail_order` (adapter names in rail order, `--rails`) an adapter's rail is its name's
+    position there, and an adapter not listed has none. Otherwise each adapter's rail is the number
+    in its name (`rail_number`), so a host missing HCA-2 keeps HCA-3 on the third rail like every
+    other host; when a name gives no number or two adapters give the same one, the host's rails
+    follow its adapters' GUID order instead (False is returned)."""
+    if rail_order is not None:
+        position = {name: i for i, name in enumerate(rail_order)}
+        return {guid: position.get(name) for name, guid in adapters}, True
+    numbers = [rail_number(name) for name, _ in adapters]
+    if None not in numbers and len(set(numbers)) == len(numbers):
+        return {guid: n for (_, guid), n in zip(adapters, numbers, strict=True)}, True
+    return {guid: i for i, guid in enumerate(sorted(guid for _, guid in adapters))}, False
 
 
 def import_ibnetdiscover(
@@ -536,12 +580,15 @@ def import_ibnetdiscover(
     names: Mapping[str, str] | None = None,
     name: str = "fabric",
     default_speed: str = "SDR",
+    rails: Sequence[str] | None = None,
 ) -> Topology:
     """The topology in `ibnetdiscover` output (`text`); warnings land in `Topology.warnings`.
 
     `names` maps node GUIDs (any form: `0x...`, bare hex, `H-...`) to host or switch names, like
-    ibnetdiscover's node-name map; see `parse_name_map`. Links whose rate the dump omits (ibsim
-    files) are taken as 4x`default_speed`. Raises `FormatError` ("FILE:LINE: reason") on bad input.
+    ibnetdiscover's node-name map; see `parse_name_map`. `rails` lists adapter names in rail order
+    (`mlx5_0,mlx5_3,...`) where the names' own numbers are not the rails (`adapter_rails`). Links
+    whose rate the dump omits (ibsim files) are taken as 4x`default_speed`. Raises `FormatError`
+    ("FILE:LINE: reason") on bad input.
     """
     if default_speed not in LANE_GBPS:
         raise ValueError(f"default_speed {default_speed!r} is not one of {', '.join(LANE_GBPS)}")
@@ -573,6 +620,7 @@ def import_ibnetdiscover(
         name=name,
         names=guid_names,
         default_speed=default_speed,
+        rail_order=rails,
         truncated_hint=not text.endswith("\n"),
     )
 

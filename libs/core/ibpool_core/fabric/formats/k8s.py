@@ -2,8 +2,9 @@
 
 Each host becomes a `v1 Node` carrying `kubernetes.io/hostname` and one `ibpool.io/<level>` label
 per level of the exported tree (`hierarchy.build_hierarchy`), named from the bottom: `leaf` (the
-leaf group), `spine`, `core`, then `tier4`, `tier5`... (the top level, the root, is shared by
-every node: a job that may span the whole fabric). A host whose leaf group sits higher than the
+leaf group), `spine`, `core`, then `tier4`, `tier5`... (the top level is shared by every node
+of one part of the fabric: a job that may span all of it; a disconnected fabric has a top value
+per part). A host whose leaf group sits higher than the
 deepest one repeats its leaf group's value in the lower levels, so every node has every level and
 each value has one parent (what Kueue's Topology levels need). Values are the unit names made
 valid label values and DNS names (lower case, `[a-z0-9.-]`, at most 63 characters): the same names

@@ -9,8 +9,9 @@ unknown line. With `strict=False` those become warnings and the offending part i
 read files slurmctld would refuse, such as a site's hand-made one).
 
 Export: the tree of `hierarchy.build_hierarchy` (leaf groups; multi-rail hosts under the group of
-leaves they share), which slurmctld accepts: one root reaching every node, every node under exactly
-one leaf, no switch listing its parent. Node names are hostlist-compressed in the forms Slurm's
+leaves they share), which slurmctld accepts: one top per part of the fabric that links join (a
+disconnected fabric stays disconnected), every node under exactly one leaf, no switch listing its
+parent; tests/integration/test_slurm_topology.py has a real slurmctld read them. Node names are hostlist-compressed in the forms Slurm's
 parser reads (`compress_hostlist`).
 """
 
@@ -25,7 +26,7 @@ import hostlist  # type: ignore[import-untyped]
 
 from ..model import LANE_GBPS, FabricError, Topology
 from .diagnostics import Exported, FormatError, dump_yaml, line_of, load_yaml, where
-from .hierarchy import TreeEntry, build_hierarchy, check_tree, topology_from_tree, unique_names
+from .hierarchy import TreeEntry, build_hierarchy, check_tree, nothing_to_export, topology_from_tree, unique_names
 
 __all__ = [
     "compress_hostlist",
@@ -39,7 +40,6 @@ __all__ = [
     "import_slurm_yaml",
 ]
 
-_NOTHING_CABLED = "nothing to export: no host of the topology is cabled to a switch"
 _BAD_NAME = re.compile(r"[^A-Za-z0-9_.\-]")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -370,13 +370,14 @@ def _exportable(topology: Topology, nodes: Collection[str] | None, warnings: lis
 
 
 def export_slurm_tree(topology: Topology, *, nodes: Collection[str] | None = None) -> Exported:
-    """topology.conf for topology/tree: a tree slurmctld accepts (one root, each node under one leaf)."""
+    """topology.conf for topology/tree: a tree slurmctld accepts (each node under one leaf; one top
+    switch per part of the fabric that links join, so a disconnected fabric stays disconnected)."""
     warnings: list[str] = []
     hierarchy = build_hierarchy(topology, nodes=_exportable(topology, nodes, warnings))
     warnings += hierarchy.warnings
     lines = [f"# Slurm topology.conf (topology/tree) written by ibpool from topology {topology.name!r}"]
-    if hierarchy.root is None:
-        raise FabricError(_NOTHING_CABLED + " (slurmctld refuses a topology/tree file without switches)")
+    if not hierarchy.roots:
+        raise FabricError(nothing_to_export(hierarchy) + " (slurmctld refuses a topology/tree file without switches)")
     walk = hierarchy.walk()
     names = unique_names(walk, _slurm_name)
     for unit_name in walk:
@@ -406,7 +407,7 @@ def export_slurm_block(topology: Topology, *, nodes: Collection[str] | None = No
     lines = [f"# Slurm topology.conf (topology/block) written by ibpool from topology {topology.name!r}"]
     leaves = hierarchy.leaf_units()
     if not leaves:
-        raise FabricError(_NOTHING_CABLED + " (slurmctld refuses a topology/block file without blocks)")
+        raise FabricError(nothing_to_export(hierarchy) + " (slurmctld refuses a topology/block file without blocks)")
     names = unique_names([u.name for u in leaves], _slurm_name)
     switch_names = {s.guid: s.name for s in topology.switches}
     for unit in leaves:
@@ -424,7 +425,7 @@ def export_slurm_yaml(topology: Topology, *, nodes: Collection[str] | None = Non
     hierarchy = build_hierarchy(topology, nodes=_exportable(topology, nodes, warnings))
     warnings += hierarchy.warnings
     base = _slurm_name(topology.name)
-    if hierarchy.root is None:
+    if not hierarchy.roots:
         warnings.append("no host is cabled to a switch: the topologies are empty")
         doc: list[dict[str, Any]] = [{"topology": f"{base}-flat", "cluster_default": True, "flat": True}]
         return Exported(dump_yaml(doc), warnings)

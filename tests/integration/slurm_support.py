@@ -1,0 +1,55 @@
+"""A throw-away Slurm for tests (`ibpool_runtime.slurmstack`): skipped where Debian's munge,
+slurmctld and slurmd are not installed, a failure when IBPOOL_REQUIRE_SLURM=1 (`.ci/run` installs
+them and sets it)."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ibpool_runtime import slurmstack
+
+PROGRAMS = ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "unshare")
+
+
+def require_slurm() -> None:
+    """Skip (or fail under IBPOOL_REQUIRE_SLURM=1) without the Slurm programs or without root."""
+    gone = slurmstack.missing(PROGRAMS)
+    why = ""
+    if gone:
+        packages = sorted({slurmstack.PACKAGES[p] for p in gone})
+        why = f"{', '.join(gone)} not installed (Debian: apt-get install {' '.join(packages)})"
+    elif os.geteuid() != 0:
+        why = "a throw-away Slurm needs root (munged's key, slurmd's namespaces)"
+    if why:
+        if os.environ.get("IBPOOL_REQUIRE_SLURM") == "1":
+            pytest.fail(f"{why}, and IBPOOL_REQUIRE_SLURM=1")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def munge_socket(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    require_slurm()
+    with slurmstack.munge(tmp_path_factory.mktemp("munge")) as socket_path:
+        yield socket_path
+
+
+# slurmctld's log lines that say nothing about the configuration under test: a fresh state
+# directory, no PMIx library, no mail program.
+_NOISE = re.compile(
+    r"state file|Trying backup|No .* state file|pmix|MPI: Cannot create context|mpi/pmix|MailProg|"
+    r"memory enforcing|backup_controller"
+)
+
+
+def log_complaints(log: str) -> list[str]:
+    """The error, warning and fatal lines of a slurmctld log, less the noise of a throw-away cluster."""
+    return [
+        line
+        for line in log.splitlines()
+        if re.search(r"\b(error|fatal|warning)\b", line, re.I) and not _NOISE.search(line)
+    ]
