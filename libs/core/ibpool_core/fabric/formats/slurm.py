@@ -11,8 +11,8 @@ read files slurmctld would refuse, such as a site's hand-made one).
 Export: the tree of `hierarchy.build_hierarchy` (leaf groups; multi-rail hosts under the group of
 leaves they share), which slurmctld accepts: one top per part of the fabric that links join (a
 disconnected fabric stays disconnected), every node under exactly one leaf, no switch listing its
-parent; tests/integration/test_slurm_topology.py has a real slurmctld read them. Node names are hostlist-compressed in the forms Slurm's
-parser reads (`compress_hostlist`).
+parent; tests/integration/test_slurm_topology.py has a real slurmctld read them. Node names are
+hostlist-compressed in the forms Slurm's parser reads (`compress_hostlist`).
 """
 
 from __future__ import annotations
