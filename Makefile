@@ -50,6 +50,7 @@ bench: env
 	$(PY) tests/bench/bench_failover.py --rounds 20
 	$(PY) tests/bench/bench_failover.py --rounds 20 --liveness heartbeats
 	$(PY) tests/bench/bench_failover.py --rounds 20 --fault xid79
+	$(PY) tests/bench/bench_slurm_drain.py --rounds 20
 	$(PY) tests/bench/bench_sched.py --runs 3
 	$(PY) tests/bench/bench_scale.py --sizes 10,100,1000,5000 --duration 90 --table --plot docs/scale-cpu.png
 	$(VENV)/bin/ibpool bench pack --seeds 3 --format table --plot docs/packing-openb.png --out tests/bench/results/pack-latest.json

@@ -69,6 +69,20 @@ LIVENESS = ("connections", "heartbeats")
 MEASURES = {"sigkill": "kill_to_regrant_s", "xid79": "xid_to_regrant_s"}
 
 
+def failover_controller(base: dict[str, str], state: Path, connections: str) -> ServiceProcess:
+    """The failover controller with detection at its defaults and recovery shortened (see the
+    docstring); `connections`: the system account's URL for the disconnect advisories, or ""."""
+    return ServiceProcess.of(
+        "failover_controller",
+        base,
+        state,
+        instance="bench",
+        STABLE_WINDOW_S="1",
+        FLAP_MEMORY_S="1",
+        CONNECTION_EVENTS_URL=connections,
+    )
+
+
 def _services(
     info: devstack.StackInfo, state: Path, agents: int, fault: str, liveness: str, background: int = 0
 ) -> tuple[list[ServiceProcess], list[ServiceProcess]]:
@@ -76,16 +90,7 @@ def _services(
     connections = info.system_nats_url if liveness == "connections" else ""
     core = [
         ServiceProcess.of("pool_allocator", base, state, instance="bench"),
-        # Recovery only is shortened (see the docstring); detection runs at its defaults.
-        ServiceProcess.of(
-            "failover_controller",
-            base,
-            state,
-            instance="bench",
-            STABLE_WINDOW_S="1",
-            FLAP_MEMORY_S="1",
-            CONNECTION_EVENTS_URL=connections,
-        ),
+        failover_controller(base, state, connections),
         ServiceProcess.of("scheduler", base, state, instance="bench"),
     ]
     if background:
@@ -119,13 +124,14 @@ def _services(
     return core, nodes
 
 
-async def _until(check: Any, timeout_s: float, what: str) -> Any:
+async def until(check: Any, timeout_s: float, what: str, every_s: float = 0.05) -> Any:
+    """`check()`'s first truthy answer, asked every `every_s`; TimeoutError after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         got = await check()
         if got:
             return got
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(every_s)
     raise TimeoutError(f"{what} did not happen within {timeout_s} s")
 
 
@@ -165,7 +171,7 @@ async def _rounds(
         async def all_healthy() -> bool:
             return all([await s.ready(http) for s in core]) and all([await healthy(n) for n in by_node])
 
-        await _until(all_healthy, 60, "every service ready and every node healthy at the failover controller")
+        await until(all_healthy, 60, "every service ready and every node healthy at the failover controller")
         for i in range(rounds):
             job = f"failover-{i:02d}"
             body = {"id": job, "tenant": "bench", "gpus": 8, "workload": {"simulated_runtime_s": 3600}}
@@ -175,7 +181,7 @@ async def _rounds(
             async def placed(job: str = job) -> tuple[float, list[str]] | None:
                 return scheduled.get((job, 0))
 
-            _, [victim] = await _until(placed, ROUND_TIMEOUT_S, f"{job} scheduled")
+            _, [victim] = await until(placed, ROUND_TIMEOUT_S, f"{job} scheduled")
             await asyncio.sleep(1.0)  # running on the node for a moment, as real work would be
             node_failed.pop(victim, None)
             failed_at = time.monotonic()
@@ -189,7 +195,7 @@ async def _rounds(
             async def regranted(job: str = job) -> tuple[float, list[str]] | None:
                 return scheduled.get((job, 1))
 
-            at, [elsewhere] = await _until(regranted, ROUND_TIMEOUT_S, f"{job} granted again")
+            at, [elsewhere] = await until(regranted, ROUND_TIMEOUT_S, f"{job} granted again")
             assert elsewhere != victim, (job, victim, elsewhere)
             latencies.append(at - failed_at)
             detections.append(node_failed.get(victim, at) - failed_at)
@@ -203,7 +209,7 @@ async def _rounds(
                 assert r.status in (200, 202), await r.text()
             by_node[victim].kill()  # no-op after a SIGKILL; after an XID 79, the node's reboot
             by_node[victim].start()
-            await _until(lambda v=victim: healthy(v), ROUND_TIMEOUT_S, f"{victim} healthy again")
+            await until(lambda v=victim: healthy(v), ROUND_TIMEOUT_S, f"{victim} healthy again")
     finally:
         await http.close()
         await nc.drain()

@@ -411,6 +411,8 @@ async def test_the_durables_table_is_what_the_services_subscribe(bus: Bus, store
     from ibpool_runtime.fabric_feed import durable_name
     from ibpool_scheduler.bootstrap import bootstrap as scheduler
     from ibpool_scheduler.config import SchedulerConfig
+    from ibpool_slurm_bridge.bootstrap import bootstrap as slurm_bridge
+    from ibpool_slurm_bridge.config import SlurmBridgeConfig
 
     built: dict[str, set[str]] = {}
     services: list[tuple[str, Any, Any]] = [
@@ -419,6 +421,7 @@ async def test_the_durables_table_is_what_the_services_subscribe(bus: Bus, store
         ("failover_controller", failover, FailoverControllerConfig(instance="t")),
         ("autoscaler", autoscaler, AutoscalerConfig(instance="t")),
         ("fabric_monitor", fabric_monitor, FabricMonitorConfig(instance="t", counter_source="agents")),
+        ("slurm_bridge", slurm_bridge, SlurmBridgeConfig(instance="t")),
     ]
     for name, boot, cfg in services:
         kit = Kit(name=name, config=cfg, bus=bus, store=Store(store.pool, name), metrics=ServiceMetrics(name))

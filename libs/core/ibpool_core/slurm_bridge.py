@@ -33,6 +33,9 @@ from typing import Literal
 
 import msgspec
 
+from .fabric.formats import Exported, export_topology
+from .fabric.model import Topology, rename_hosts
+
 __all__ = [
     "REASON_PREFIX",
     "BridgeConfig",
@@ -44,7 +47,9 @@ __all__ = [
     "SyncReply",
     "SyncRequest",
     "apply_cordon",
+    "parse_node_names",
     "parse_scontrol_nodes",
+    "slurm_topology",
     "sync",
     "wanted_drains",
 ]
@@ -210,3 +215,33 @@ def sync(request: SyncRequest) -> SyncReply:
     actions.sort(key=lambda a: (a.node, isinstance(a, Resume)))
     refused.sort(key=lambda r: r.node)
     return SyncReply(actions=actions, refused=refused, limit=limit)
+
+
+def parse_node_names(text: str, *, file: str) -> dict[str, str]:
+    """A names file: `<fabric host> <slurm node>` per line, `#` comments. ValueError "FILE:LINE: why"
+    on a line that is not two names, or a host or Slurm node named twice."""
+    out: dict[str, str] = {}
+    taken: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise ValueError(f"{file}:{number}: expected '<fabric host> <slurm node>', got {raw.strip()!r}")
+        host, node = parts
+        if host in out:
+            raise ValueError(f"{file}:{number}: fabric host {host} is named twice")
+        if node in taken:
+            raise ValueError(
+                f"{file}:{number}: Slurm node {node} is already the name of another host (line {taken[node]})"
+            )
+        out[host], taken[node] = node, number
+    return out
+
+
+def slurm_topology(topology: Topology, fmt: str, names: Mapping[str, str]) -> Exported:
+    """The Slurm topology file (`fmt`: slurm, slurm-block or slurm-yaml) of `topology`, its hosts under
+    their Slurm names. FabricError when there is nothing to write (no named host cabled)."""
+    renamed = rename_hosts(topology, {h: n for h, n in names.items() if h != n}) if names else topology
+    return export_topology(fmt, renamed)

@@ -94,6 +94,8 @@ PUBLISHES: dict[str, tuple[type[Message], ...]] = {
         pool.RenewLease,
     ),
     "autoscaler": (scale.ScaleDecided, scale.ElasticJobResized, job.SubmitJob, job.CancelJob),
+    # It acts on Slurm (scontrol), not on the bus.
+    "slurm_bridge": (),
     # People and other systems acting on the cluster: submit work, ask for and give back GPUs, set quotas.
     "operator": (
         job.SubmitJob,
@@ -117,6 +119,7 @@ CONSUMES: dict[str, tuple[str, ...]] = {
     "failover_controller": ("IBPOOL_NODE", "IBPOOL_FABRIC", "IBPOOL_JOB", "IBPOOL_POOL"),
     "scheduler": ("IBPOOL_JOB", "IBPOOL_POOL", "IBPOOL_NODE", "IBPOOL_HEALTH", "IBPOOL_FABRIC"),
     "autoscaler": ("IBPOOL_JOB", "IBPOOL_POOL", "IBPOOL_SCALE"),
+    "slurm_bridge": ("IBPOOL_HEALTH", "IBPOOL_FABRIC"),
     "operator": (),
     "subscriber": ("IBPOOL_NODE", "IBPOOL_FABRIC", "IBPOOL_POOL", "IBPOOL_JOB", "IBPOOL_SCALE", "IBPOOL_HEALTH"),
 }
@@ -157,6 +160,7 @@ SERVICE_DURABLES: dict[str, tuple[str, ...]] = {
     ),
     "autoscaler": ("autoscaler-jobs", "autoscaler-metrics"),
     "fabric_monitor": ("fabric-monitor-fabric_monitor-hca",),
+    "slurm_bridge": ("slurm-bridge-health",),
 }
 
 

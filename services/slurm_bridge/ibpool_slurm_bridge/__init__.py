@@ -1,0 +1,1 @@
+"""ibpool's Slurm bridge: Slurm's topology.conf and node drains follow ibpool's fabric and health verdicts."""

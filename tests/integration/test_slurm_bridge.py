@@ -1,0 +1,222 @@
+"""The Slurm bridge service against a real Slurm (Debian's slurmctld and a slurmd per node, munge) and
+the real bus and store: ibpool's cordons drain and resume Slurm nodes, an operator's drain is left
+alone, a restarted bridge changes nothing twice, and a topology the fabric monitor publishes becomes
+Slurm's topology.conf."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ibpool_core.slurm_bridge import SlurmNode, parse_scontrol_nodes
+from ibpool_fabric_monitor.bootstrap import bootstrap as fabric_monitor_bootstrap
+from ibpool_fabric_monitor.config import FabricMonitorConfig
+from ibpool_failover_controller.bootstrap import bootstrap as controller_bootstrap
+from ibpool_proto.health import Cordoned, Uncordoned
+from ibpool_runtime import slurmstack
+from ibpool_runtime.bus import Bus
+from ibpool_runtime.devstack import StackInfo
+from ibpool_runtime.metrics import ServiceMetrics
+from ibpool_runtime.service import Kit, Service
+from ibpool_runtime.store import Store
+from ibpool_slurm_bridge.bootstrap import bootstrap as bridge_bootstrap
+from ibpool_slurm_bridge.config import SlurmBridgeConfig
+from tests.integration.agent_support import QUIET_GPUS_ENV, agent_process, unique_prefix
+from tests.integration.helpers import eventually, own_store
+from tests.integration.slurm_support import munge_socket
+from tests.integration.test_failover_connections import all_healthy
+from tests.integration.test_failover_controller import SLOW_BEATS, controller_kit, running, stop_process
+
+__all__ = ["munge_socket"]
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"sb{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def slurm(munge_socket: Path, tmp_path: Path, prefix: str) -> Iterator[slurmstack.Cluster]:
+    nodes = [f"{prefix}-{i}" for i in range(1, 5)]
+    # a first topology.conf (one switch), so slurmctld runs topology/tree and reads the bridge's later
+    first = f"SwitchName=s0 Nodes={','.join(nodes)}\n"
+    with slurmstack.cluster(tmp_path / "slurm", munge_socket, nodes, topology=first, slurmd=nodes) as cluster:
+        yield cluster
+
+
+async def nodes_of(slurm: slurmstack.Cluster) -> dict[str, SlurmNode]:
+    return parse_scontrol_nodes(await asyncio.to_thread(slurm.scontrol, "show", "node", "--oneliner"))
+
+
+@asynccontextmanager
+async def bridge(store: Store, bus: Bus, slurm: slurmstack.Cluster, prefix: str, **cfg: Any) -> AsyncIterator[Any]:
+    """A bridge on `store`: the same store (and durable) again is the same bridge restarted."""
+    config = SlurmBridgeConfig(
+        instance="t",
+        slurm_conf=str(slurm.conf),
+        durable_prefix=f"{prefix}-bridge",
+        sync_interval_s=0.5,
+        **cfg,
+    )
+    kit = Kit(name="slurm_bridge", config=config, bus=bus, store=store, metrics=ServiceMetrics("slurm_bridge"))
+    service = Service(kit, await bridge_bootstrap(kit))
+    await service.start()
+    try:
+        yield kit
+    finally:
+        await service.stop()
+
+
+def actions(kit: Kit[Any]) -> float:
+    """scontrol updates the bridge made (drains and resumes)."""
+    return sum(
+        s.value
+        for m in kit.metrics.registry.collect()
+        if m.name == "ibpool_slurm_bridge_actions"
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
+
+
+async def test_cordons_drain_and_resume_slurm_nodes_and_an_operators_drain_is_left_alone(
+    store: Store, bus: Bus, slurm: slurmstack.Cluster, prefix: str
+) -> None:
+    n1, n2, n3, n4 = (f"{prefix}-{i}" for i in range(1, 5))
+
+    async def all_idle() -> bool:
+        return all("IDLE" in n.state for n in (await nodes_of(slurm)).values())
+
+    await eventually(all_idle, timeout_s=30, what="every slurmd registered")
+    await asyncio.to_thread(slurm.scontrol, "update", f"NodeName={n4}", "State=DRAIN", "Reason=bad DIMM, ticket 4711")
+
+    async with bridge(store, bus, slurm, prefix) as kit:
+        await bus.publish(Cordoned(source="test", key=n1, node_id=n1, scope="node", reason="no heartbeat for 3.1 s"))
+        await bus.publish(Cordoned(source="test", key=n2, node_id=n2, scope="gpu", gpu_index=5, reason="XID 48"))
+        await bus.publish(Cordoned(source="test", key=n4, node_id=n4, scope="node", reason="no heartbeat"))
+
+        async def drained() -> bool:
+            nodes = await nodes_of(slurm)
+            return nodes[n1].drained and nodes[n2].drained
+
+        await eventually(drained, timeout_s=15, what="the cordoned nodes drained in Slurm")
+        nodes = await nodes_of(slurm)
+        assert nodes[n1].reason == "ibpool: node: no heartbeat for 3.1 s"
+        assert nodes[n2].reason == "ibpool: gpu 5: XID 48"
+        assert nodes[n4].reason == "bad DIMM, ticket 4711"  # the operator's drain, not drained over
+        assert not nodes[n3].drained
+        assert actions(kit) == 2
+
+        await bus.publish(Uncordoned(source="test", key=n1, node_id=n1, scope="node"))
+
+        async def resumed() -> bool:
+            return not (await nodes_of(slurm))[n1].drained
+
+        await eventually(resumed, timeout_s=15, what=f"{n1} resumed after its cordon was lifted")
+        await asyncio.sleep(1.5)  # three more rounds
+        assert actions(kit) == 3
+
+    # a restarted bridge reads back from Slurm what it drained: nothing is done twice
+    async with bridge(store, bus, slurm, prefix) as kit:
+        await asyncio.sleep(2.0)
+        assert actions(kit) == 0
+        nodes = await nodes_of(slurm)
+        assert nodes[n2].drained and nodes[n2].reason == "ibpool: gpu 5: XID 48"
+        assert not nodes[n1].drained and nodes[n4].reason == "bad DIMM, ticket 4711"
+        await bus.publish(Uncordoned(source="test", key=n4, node_id=n4, scope="node"))
+        await bus.publish(Uncordoned(source="test", key=n2, node_id=n2, scope="gpu", gpu_index=5))
+        await eventually(lambda: _not_drained(slurm, n2), timeout_s=15, what=f"{n2} resumed")
+        nodes = await nodes_of(slurm)
+        assert nodes[n4].drained and nodes[n4].reason == "bad DIMM, ticket 4711"  # never resumed by ibpool
+
+
+async def _not_drained(slurm: slurmstack.Cluster, node: str) -> bool:
+    return not (await nodes_of(slurm))[node].drained
+
+
+async def test_a_published_topology_becomes_slurms_topology_conf(
+    stack: StackInfo, bus: Bus, slurm: slurmstack.Cluster, prefix: str
+) -> None:
+    monitor_cfg = FabricMonitorConfig(
+        instance=prefix,
+        generate="fat_tree_2tier:hosts=4,radix=4",
+        host_name_format=prefix + "-{:d}",
+        counter_source="none",
+    )
+    topology_file = slurm.folder / "topology.conf"
+    async with own_store(stack, f"fabric_monitor_{prefix}") as monitor_store:
+        monitor_kit = Kit(
+            name="fabric_monitor", config=monitor_cfg, bus=bus, store=monitor_store, metrics=ServiceMetrics("fm")
+        )
+        monitor = Service(monitor_kit, await fabric_monitor_bootstrap(monitor_kit))
+        await monitor.start()
+        try:
+            async with own_store(stack) as store, bridge(store, bus, slurm, prefix, topology_file=str(topology_file)):
+
+                async def taken() -> bool:
+                    shown = await asyncio.to_thread(slurm.scontrol, "show", "topology")
+                    return "leaf001" in shown and "leaf002" in shown
+
+                await eventually(taken, timeout_s=20, what="Slurm shows the published fabric's leaves")
+                text = topology_file.read_text()
+                assert "SwitchName=leaf001 Nodes=" in text and "s0" not in text
+                previous = (slurm.folder / "topology.conf.previous").read_text()
+                assert previous.startswith("SwitchName=s0 ")  # the file it replaced, kept
+                shown = await asyncio.to_thread(slurm.scontrol, "show", "topology")
+                leaves = [ln for ln in shown.splitlines() if " Level=0 " in ln]
+                hosts = await asyncio.to_thread(
+                    slurm.scontrol, "show", "hostnames", ",".join(ln.split("Nodes=")[1].split()[0] for ln in leaves)
+                )
+                assert sorted(hosts.split()) == sorted(f"{prefix}-{i}" for i in range(1, 5))
+        finally:
+            await monitor.stop()
+
+
+async def test_a_killed_agents_slurm_node_is_drained_within_seconds_and_resumed_when_it_is_back(
+    stack: StackInfo, bus: Bus, store: Store, munge_socket: Path, tmp_path: Path
+) -> None:
+    """The whole way: a node agent SIGKILLed -> the failover controller fails its node (its bus
+    connection closed) -> Cordoned -> the bridge drains the Slurm node with the controller's reason;
+    the agent back -> NodeRecovered, Uncordoned -> the bridge resumes it."""
+    prefix = unique_prefix()
+    nodes = [f"{prefix}-001", f"{prefix}-002"]
+    with slurmstack.cluster(tmp_path / "slurm", munge_socket, nodes, slurmd=nodes) as slurm:
+        controller = controller_kit(bus, store, connection_events_url=stack.system_nats_url, **SLOW_BEATS)
+        async with (
+            running("failover_controller", controller, controller_bootstrap) as fc,
+            own_store(stack) as bridge_store,
+            bridge(bridge_store, bus, slurm, prefix),
+        ):
+            agent = agent_process(stack, prefix, nodes=2, extra_env=QUIET_GPUS_ENV)
+            try:
+                await all_healthy(fc.http_url, nodes)
+                killed = time.monotonic()
+                await stop_process(agent, signal.SIGKILL)
+
+                async def drained() -> bool:
+                    shown = await nodes_of(slurm)
+                    return all(shown[n].drained for n in nodes)
+
+                await eventually(drained, timeout_s=20, what="both Slurm nodes drained after the agent was killed")
+                took = time.monotonic() - killed
+                for node in nodes:
+                    reason = (await nodes_of(slurm))[node].reason
+                    assert reason.startswith("ibpool: node: ") and "bus connection closed" in reason, reason
+                assert took < 20, took  # Slurm's own SlurmdTimeout is 300 s by default
+
+                agent = agent_process(stack, prefix, nodes=2, extra_env=QUIET_GPUS_ENV)
+
+                async def resumed() -> bool:
+                    shown = await nodes_of(slurm)
+                    return not any(shown[n].drained for n in nodes)
+
+                await eventually(resumed, timeout_s=30, what="both Slurm nodes resumed after the agent came back")
+            finally:
+                await stop_process(agent)
