@@ -54,6 +54,7 @@ from .pool import (
     SetQuota,
 )
 from .scale import DeploymentMetricsReported, ElasticJobResized, ScaleDecided
+from .slurm import SlurmNodeChanged
 
 AnyMessage = (
     NodeRegistered
@@ -107,6 +108,7 @@ AnyMessage = (
     | JobFlagged
     | ClusterDegraded
     | ClusterRestored
+    | SlurmNodeChanged
 )
 
 ALL_MESSAGES: tuple[type[Message], ...] = AnyMessage.__args__

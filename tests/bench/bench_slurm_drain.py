@@ -75,7 +75,7 @@ async def _rounds(
     reasons: list[str] = []
 
     async def slurm_nodes() -> dict[str, Any]:
-        return parse_scontrol_nodes(await asyncio.to_thread(slurm.scontrol, "show", "node", "--oneliner"))
+        return parse_scontrol_nodes(await asyncio.to_thread(slurm.scontrol, "show", "node", "--details", "--oneliner"))
 
     async def healthy(node: str) -> bool:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):

@@ -20,7 +20,9 @@ from ibpool_core.slurm_bridge import SlurmNode, parse_scontrol_nodes
 from ibpool_fabric_monitor.bootstrap import bootstrap as fabric_monitor_bootstrap
 from ibpool_fabric_monitor.config import FabricMonitorConfig
 from ibpool_failover_controller.bootstrap import bootstrap as controller_bootstrap
+from ibpool_proto import decode
 from ibpool_proto.health import Cordoned, Uncordoned
+from ibpool_proto.slurm import SlurmNodeChanged
 from ibpool_runtime import slurmstack
 from ibpool_runtime.bus import Bus
 from ibpool_runtime.devstack import StackInfo
@@ -30,7 +32,7 @@ from ibpool_runtime.store import Store
 from ibpool_slurm_bridge.bootstrap import bootstrap as bridge_bootstrap
 from ibpool_slurm_bridge.config import SlurmBridgeConfig
 from tests.integration.agent_support import QUIET_GPUS_ENV, agent_process, unique_prefix
-from tests.integration.helpers import eventually, own_store
+from tests.integration.helpers import eventually, own_store, stream_messages
 from tests.integration.slurm_support import munge_socket
 from tests.integration.test_failover_connections import all_healthy
 from tests.integration.test_failover_controller import SLOW_BEATS, controller_kit, running, stop_process
@@ -48,12 +50,14 @@ def slurm(munge_socket: Path, tmp_path: Path, prefix: str) -> Iterator[slurmstac
     nodes = [f"{prefix}-{i}" for i in range(1, 5)]
     # a first topology.conf (one switch), so slurmctld runs topology/tree and reads the bridge's later
     first = f"SwitchName=s0 Nodes={','.join(nodes)}\n"
-    with slurmstack.cluster(tmp_path / "slurm", munge_socket, nodes, topology=first, slurmd=nodes) as cluster:
+    with slurmstack.cluster(
+        tmp_path / "slurm", munge_socket, nodes, topology=first, slurmd=nodes, gpus_per_node=4
+    ) as cluster:
         yield cluster
 
 
 async def nodes_of(slurm: slurmstack.Cluster) -> dict[str, SlurmNode]:
-    return parse_scontrol_nodes(await asyncio.to_thread(slurm.scontrol, "show", "node", "--oneliner"))
+    return parse_scontrol_nodes(await asyncio.to_thread(slurm.scontrol, "show", "node", "--details", "--oneliner"))
 
 
 @asynccontextmanager
@@ -107,6 +111,18 @@ async def test_cordons_drain_and_resume_slurm_nodes_and_an_operators_drain_is_le
             return nodes[n1].drained and nodes[n2].drained
 
         await eventually(drained, timeout_s=15, what="the cordoned nodes drained in Slurm")
+
+        async def told(node: str, check: Any) -> bool:
+            return any(check(e) for e in await slurm_news(bus, node))
+
+        # what Slurm shows comes back as events: every node once at start, then each change
+        await eventually(
+            lambda: told(n1, lambda e: e.drained_by_ibpool and "DRAIN" in e.state and e.slurm_node == n1),
+            timeout_s=15,
+            what=f"SlurmNodeChanged: {n1} drained by ibpool",
+        )
+        assert await told(n4, lambda e: "DRAIN" in e.state and not e.drained_by_ibpool and e.gpus == 4)
+        assert await told(n3, lambda e: e.state == ["IDLE"] and e.gpus == 4 and e.gpus_allocated == 0)
         nodes = await nodes_of(slurm)
         assert nodes[n1].reason == "ibpool: node: no heartbeat for 3.1 s"
         assert nodes[n2].reason == "ibpool: gpu 5: XID 48"
@@ -135,6 +151,34 @@ async def test_cordons_drain_and_resume_slurm_nodes_and_an_operators_drain_is_le
         await eventually(lambda: _not_drained(slurm, n2), timeout_s=15, what=f"{n2} resumed")
         nodes = await nodes_of(slurm)
         assert nodes[n4].drained and nodes[n4].reason == "bad DIMM, ticket 4711"  # never resumed by ibpool
+
+
+async def slurm_news(bus: Bus, node: str) -> list[SlurmNodeChanged]:
+    return [decode(m.data) for m in await stream_messages(bus.js, "IBPOOL_SLURM", SlurmNodeChanged.subject(node))]
+
+
+async def test_the_gpus_slurm_jobs_hold_come_back_as_events(
+    store: Store, bus: Bus, slurm: slurmstack.Cluster, prefix: str
+) -> None:
+    n1 = f"{prefix}-1"
+
+    async def registered() -> bool:
+        return all("IDLE" in n.state and n.gpus == 4 for n in (await nodes_of(slurm)).values())
+
+    await eventually(registered, timeout_s=30, what="every slurmd registered with 4 GPUs")
+    async with bridge(store, bus, slurm, prefix):
+        job = await asyncio.to_thread(
+            slurm.run, "sbatch", "-w", n1, "--gres=gpu:3", "-o", "/dev/null", "--wrap", "sleep 120"
+        )
+        assert job.returncode == 0, job.stderr
+        try:
+
+            async def held() -> bool:
+                return any(e.gpus_allocated == 3 and e.gpus == 4 for e in await slurm_news(bus, n1))
+
+            await eventually(held, timeout_s=20, what="SlurmNodeChanged: 3 of n1's 4 GPUs held by a Slurm job")
+        finally:
+            await asyncio.to_thread(slurm.run, "scancel", job.stdout.split()[-1])
 
 
 async def _not_drained(slurm: slurmstack.Cluster, node: str) -> bool:

@@ -1,6 +1,6 @@
 """The Slurm bridge's decision against a real Slurm: slurmctld and three slurmd (Debian's 22.05), the
 actions of `ibpool_core.slurm_bridge.sync` carried out with scontrol and Slurm's view read back with
-`scontrol show node --oneliner` each round, as the bridge does."""
+`scontrol show node --details --oneliner` each round, as the bridge does."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ NODES = ["n1", "n2", "n3"]
 
 
 def view(slurm: slurmstack.Cluster) -> dict[str, SlurmNode]:
-    return parse_scontrol_nodes(slurm.scontrol("show", "node", "--oneliner"))
+    return parse_scontrol_nodes(slurm.scontrol("show", "node", "--details", "--oneliner"))
 
 
 def round_(slurm: slurmstack.Cluster, wanted: dict[str, str]) -> SyncReply:

@@ -2,7 +2,7 @@
 
 The bridge keeps Slurm's node states in line with the failover controller's verdicts. Its input is
 ibpool's cordons (`Cordoned` / `Uncordoned` events, folded by `apply_cordon`) and Slurm's own view
-of its nodes, read back each round (`parse_scontrol_nodes` of `scontrol show node --oneliner`).
+of its nodes, read back each round (`parse_scontrol_nodes` of `scontrol show node --details --oneliner`).
 The reply is the `scontrol update` actions to take and the drains it will not make, as data.
 
 Rules:
@@ -27,14 +27,18 @@ Pure and deterministic: actions and refusals come sorted by node name.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Mapping
 from typing import Literal
 
 import msgspec
 
+from ibpool_proto.slurm import SlurmNodeChanged
+
 from .fabric.formats import Exported, export_topology
 from .fabric.model import Topology, rename_hosts
+from .ids import EventIds
 
 __all__ = [
     "REASON_PREFIX",
@@ -47,6 +51,7 @@ __all__ = [
     "SyncReply",
     "SyncRequest",
     "apply_cordon",
+    "node_changes",
     "parse_node_names",
     "parse_scontrol_nodes",
     "slurm_topology",
@@ -114,11 +119,15 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 
 class SlurmNode(msgspec.Struct, frozen=True, kw_only=True):
-    """A Slurm node as `scontrol show node` shows it: its state flags (IDLE, DRAIN, DOWN, ...) and reason."""
+    """A Slurm node as `scontrol show node -d` shows it: its state flags (IDLE, DRAIN, DOWN, ...), its
+    reason, and its GPUs (`Gres=`) with those Slurm jobs hold (`GresUsed=`), or the TRES counts
+    (`CfgTRES`, `AllocTRES` gres/gpu) where accounting tracks GPUs."""
 
     name: str
     state: tuple[str, ...]
     reason: str = ""
+    gpus: int = 0
+    gpus_allocated: int = 0
 
     @property
     def drained(self) -> bool:
@@ -131,7 +140,7 @@ class SlurmNode(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def parse_scontrol_nodes(text: str) -> dict[str, SlurmNode]:
-    """`scontrol show node --oneliner` -> node name -> SlurmNode. The reason is what follows
+    """`scontrol show node --details --oneliner` -> node name -> SlurmNode. The reason is what follows
     `Reason=` up to Slurm's ` [user@time]` stamp (it may hold spaces); ValueError on a line without
     `NodeName=` or `State=`."""
     out: dict[str, SlurmNode] = {}
@@ -146,8 +155,49 @@ def parse_scontrol_nodes(text: str) -> dict[str, SlurmNode]:
         if stamp >= 0 and reason.rstrip().endswith("]"):
             reason = reason[:stamp]
         state = tuple(s for s in fields["State"].upper().replace("*", "").split("+") if s)
-        out[fields["NodeName"]] = SlurmNode(name=fields["NodeName"], state=state, reason=reason.strip())
+        out[fields["NodeName"]] = SlurmNode(
+            name=fields["NodeName"],
+            state=state,
+            reason=reason.strip(),
+            gpus=_gres_gpus(fields.get("Gres", "")) or _tres_gpus(fields.get("CfgTRES", "")),
+            gpus_allocated=_gres_gpus(fields.get("GresUsed", "")) or _tres_gpus(fields.get("AllocTRES", "")),
+        )
     return out
+
+
+def _gres_gpus(gres: str) -> int:
+    """The GPUs in a node's `Gres=` or `GresUsed=` (`scontrol show node -d`): `gpu:4`,
+    `gpu:h100:8(S:0-1)`, `gpu:(null):3`, `gpu:a100:2(IDX:0,2),nic:1`; typed counts add up."""
+    total = 0
+    depth = 0
+    item = ""
+    for ch in gres + ",":
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            name, _, rest = item.partition(":")
+            count = rest.split("(", 1)[0].rsplit(":", 1)[-1]
+            if name == "gpu" and count.isdigit():
+                total += int(count)
+            item = ""
+        else:
+            item += ch
+    return total
+
+
+def _tres_gpus(tres: str) -> int:
+    """The GPUs in a TRES list (`cpu=8,mem=1T,gres/gpu=8`): `gres/gpu`, or the sum of the typed
+    `gres/gpu:<type>` counts where Slurm lists only those."""
+    plain = 0
+    typed = 0
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if not value.isdigit():
+            continue
+        if key == "gres/gpu":
+            plain = int(value)
+        elif key.startswith("gres/gpu:"):
+            typed += int(value)
+    return plain or typed
 
 
 class SyncRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -245,3 +295,47 @@ def slurm_topology(topology: Topology, fmt: str, names: Mapping[str, str]) -> Ex
     their Slurm names. FabricError when there is nothing to write (no named host cabled)."""
     renamed = rename_hosts(topology, {h: n for h, n in names.items() if h != n}) if names else topology
     return export_topology(fmt, renamed)
+
+
+def node_changes(
+    seen: Mapping[str, SlurmNode],
+    shown: Mapping[str, SlurmNode],
+    names: Mapping[str, str],
+    *,
+    source: str,
+    now: dt.datetime,
+) -> list[SlurmNodeChanged]:
+    """A SlurmNodeChanged for each Slurm node whose state, reason or GPUs differ from what was `seen`
+    (every node when nothing was), by Slurm name; `names` maps fabric hosts to Slurm names. A node
+    whose host name cannot be a subject key (a `.` in it) is left out."""
+    host_of = {slurm: host for host, slurm in names.items()}
+    ids = EventIds(now)
+    out: list[SlurmNodeChanged] = []
+    for name, node in sorted(shown.items()):
+        host = host_of.get(name, name)
+        if seen.get(name) == node or not _subject_key(host):
+            continue
+        out.append(
+            SlurmNodeChanged(
+                id=ids.next(f"slurm/{name}"),
+                occurred_at=now,
+                source=source,
+                key=host,
+                node_id=host,
+                slurm_node=name,
+                state=list(node.state),
+                reason=node.reason,
+                drained_by_ibpool=node.drained and node.ours,
+                gpus=node.gpus,
+                gpus_allocated=node.gpus_allocated,
+            )
+        )
+    return out
+
+
+def _subject_key(host: str) -> bool:
+    try:
+        SlurmNodeChanged.subject(host)
+    except ValueError:
+        return False
+    return True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import msgspec
 import pytest
 
@@ -14,6 +16,7 @@ from ibpool_core.slurm_bridge import (
     SlurmNode,
     SyncRequest,
     apply_cordon,
+    node_changes,
     parse_scontrol_nodes,
     sync,
     wanted_drains,
@@ -125,3 +128,49 @@ def test_actions_are_the_scontrol_arguments() -> None:
         "Reason=ibpool: node: x",
     ]
     assert Resume(node="n1").scontrol() == ["update", "NodeName=n1", "State=RESUME"]
+
+
+NOW = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
+
+
+def test_every_node_is_published_once_then_only_what_changed() -> None:
+    shown = {"gpu-a01": idle("gpu-a01"), "n02": idle("n02"), "x.lan": idle("x.lan")}
+    first = node_changes({}, shown, {"dgx001": "gpu-a01"}, source="slurm_bridge", now=NOW)
+    # by fabric host; a host that cannot be a subject key (a dot) is left out
+    assert [(e.node_id, e.slurm_node, e.state) for e in first] == [
+        ("dgx001", "gpu-a01", ["IDLE"]),
+        ("n02", "n02", ["IDLE"]),
+    ]
+    assert node_changes(shown, shown, {}, source="slurm_bridge", now=NOW) == []
+    later = {
+        **shown,
+        "n02": SlurmNode(name="n02", state=("MIXED", "DRAIN"), reason="ibpool: node: x", gpus=8, gpus_allocated=3),
+    }
+    [changed] = node_changes(shown, later, {}, source="slurm_bridge", now=NOW)
+    assert (changed.key, changed.state, changed.drained_by_ibpool, changed.gpus, changed.gpus_allocated) == (
+        "n02",
+        ["MIXED", "DRAIN"],
+        True,
+        8,
+        3,
+    )
+    # the same input, the same events, ids included
+    again = node_changes({}, shown, {"dgx001": "gpu-a01"}, source="slurm_bridge", now=NOW)
+    assert msgspec.json.encode(again) == msgspec.json.encode(first)
+
+
+def test_gpus_come_from_the_nodes_tres() -> None:
+    line = (
+        "NodeName=g1 State=MIXED CfgTRES=cpu=64,mem=1T,billing=64,gres/gpu=8 "
+        "AllocTRES=cpu=4,mem=10G,gres/gpu=2 CapWatts=n/a"
+    )
+    typed = "NodeName=g2 State=IDLE CfgTRES=cpu=8,gres/gpu:h100=4,gres/gpu:a100=2 AllocTRES="
+    # what Slurm 22.05 shows without accounting of gres/gpu: the node's Gres= and GresUsed=
+    details = (
+        "NodeName=g3 Arch=x86_64 Gres=gpu:h100:8(S:0-1),nic:2 GresDrain=N/A GresUsed=gpu:h100:3(IDX:0,2-3),nic:0 "
+        "State=MIXED CfgTRES=cpu=2,mem=100M,billing=2 AllocTRES=cpu=1"
+    )
+    nodes = parse_scontrol_nodes(line + "\n" + typed + "\n" + details + "\n")
+    assert (nodes["g1"].gpus, nodes["g1"].gpus_allocated) == (8, 2)
+    assert (nodes["g2"].gpus, nodes["g2"].gpus_allocated) == (6, 0)
+    assert (nodes["g3"].gpus, nodes["g3"].gpus_allocated) == (8, 3)

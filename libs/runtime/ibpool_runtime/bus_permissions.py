@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ibpool_proto import fabric, health, job, node, pool, scale
+from ibpool_proto import fabric, health, job, node, pool, scale, slurm
 from ibpool_proto.message import Message
 
 from .bus import inbox_prefix
@@ -94,8 +94,8 @@ PUBLISHES: dict[str, tuple[type[Message], ...]] = {
         pool.RenewLease,
     ),
     "autoscaler": (scale.ScaleDecided, scale.ElasticJobResized, job.SubmitJob, job.CancelJob),
-    # It acts on Slurm (scontrol), not on the bus.
-    "slurm_bridge": (),
+    # It acts on Slurm (scontrol) and tells what Slurm shows.
+    "slurm_bridge": (slurm.SlurmNodeChanged,),
     # People and other systems acting on the cluster: submit work, ask for and give back GPUs, set quotas.
     "operator": (
         job.SubmitJob,
@@ -121,7 +121,15 @@ CONSUMES: dict[str, tuple[str, ...]] = {
     "autoscaler": ("IBPOOL_JOB", "IBPOOL_POOL", "IBPOOL_SCALE"),
     "slurm_bridge": ("IBPOOL_HEALTH", "IBPOOL_FABRIC"),
     "operator": (),
-    "subscriber": ("IBPOOL_NODE", "IBPOOL_FABRIC", "IBPOOL_POOL", "IBPOOL_JOB", "IBPOOL_SCALE", "IBPOOL_HEALTH"),
+    "subscriber": (
+        "IBPOOL_NODE",
+        "IBPOOL_FABRIC",
+        "IBPOOL_POOL",
+        "IBPOOL_JOB",
+        "IBPOOL_SCALE",
+        "IBPOOL_HEALTH",
+        "IBPOOL_SLURM",
+    ),
 }
 
 # The messages sent on core NATS only (`Message.stored` is False) each user reads live, by subscribing.

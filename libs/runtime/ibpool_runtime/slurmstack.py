@@ -17,6 +17,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -163,9 +164,14 @@ def conf_text(
     controller_port: int,
     node_ports: Mapping[str, int],
     topology: bool,
-    node_line: str = "CPUs=1 RealMemory=100",
+    spool: Path,
+    node_line: str = "CPUs=2 RealMemory=100",
+    gpus_per_node: int = 0,
 ) -> str:
-    """slurm.conf of a throw-away cluster: every node on 127.0.0.1 (at its own port when it has one)."""
+    """slurm.conf of a throw-away cluster: every node on 127.0.0.1 (at its own port when it has one),
+    with `gpus_per_node` GPUs as a count-only GRES (gres.conf beside it) when > 0."""
+    if gpus_per_node:
+        node_line += f" Gres=gpu:{gpus_per_node}"
     lines = [
         "ClusterName=ibpool",
         "SlurmctldHost=localhost",
@@ -177,7 +183,7 @@ def conf_text(
         "SlurmUser=root",
         "SlurmdUser=root",
         f"StateSaveLocation={folder / 'state'}",
-        f"SlurmdSpoolDir={folder / 'spool'}/%n",
+        f"SlurmdSpoolDir={spool}/%n",
         f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
         f"SlurmdPidFile={folder / 'slurmd'}-%n.pid",
         f"SlurmctldLogFile={folder / 'slurmctld.log'}",
@@ -194,6 +200,7 @@ def conf_text(
         "ReturnToService=2",
         "SlurmdTimeout=300",
         f"TopologyPlugin=topology/{'tree' if topology else 'none'}",
+        *(["GresTypes=gpu"] if gpus_per_node else []),
     ]
     for n in nodes:
         port = f" Port={node_ports[n]}" if n in node_ports else ""
@@ -210,13 +217,17 @@ def cluster(
     *,
     topology: str | None = None,
     slurmd: Sequence[str] = (),
+    gpus_per_node: int = 0,
     timeout_s: float = 60,
 ) -> Iterator[Cluster]:
     """slurmctld for `nodes` (with `topology` as its topology.conf, tree plugin), and a slurmd for each
-    node of `slurmd`. SlurmError when slurmctld does not come up (its log's tail in the message)."""
+    node of `slurmd`; `gpus_per_node` GPUs on each node as a GRES Slurm jobs can ask for
+    (`--gres=gpu:N`; a count, no devices). SlurmError when slurmctld does not come up (its log's
+    tail in the message)."""
     folder.mkdir(parents=True, exist_ok=True)
-    for sub in ("state", "spool"):
-        (folder / sub).mkdir(exist_ok=True)
+    (folder / "state").mkdir(exist_ok=True)
+    # slurmd's spool holds Unix sockets, whose paths may not pass 108 bytes: a short folder of its own
+    spool = Path(tempfile.mkdtemp(prefix="ibpool-slurmd-"))
     controller_port = free_port()
     node_ports = {n: free_port() for n in slurmd}
     conf = folder / "slurm.conf"
@@ -228,8 +239,17 @@ def cluster(
             controller_port=controller_port,
             node_ports=node_ports,
             topology=topology is not None,
+            spool=spool,
+            gpus_per_node=gpus_per_node,
         )
     )
+    if gpus_per_node:
+        # Slurm keeps no GPU without a device file: stand-in files, which nothing opens (CountOnly)
+        devices = folder / "gpus"
+        devices.mkdir(exist_ok=True)
+        for i in range(gpus_per_node):
+            (devices / f"gpu{i}").touch()
+        (folder / "gres.conf").write_text(f"Name=gpu File={devices}/gpu[0-{gpus_per_node - 1}] Flags=CountOnly\n")
     if topology is not None:
         (folder / "topology.conf").write_text(topology)
     env = {**os.environ, "SLURM_CONF": str(conf)}
@@ -246,7 +266,7 @@ def cluster(
     try:
         _wait(running.up, timeout_s, "slurmctld", ctld.pid, out)
         for n in slurmd:
-            (folder / "spool" / n).mkdir(parents=True, exist_ok=True)
+            (spool / n).mkdir(parents=True, exist_ok=True)
             proc = subprocess.Popen(
                 [
                     binary("unshare"),
@@ -273,3 +293,4 @@ def cluster(
         _stop_pid(ctld.pid)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(ctld.pid, 0)
+        shutil.rmtree(spool, ignore_errors=True)

@@ -43,6 +43,9 @@ STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec("IBPOOL_JOB", ("ibpool.job.>",), 30 * DAY_S, description="job submissions and lifecycle"),
     StreamSpec("IBPOOL_SCALE", ("ibpool.scale.>",), 30 * DAY_S, description="autoscaler decisions"),
     StreamSpec("IBPOOL_HEALTH", ("ibpool.health.>",), 30 * DAY_S, description="health verdicts and actions"),
+    StreamSpec(
+        "IBPOOL_SLURM", ("ibpool.slurm.>",), 30 * DAY_S, description="a Slurm cluster's nodes as Slurm shows them"
+    ),
     StreamSpec(DLQ_STREAM, (f"{DLQ_SUBJECT_PREFIX}.>",), 14 * DAY_S, description="messages no handler could take"),
 )
 

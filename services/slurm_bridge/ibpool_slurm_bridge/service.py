@@ -3,9 +3,11 @@
 - Cordons: `Cordoned` / `Uncordoned` from the failover controller are kept in the store (the newest
   word on each; handler: lock -> record -> commit), and each change wakes a round.
 - A round (`sync_round`, at once after a change and every `sync_interval_s`): read the cordons, read
-  Slurm's nodes (`scontrol show node --oneliner`), decide (`ibpool_core.slurm_bridge.sync`), carry out
-  at most `max_actions_per_round` scontrol updates. What ibpool drained is read back from Slurm itself
-  (the reason starts with `ibpool:`), so a restart neither drains twice nor forgets its drains.
+  Slurm's nodes (`scontrol show node --details --oneliner`), publish a SlurmNodeChanged for each node Slurm
+  shows differently from the last round (every node after a start), decide
+  (`ibpool_core.slurm_bridge.sync`), carry out at most `max_actions_per_round` scontrol updates.
+  What ibpool drained is read back from Slurm itself (the reason starts with `ibpool:`), so a
+  restart neither drains twice nor forgets its drains.
 - Topology: the fabric feed keeps the newest published topology; when its content is not the one
   written, the topology file is rendered (`slurm_topology`), written atomically only if its text
   changed (the file before it kept as `<file>.previous`), and `scontrol reconfigure` run; when Slurm
@@ -31,7 +33,9 @@ from ibpool_core.slurm_bridge import (
     BridgeConfig,
     Cordon,
     Refused,
+    SlurmNode,
     SyncRequest,
+    node_changes,
     parse_node_names,
     slurm_topology,
     sync,
@@ -143,6 +147,8 @@ class SlurmBridge:
         )
         self.wake = asyncio.Event()
         self.last: RoundView | None = None
+        # Slurm's nodes as the last round read them (what SlurmNodeChanged compares with).
+        self.seen: dict[str, SlurmNode] = {}
         self.topology = TopologyView(file=self.cfg.topology_file)
         registry = kit.metrics.registry
         self.actions = Counter(
@@ -222,6 +228,7 @@ class SlurmBridge:
             return RoundView(
                 at=now, wanted=wanted, drained=[], resumed=[], refused=[], limit=0, slurm_nodes=0, error=str(e)
             )
+        await self.publish_changes(nodes, now)
         reply = sync(SyncRequest(wanted=wanted, slurm=nodes, names=self.names, config=self.bridge))
         drained: list[str] = []
         resumed: list[str] = []
@@ -252,6 +259,15 @@ class SlurmBridge:
             slurm_nodes=len(nodes),
             error=error,
         )
+
+    async def publish_changes(self, nodes: dict[str, SlurmNode], now: dt.datetime) -> None:
+        """SlurmNodeChanged for each node Slurm shows differently from the last round (all of them
+        after a start), through the outbox."""
+        events = node_changes(self.seen, nodes, self.names, source=self.kit.source, now=now)
+        if events:
+            async with self.kit.store.transaction() as tx:
+                await tx.outbox(*events)
+        self.seen = nodes
 
     async def update_topology(self) -> None:
         """Write the topology file of the fabric in force when it is not the one written (module docstring)."""

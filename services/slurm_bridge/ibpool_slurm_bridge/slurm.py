@@ -47,8 +47,8 @@ class Scontrol:
         return out.decode(errors="replace")
 
     async def nodes(self) -> dict[str, SlurmNode]:
-        """Slurm's nodes as `scontrol show node --oneliner` shows them."""
-        text = await self.run("show", "node", "--oneliner")
+        """Slurm's nodes as `scontrol show node --details --oneliner` shows them."""
+        text = await self.run("show", "node", "--details", "--oneliner")
         try:
             return parse_scontrol_nodes(text)
         except ValueError as e:
