@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 
+from ibpool_cli.run import SLURM_PROGRAMS
+from ibpool_runtime import slurmstack
 from tests.bench.bench_scale import SERVICES, table
 from tests.integration.conftest import stack_dir
+from tests.integration.slurm_support import require_slurm
 
 CLI = [sys.executable, "-m", "ibpool_cli"]
 
@@ -55,11 +59,33 @@ def test_dev_up_insecure_is_an_open_stack() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def slurm_here() -> bool:
+    """Whether this run can have a throw-away Slurm beside it (`--slurm`); under IBPOOL_REQUIRE_SLURM=1
+    it must (`.ci/run` installs Slurm), so a missing program fails the test instead of narrowing it."""
+    if os.environ.get("IBPOOL_REQUIRE_SLURM") == "1":
+        require_slurm()
+        return True
+    return not slurmstack.missing(SLURM_PROGRAMS) and os.geteuid() == 0
+
+
 def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
     root = stack_dir()
     costs = root / "measured.json"
+    with_slurm = slurm_here()
     r = subprocess.run(
-        [*CLI, "run", "--nodes", "16", "--duration", "30", "--state-dir", str(root / "run"), "--measure", str(costs)],
+        [
+            *CLI,
+            "run",
+            "--nodes",
+            "16",
+            "--duration",
+            "30",
+            "--state-dir",
+            str(root / "run"),
+            "--measure",
+            str(costs),
+            *(["--slurm"] if with_slurm else []),
+        ],
         capture_output=True,
         text=True,
         timeout=180,
@@ -81,6 +107,10 @@ def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
     assert "inference deployment scaled up with the load and back down" in out
     assert "elastic training job grown into idle GPUs" in out
     assert "stack stopped" in out
+    if with_slurm:  # Slurm beside it: the fabric became its topology, the killed node drained and resumed
+        assert "Slurm: the published fabric is its topology.conf" in out and "16 of 16 hosts under" in out
+        assert "Slurm: node-017 drained by ibpool after its agent's SIGKILL" in out
+        assert "Slurm: node-017 resumed by ibpool after it recovered" in out
     # What the run cost (the scale harness's measure, bench_scale.py, at its smallest size).
     assert measured is not None, out
     assert measured["nodes"] == 17 and measured["summary_ok"] is True

@@ -97,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         "stream and Postgres growth, cycle and queue times; see docs/scale.md)",
     )
     run.add_argument("--seed", type=int, default=42)
+    run.add_argument(
+        "--slurm",
+        action="store_true",
+        help="also a throw-away Slurm beside it (Debian's slurmctld, slurmd and munge; root): the Slurm bridge "
+        "writes its topology.conf from the fabric and drains the node whose agent is killed (docs/slurm.md)",
+    )
     run.add_argument("--state-dir", default=None, help="default: a fresh folder under .ibpool/")
     run.add_argument(
         "--insecure",

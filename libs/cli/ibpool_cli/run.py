@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import random
@@ -44,7 +45,8 @@ from ibpool_proto.message import every_subject
 from ibpool_proto.node import NodeDeregistered, NodeHeartbeat, NodeRegistered
 from ibpool_proto.pool import AllocationExpired, AllocationGranted, AllocationReleased, AllocationRevoked
 from ibpool_proto.scale import ElasticJobResized, ScaleDecided
-from ibpool_runtime import devstack
+from ibpool_proto.slurm import SlurmNodeChanged
+from ibpool_runtime import devstack, slurmstack
 from ibpool_runtime.bus import Bus, redact_url
 from ibpool_runtime.bus_permissions import AgentGrant, agent_grant
 from ibpool_runtime.discovery import ServiceView
@@ -186,6 +188,9 @@ class Observed:
     # grants (and revocations, releases, expiries) by whether they carry a signature header
     signed: int = 0
     unsigned: int = 0
+    # --slurm: node id -> when (run seconds) Slurm first showed it drained by ibpool, and then resumed
+    slurm_drained: dict[str, float] = field(default_factory=dict)
+    slurm_resumed: dict[str, float] = field(default_factory=dict)
 
     def heartbeats_per_s(self, window: float = 5.0) -> float:
         now = time.monotonic()
@@ -256,6 +261,11 @@ def _observer(obs: Observed, expected_nodes: int):  # type: ignore[no-untyped-de
                 obs.replica_targets.append(ev.target_replicas)
             case ElasticJobResized():
                 obs.elastic_sizes.append(ev.workers_to)
+            case SlurmNodeChanged():
+                if ev.drained_by_ibpool:
+                    obs.slurm_drained.setdefault(ev.node_id, obs.elapsed())
+                elif ev.node_id in obs.slurm_drained and "DRAIN" not in ev.state:
+                    obs.slurm_resumed.setdefault(ev.node_id, obs.elapsed())
             case _:
                 pass
 
@@ -613,7 +623,9 @@ async def _find_services(bus: Bus, services: Sequence[ServiceProcess], tries: in
     return list(found.values())
 
 
-def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -> list[ServiceProcess]:
+def _services(
+    args: argparse.Namespace, info: devstack.StackInfo, state: Path, slurm: slurmstack.Cluster | None = None
+) -> list[ServiceProcess]:
     base = dict(os.environ, IBPOOL_NATS_URL=info.nats_url, IBPOOL_POSTGRES_DSN=info.postgres_dsn)
     # The failover controller sees agents' connections close through nats-server's system account.
     base["IBPOOL_FAILOVER_CONTROLLER_CONNECTION_EVENTS_URL"] = info.system_nats_url
@@ -670,6 +682,22 @@ def _services(args: argparse.Namespace, info: devstack.StackInfo, state: Path) -
         ServiceProcess.of("failover_controller", base, state, STABLE_WINDOW_S="3"),
         ServiceProcess.of("scheduler", base, state),
         ServiceProcess.of("autoscaler", base, state, INTERVAL_S="1"),
+        *(
+            # --slurm: node verdicts only drain Slurm nodes here (the scenario's link faults cordon rails)
+            [
+                ServiceProcess.of(
+                    "slurm_bridge",
+                    base,
+                    state,
+                    SLURM_CONF=str(slurm.conf),
+                    TOPOLOGY_FILE=str(slurm.folder / "topology.conf"),
+                    DRAIN_SCOPES="node",
+                    SYNC_INTERVAL_S="1",
+                )
+            ]
+            if slurm is not None
+            else []
+        ),
     ]
 
 
@@ -695,27 +723,55 @@ def run_main(args: argparse.Namespace) -> int:
         f"stack up in {time.monotonic() - t0:.1f} s: nats {info.nats_url}, postgres {redact_url(info.postgres_dsn)}; "
         + locked
     )
-    services = _services(args, info, state)
     code = 1
-    try:
-        # The admin makes the streams; the services, each on its own user, find them in place.
-        asyncio.run(ensure_streams(devstack.nats_url_as(info, "admin")))
-        for s in services:
-            s.start()
-        code = asyncio.run(_scenario(args, info, services, console))
-    except KeyboardInterrupt:
-        code = 0
-    finally:
-        for s in services:
-            s.terminate()
-        for s in services:
-            rc = s.wait()
-            if rc != 0:
-                console.print(f"[red]{s.name} exited with {rc}; see {s.log_path}[/]")
-                code = 1
-        devstack.down(state)
-        console.print("stack stopped")
+    with contextlib.ExitStack() as beside:
+        services: list[ServiceProcess] = []
+        try:
+            slurm = _start_slurm(args, state, beside, console) if args.slurm else None
+            services = _services(args, info, state, slurm)
+            # The admin makes the streams; the services, each on its own user, find them in place.
+            asyncio.run(ensure_streams(devstack.nats_url_as(info, "admin")))
+            for s in services:
+                s.start()
+            code = asyncio.run(_scenario(args, info, services, console, slurm))
+        except KeyboardInterrupt:
+            code = 0
+        except slurmstack.SlurmError as e:
+            console.print(f"[red]--slurm: {e}[/]")
+        finally:
+            for s in services:
+                s.terminate()
+            for s in services:
+                rc = s.wait()
+                if rc != 0:
+                    console.print(f"[red]{s.name} exited with {rc}; see {s.log_path}[/]")
+                    code = 1
+            devstack.down(state)
+            console.print("stack stopped")
     return code
+
+
+SLURM_PROGRAMS = ("munged", "slurmctld", "slurmd", "scontrol", "unshare")
+
+
+def _start_slurm(
+    args: argparse.Namespace, state: Path, beside: contextlib.ExitStack, console: Console
+) -> slurmstack.Cluster:
+    """--slurm: a throw-away Slurm beside the run (munged, slurmctld, a slurmd per node), its nodes
+    named as the run's; SlurmError when it cannot be had here."""
+    gone = slurmstack.missing(SLURM_PROGRAMS)
+    if gone:
+        packages = " ".join(sorted({slurmstack.PACKAGES[p] for p in gone}))
+        raise slurmstack.SlurmError(f"{', '.join(gone)} not installed (Debian: apt-get install {packages})")
+    if os.geteuid() != 0:
+        raise slurmstack.SlurmError("a throw-away Slurm needs root (munged's key, each slurmd's UTS namespace)")
+    nodes = [f"{NODE_PREFIX}-{i:03d}" for i in range(1, args.nodes + 2)]
+    socket_path = beside.enter_context(slurmstack.munge(state / "munge"))
+    # a first topology.conf, so slurmctld runs topology/tree; the Slurm bridge writes the fabric's
+    first = f"SwitchName=boot Nodes={','.join(nodes)}\n"
+    slurm = beside.enter_context(slurmstack.cluster(state / "slurm", socket_path, nodes, topology=first, slurmd=nodes))
+    console.print(f"slurm: slurmctld and {len(nodes)} slurmd up, SLURM_CONF={slurm.conf}")
+    return slurm
 
 
 @dataclass
@@ -753,7 +809,11 @@ async def _pick_faults(http: aiohttp.ClientSession, fabric_url: str) -> list[dic
 
 
 async def _scenario(
-    args: argparse.Namespace, info: devstack.StackInfo, services: list[ServiceProcess], console: Console
+    args: argparse.Namespace,
+    info: devstack.StackInfo,
+    services: list[ServiceProcess],
+    console: Console,
+    slurm: slurmstack.Cluster | None = None,
 ) -> int:
     obs = Observed()
     admin = devstack.nats_url_as(info, "admin")  # the operator's view: every subject
@@ -896,6 +956,7 @@ async def _scenario(
         await cost.end(bus, http, by_name["scheduler"].url)
     locked = await _refused_without_credentials(info, by_name["scheduler"].url) if info.secured else None
     listed = await _find_services(bus, services)
+    slurm_seen = await asyncio.to_thread(_read_slurm, slurm) if slurm is not None else None
     # Stop the services while still watching, to see the agents deregister.
     for s in services:
         s.terminate()
@@ -907,7 +968,7 @@ async def _scenario(
     await http.close()
     await bus.close()
     await nc.drain()
-    code = _summary(console, obs, args, pool, plan, services, submitted, gangs, locked, listed)
+    code = _summary(console, obs, args, pool, plan, services, submitted, gangs, locked, listed, slurm_seen)
     if cost is not None:
         measured = cost.measured(obs, args, plan, summary_ok=code == 0)
         await asyncio.to_thread(Path(args.measure).write_bytes, msgspec.json.format(msgspec.json.encode(measured)))
@@ -986,6 +1047,41 @@ class _Costs:
         )
 
 
+def _slurm_checks(
+    obs: Observed, args: argparse.Namespace, plan: FaultPlan | None, slurm: SlurmSeen
+) -> list[tuple[str, str, bool]]:
+    """--slurm: the fabric became Slurm's topology, and the spare was drained and resumed in Slurm."""
+    hosts = [f"{NODE_PREFIX}-{i:03d}" for i in range(1, args.nodes + 1)]
+    spare = f"{NODE_PREFIX}-{args.nodes + 1:03d}"
+    checks = [
+        (
+            "Slurm: the published fabric is its topology.conf (the Slurm bridge), each fabric host under one leaf",
+            slurm.error or f"{len(slurm.leaf_nodes)} of {len(hosts)} hosts under {slurm.leaves} leaf switches",
+            sorted(slurm.leaf_nodes) == hosts and "boot" not in slurm.switches,
+        )
+    ]
+    if plan is not None and plan.killed_at is not None:
+        drained, resumed = obs.slurm_drained.get(spare), obs.slurm_resumed.get(spare)
+        checks += [
+            (
+                f"Slurm: {spare} drained by ibpool after its agent's SIGKILL (Slurm's own SlurmdTimeout: 300 s)",
+                "-" if drained is None else f"after {drained - plan.killed_at:.1f} s",
+                drained is not None and drained >= plan.killed_at,
+            ),
+            (
+                f"Slurm: {spare} resumed by ibpool after it recovered",
+                "-" if resumed is None or plan.restarted_at is None else f"after {resumed - plan.restarted_at:.1f} s",
+                resumed is not None,
+            ),
+            (
+                "Slurm: no other node drained by ibpool",
+                ", ".join(sorted(set(obs.slurm_drained) - {spare})) or "none",
+                set(obs.slurm_drained) <= {spare},
+            ),
+        ]
+    return checks
+
+
 async def _refused_without_credentials(info: devstack.StackInfo, scheduler_url: str) -> dict[str, bool]:
     """Whether a secured stack turns away who has no credentials: an anonymous NATS client, a POST
     without a token (the scheduler's API; the services all check the same file), and a Postgres
@@ -1022,6 +1118,35 @@ async def _refused_without_credentials(info: devstack.StackInfo, scheduler_url: 
     return refused
 
 
+@dataclass
+class SlurmSeen:
+    """--slurm: Slurm's topology at the end of the run, as slurmctld shows it."""
+
+    switches: list[str]
+    leaves: int  # switches of level 0
+    leaf_nodes: list[str]  # the nodes under leaf switches, as Slurm expands them (duplicates kept)
+    error: str = ""
+
+
+def _read_slurm(slurm: slurmstack.Cluster) -> SlurmSeen:
+    try:
+        shown = slurm.scontrol("show", "topology")
+        switches = [
+            f.split("=", 1)[1] for line in shown.splitlines() for f in line.split() if f.startswith("SwitchName=")
+        ]
+        leaves = [
+            f.split("=", 1)[1]
+            for line in shown.splitlines()
+            if " Level=0 " in line
+            for f in line.split()
+            if f.startswith("Nodes=")
+        ]
+        nodes = slurm.scontrol("show", "hostnames", ",".join(leaves)).split() if leaves else []
+        return SlurmSeen(switches=switches, leaves=len(leaves), leaf_nodes=nodes)
+    except slurmstack.SlurmError as e:
+        return SlurmSeen(switches=[], leaves=0, leaf_nodes=[], error=str(e))
+
+
 def _summary(
     console: Console,
     obs: Observed,
@@ -1033,6 +1158,7 @@ def _summary(
     gangs: GangsSeen | None = None,
     locked: dict[str, bool] | None = None,
     listed: list[ServiceView] | None = None,
+    slurm: SlurmSeen | None = None,
 ) -> int:
     t = Table(title="ibpool run: summary")
     t.add_column("check")
@@ -1156,6 +1282,8 @@ def _summary(
                 set(obs.failed) <= {spare},
             ),
         ]
+    if slurm is not None:
+        checks += _slurm_checks(obs, args, plan, slurm)
     nodes = args.nodes + 1
     checks += [
         ("nodes deregistered at stop", f"{len(obs.deregistered)}/{nodes}", len(obs.deregistered) == nodes),
