@@ -90,7 +90,7 @@ class BridgeConfig(msgspec.Struct, frozen=True, kw_only=True):
     # the cordon scopes that drain a Slurm node (gpu: a Slurm job that asked for the node's GPUs
     # would get the failed one; rail and leaf: its multi-node traffic crosses the broken link)
     drain_scopes: frozenset[Scope] = frozenset({"node", "gpu", "rail", "leaf"})
-    max_drain_fraction: float = 0.1
+    max_drain_fraction: float = 0.2  # the failover controller's max_failed_fraction
     min_drains_allowed: int = 2
 
 

@@ -24,8 +24,9 @@ class SlurmBridgeConfig(BaseConfig, frozen=True, kw_only=True):
     names_file: str = ""
     # The cordon scopes that drain a Slurm node, comma-separated (node, gpu, rail, leaf).
     drain_scopes: str = "node,gpu,rail,leaf"
-    # ibpool never holds more than max(min_drains_allowed, floor(fraction * nodes)) Slurm nodes drained.
-    max_drain_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.1
+    # ibpool never holds more than max(min_drains_allowed, floor(fraction * nodes)) Slurm nodes drained
+    # (the fraction: the failover controller's split-brain guard, max_failed_fraction).
+    max_drain_fraction: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.2
     min_drains_allowed: Annotated[int, msgspec.Meta(ge=0)] = 2
     # Slurm's view is read back at least this often (and at once after a cordon changes).
     sync_interval_s: Positive = 5.0
