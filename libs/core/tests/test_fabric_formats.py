@@ -544,3 +544,18 @@ def test_a_disconnected_fabric_keeps_its_tops_and_a_torus_gets_one_root() -> Non
     tops = [ln for ln in torus.text.splitlines() if ln.startswith("SwitchName=root ")]
     assert len(tops) == 1 and not any("parts" in w for w in torus.warnings)
     assert torus.text.count("Nodes=") == 8  # a leaf group per torus switch, as `topo show` counts them
+
+
+def test_a_dragonflys_groups_are_a_level_and_a_torus_has_none() -> None:
+    dragonfly = generate("dragonfly:groups=9,routers_per_group=4,hosts_per_router=2,global_links_per_router=2")
+    hierarchy = build_hierarchy(dragonfly)
+    (root,) = hierarchy.roots
+    groups = [hierarchy.units[c] for c in hierarchy.units[root].children]
+    names = {s.guid: s.name for s in dragonfly.switches}
+    # one unit per group of routers, holding exactly that group's routers
+    assert sorted(sorted({names[g].rsplit("-", 1)[0] for g in u.switches}) for u in groups) == [
+        [f"df-g{i}"] for i in sorted(range(9), key=str)
+    ]
+    assert all(len(u.children) == 4 and u.name.startswith("group-") for u in groups)
+    torus = build_hierarchy(generate("torus_3d:x=4,y=4,z=4"))
+    assert len(torus.units[torus.roots[0]].children) == 64  # every switch right under the root

@@ -237,13 +237,7 @@ def build_hierarchy(topology: Topology, *, nodes: Collection[str] | None = None)
     used_names = set(switch_names.values())
 
     def made_up(prefix: str, guids: Iterable[str]) -> str:
-        digest = _digest(guids)
-        for length in range(8, len(digest) + 1):
-            candidate = f"{prefix}-{digest[:length]}"
-            if candidate not in used_names:
-                used_names.add(candidate)
-                return candidate
-        raise FabricError(f"cannot name a {prefix}")  # pragma: no cover - 2^256 names
+        return _made_up(prefix, guids, used_names)
 
     units: dict[str, Unit] = {}
     single = all(len(k) == 1 for k in groups)
@@ -323,9 +317,44 @@ def build_hierarchy(topology: Topology, *, nodes: Collection[str] | None = None)
     return _rooted(units, sorted(finished + active), graph, used_names, warnings)
 
 
+def _made_up(prefix: str, guids: Iterable[str], used: set[str]) -> str:
+    """A stable name for a unit of these switches, `<prefix>-<hash>`, not among `used` (then added)."""
+    digest = _digest(guids)
+    for length in range(8, len(digest) + 1):
+        candidate = f"{prefix}-{digest[:length]}"
+        if candidate not in used:
+            used.add(candidate)
+            return candidate
+    raise FabricError(f"cannot name a {prefix}")  # pragma: no cover - 2^256 names
+
+
+def _mesh_groups(members: list[str], units: dict[str, Unit], graph: Graph) -> list[list[str]]:
+    """Groups among tops joined by links between them (a dragonfly's groups of routers): two linked
+    tops are in one group when their closed neighbourhoods overlap by at least 0.45 (Jaccard). In a
+    dragonfly of groups of a routers with h global links each, routers of one group share
+    a / (a + 2h) of theirs (0.5 for the usual a = 2h), and a global link's ends 2 / (2a + 2h - 2);
+    neighbours in a 3-D torus share 2 / 12. Connected parts of those links, by first member."""
+    top_of = {guid: top for top in members for guid in units[top].switches}
+    near: dict[str, set[str]] = {top: {top} for top in members}
+    for top in members:
+        for guid in units[top].switches:
+            near[top].update(top_of[n] for n in graph.switch_links.get(guid, ()) if n in top_of)
+    uf = _UnionFind()
+    for a in members:
+        uf.find(a)
+        for b in near[a]:
+            if a < b and len(near[a] & near[b]) / len(near[a] | near[b]) >= 0.45:
+                uf.union(a, b)
+    groups: dict[str, list[str]] = {}
+    for top in members:
+        groups.setdefault(uf.find(top), []).append(top)
+    return sorted(sorted(g) for g in groups.values())
+
+
 def _rooted(units: dict[str, Unit], tops: list[str], graph: Graph, used: set[str], warnings: list[str]) -> Hierarchy:
-    """The hierarchy with these tops: tops joined by links between switches share a made-up root;
-    parts of the fabric no link joins keep their own tops (with a warning)."""
+    """The hierarchy with these tops: tops joined by links between switches share a made-up root,
+    through a level of groups where they form some (`_mesh_groups`: a dragonfly's groups); parts of
+    the fabric no link joins keep their own tops (with a warning)."""
     uf = _UnionFind()
     for a, neighbours in graph.switch_links.items():
         for b in neighbours:
@@ -342,6 +371,20 @@ def _rooted(units: dict[str, Unit], tops: list[str], graph: Graph, used: set[str
         if len(members) == 1:
             roots.append(members[0])
             continue
+        groups = _mesh_groups(members, units, graph)
+        if 1 < len(groups) < len(members):
+            children = []
+            for group in groups:
+                if len(group) == 1:
+                    children.append(group[0])
+                    continue
+                switches = tuple(sorted(g for top in group for g in units[top].switches))
+                unit = _made_up("group", switches, used)
+                units[unit] = Unit(
+                    name=unit, tier=1 + max(units[t].tier for t in group), children=tuple(group), switches=switches
+                )
+                children.append(unit)
+            members = children
         name = "root"
         while name in used or name in units:
             n += 1
