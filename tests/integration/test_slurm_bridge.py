@@ -6,6 +6,7 @@ Slurm's topology.conf."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 import uuid
@@ -14,8 +15,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
+from ibpool_cli.run import ServiceProcess
 from ibpool_core.slurm_bridge import SlurmNode, parse_scontrol_nodes
 from ibpool_fabric_monitor.bootstrap import bootstrap as fabric_monitor_bootstrap
 from ibpool_fabric_monitor.config import FabricMonitorConfig
@@ -264,3 +267,62 @@ async def test_a_killed_agents_slurm_node_is_drained_within_seconds_and_resumed_
                 await eventually(resumed, timeout_s=30, what="both Slurm nodes resumed after the agent came back")
             finally:
                 await stop_process(agent)
+
+
+async def test_a_bridge_killed_mid_way_and_started_again_does_each_thing_once(
+    stack: StackInfo, bus: Bus, slurm: slurmstack.Cluster, prefix: str, tmp_path: Path
+) -> None:
+    """The bridge as its own process, SIGKILLed: what it had done stays done, what came while it was
+    down is done once it is back, and nothing is done twice (its actions counter, from /metrics)."""
+    n1, n2 = f"{prefix}-1", f"{prefix}-2"
+
+    async def all_idle() -> bool:
+        return all("IDLE" in n.state for n in (await nodes_of(slurm)).values())
+
+    await eventually(all_idle, timeout_s=30, what="every slurmd registered")
+    base = dict(os.environ, IBPOOL_NATS_URL=stack.nats_url, IBPOOL_POSTGRES_DSN=stack.postgres_dsn)
+
+    def process() -> ServiceProcess:  # its store: schema slurm_bridge, kept between the two
+        return ServiceProcess.of(
+            "slurm_bridge",
+            base,
+            tmp_path,
+            instance=prefix,
+            SLURM_CONF=str(slurm.conf),
+            DURABLE_PREFIX=f"{prefix}-bridge",
+            SYNC_INTERVAL_S="0.5",
+        )
+
+    async def actions_of(p: ServiceProcess) -> float:
+        async with aiohttp.ClientSession() as http, http.get(f"{p.url}/metrics") as r:
+            text = await r.text()
+        return sum(
+            float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith("ibpool_slurm_bridge_actions_total")
+        )
+
+    first = process()
+    first.start()
+    try:
+        await bus.publish(Cordoned(source="test", key=n1, node_id=n1, scope="node", reason="no heartbeat"))
+        await eventually(lambda: _drained(slurm, n1), timeout_s=20, what=f"{n1} drained")
+        first.kill()
+        first.wait()
+        # while it is down: n1's cordon lifted, n2 cordoned
+        await bus.publish(Uncordoned(source="test", key=n1, node_id=n1, scope="node"))
+        await bus.publish(Cordoned(source="test", key=n2, node_id=n2, scope="node", reason="XID 79"))
+    finally:
+        first.terminate()
+    again = process()
+    again.start()
+    try:
+        await eventually(lambda: _drained(slurm, n2), timeout_s=20, what=f"{n2} drained by the restarted bridge")
+        await eventually(lambda: _not_drained(slurm, n1), timeout_s=20, what=f"{n1} resumed by the restarted bridge")
+        await asyncio.sleep(2.0)  # four more rounds
+        assert await actions_of(again) == 2  # one resume, one drain: nothing done twice
+    finally:
+        again.terminate()
+        again.wait()
+
+
+async def _drained(slurm: slurmstack.Cluster, node: str) -> bool:
+    return (await nodes_of(slurm))[node].drained
