@@ -8,16 +8,18 @@ one leaf switch, expanded by `scontrol show hostnames` (Slurm's own parser, not 
 of top-level switches is the number of parts of the fabric.
 
 topology/block and topology.yaml need Slurm 23.02 / 25.05, newer than Debian bookworm's: those
-exports are checked against the syntax of topology.conf(5) / topology.yaml(5) in
-libs/core/tests (docs/fabric-formats.md says so)."""
+exports of the same fabrics are checked against the rules of SchedMD's topology.conf(5) and
+topology.yaml(5) (below), their node lists expanded by `scontrol show hostnames`."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ibpool_core.fabric.formats import export_topology, import_topology, parse_name_map
 from ibpool_core.fabric.generators import generate
@@ -132,3 +134,80 @@ def test_slurmctld_accepts_the_tree_export_with_every_node_under_one_leaf(
     else:  # the one thing Slurm says of a disconnected fabric, and what ibpool warned of
         assert len(complaints) == 1 and "no switch can reach all nodes" in complaints[0]
         assert any(f"{parts} parts that no link joins" in w for w in exported.warnings)
+
+
+# --- topology/block and topology.yaml, against the syntax of topology.conf(5) and topology.yaml(5) -----
+# (Slurm 23.02 / 25.05 read them; Debian bookworm's 22.05 does not, so the rules of the pages are checked
+# here, with node lists expanded by Slurm's own hostlist parser.)
+
+POWER_OF_TWO = {2**k for k in range(1, 40)}
+
+
+def check_block_sizes(sizes: list[int], block_nodes: list[int]) -> None:
+    """BlockSizes: the planning base first, every block at least that many nodes, each next size a
+    power of two times the one before."""
+    assert sizes and all(isinstance(s, int) and s > 0 for s in sizes), sizes
+    assert min(block_nodes) >= sizes[0], (sizes, min(block_nodes))
+    assert all(b // a in POWER_OF_TWO and b % a == 0 for a, b in itertools.pairwise(sizes)), sizes
+
+
+@pytest.mark.parametrize("name", sorted(FABRICS))
+def test_block_and_yaml_exports_follow_slurms_pages_with_every_node_once(
+    name: str, munge_socket: Path, tmp_path: Path
+) -> None:
+    build, _ = FABRICS[name]
+    topology = build()
+    nodes = sorted(h for h, leaves in Graph(topology).host_leaves().items() if leaves and not unnamed_host(h))
+    conf = tmp_path / "slurm.conf"  # for scontrol's hostlist expansion only; no daemon reads it
+    conf.write_text(slurmstack.conf_text(tmp_path, munge_socket, nodes[:1], controller_port=1, node_ports={},
+                                         topology=False, spool=tmp_path))  # fmt: skip
+    slurm = slurmstack.Cluster(folder=tmp_path, conf=conf, slurmctld_pid=0)
+
+    def expand(hostlists: list[str]) -> list[str]:
+        return sorted(slurm.scontrol("show", "hostnames", ",".join(hostlists)).split())
+
+    # topology.conf, topology/block: BlockName= Nodes= lines and one BlockSizes= line
+    block = export_topology("slurm-block", topology).text
+    names, lists, sizes = [], [], None
+    for line in block.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        fields = dict(f.split("=", 1) for f in line.split())
+        if "BlockSizes" in fields:
+            assert sizes is None and set(fields) == {"BlockSizes"}, line
+            sizes = [int(s) for s in fields["BlockSizes"].split(",")]
+        else:
+            assert set(fields) == {"BlockName", "Nodes"} and fields["BlockName"], line
+            names.append(fields["BlockName"])
+            lists.append(fields["Nodes"])
+    assert len(names) == len(set(names)) and sizes is not None
+    assert expand(lists) == nodes  # every node in exactly one block
+    check_block_sizes(sizes, [len(expand([n])) for n in lists])
+
+    # topology.yaml: a list of topologies, `topology` first, exactly one of block / flat / tree
+    document = yaml.safe_load(export_topology("slurm-yaml", topology).text)
+    assert isinstance(document, list) and document
+    assert len({t["topology"] for t in document}) == len(document)
+    assert sum(1 for t in document if t.get("cluster_default") is True) == 1
+    for t in document:
+        assert next(iter(t)) == "topology" and set(t) - {"topology", "cluster_default"} in (
+            {"block"},
+            {"flat"},
+            {"tree"},
+        )
+        if "tree" in t:
+            switches = t["tree"]["switches"]
+            names = [s["switch"] for s in switches]
+            assert len(names) == len(set(names)) and all(0 < len(n) <= 64 for n in names)
+            assert all(set(s) - {"switch"} in ({"nodes"}, {"children"}) for s in switches)
+            assert expand([s["nodes"] for s in switches if "nodes" in s]) == nodes
+            known = set(names)
+            assert all(c in known for s in switches if "children" in s for c in s["children"].split(","))
+        if "block" in t:
+            blocks = t["block"]["blocks"]
+            assert len({b["block"] for b in blocks}) == len(blocks) and all(
+                set(b) == {"block", "nodes"} for b in blocks
+            )
+            assert expand([b["nodes"] for b in blocks]) == nodes
+            check_block_sizes(t["block"]["block_sizes"], [len(expand([b["nodes"]])) for b in blocks])
