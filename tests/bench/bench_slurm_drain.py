@@ -10,8 +10,9 @@ controller calls it healthy and Slurm shows it resumed.
 
 Detection runs at its defaults (agent heartbeat 1 s, reconnect grace 1 s, the bridge's round at once
 on a cordon); only recovery is shortened (stable window 1 s, flap memory 1 s), as in
-bench_failover.py. Slurm's own detection of a dead node is its `SlurmdTimeout`, 300 s by default
-(slurm.conf(5)), which this script does not wait out.
+bench_failover.py. `--slurm-own` times Slurm alone instead, once: a slurmd SIGKILLed, until
+slurmctld shows the node not responding and DOWN, at its default `SlurmdTimeout` of 300 s
+(results: bench_slurm_drain-slurm-own-latest.json).
 
 Results: tests/bench/results/bench_slurm_drain-latest.json
 Usage: .venv/bin/python tests/bench/bench_slurm_drain.py --rounds 20
@@ -136,11 +137,59 @@ async def _rounds(
     }
 
 
+def slurm_own_detection(nodes: list[str]) -> dict[str, Any]:
+    """Slurm alone, as the comparison: one node's slurmd SIGKILLed, timed until slurmctld shows the
+    node not responding (`*`) and DOWN, at Slurm's defaults (SlurmdTimeout 300 s)."""
+    state = Path(tempfile.mkdtemp(prefix="ibpool-bench-slurm-own-"))
+    try:
+        with (
+            slurmstack.munge(state / "munge") as socket_path,
+            slurmstack.cluster(state / "slurm", socket_path, nodes, slurmd=nodes) as slurm,
+        ):
+            victim = nodes[0]
+
+            def shown() -> str:
+                line = slurm.scontrol("show", "node", victim, "--oneliner")
+                return next(f for f in line.split() if f.startswith("State=")).removeprefix("State=")
+
+            deadline = time.monotonic() + 60
+            while "IDLE" not in shown() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            killed = time.monotonic()
+            slurm.kill_slurmd(victim)
+            not_responding = down = None
+            while down is None and time.monotonic() - killed < 900:
+                now = shown()
+                if not_responding is None and "*" in now:
+                    not_responding = time.monotonic() - killed
+                if "DOWN" in now:
+                    down = time.monotonic() - killed
+                time.sleep(1.0)
+            print(
+                f"Slurm alone: {victim}'s slurmd SIGKILLed: not responding after {not_responding} s, "
+                f"DOWN after {down} s"
+            )
+            return {"slurmd_kill_to_not_responding_s": not_responding, "slurmd_kill_to_down_s": down}
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--agents", type=int, default=4)
+    p.add_argument(
+        "--slurm-own",
+        action="store_true",
+        help="instead: Slurm alone, one slurmd SIGKILLed, timed until Slurm marks the node down (minutes)",
+    )
     args = p.parse_args()
+    if args.slurm_own:
+        own = slurm_own_detection([f"bench-{i:03d}" for i in range(1, args.agents + 1)])
+        own |= {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "slurm": "Debian slurmctld/slurmd 22.05"}
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "bench_slurm_drain-slurm-own-latest.json").write_text(json.dumps(own, indent=2) + "\n")
+        return 0
     nodes = [f"bench-{i:03d}" for i in range(1, args.agents + 1)]
     state = Path(tempfile.mkdtemp(prefix="ibpool-bench-slurm-"))
     info = devstack.up(state, sync_always=True)
