@@ -97,6 +97,11 @@ FABRICS: dict[str, tuple[Callable[[], Topology], int]] = {  # name -> (topology,
 }
 
 
+def exported_nodes(topology: Topology) -> list[str]:
+    """The hosts the Slurm exports hold: named and cabled to a switch."""
+    return sorted(h for h, leaves in Graph(topology).host_leaves().items() if leaves and not unnamed_host(h))
+
+
 def slurm_topology(text: str) -> tuple[list[str], list[str]]:
     """(the Nodes= hostlists of the leaf switches, the top-level switch names) of `scontrol show topology`."""
     leaves: list[str] = []
@@ -120,7 +125,7 @@ def test_slurmctld_accepts_the_tree_export_with_every_node_under_one_leaf(
     build, parts = FABRICS[name]
     topology = build()
     exported = export_topology("slurm", topology)
-    nodes = sorted(h for h, leaves in Graph(topology).host_leaves().items() if leaves and not unnamed_host(h))
+    nodes = exported_nodes(topology)
     assert nodes, "a fabric with hosts to export"
     with slurmstack.cluster(tmp_path / "slurm", munge_socket, nodes, topology=exported.text) as slurm:
         leaves, tops = slurm_topology(slurm.scontrol("show", "topology"))
@@ -157,7 +162,7 @@ def test_block_and_yaml_exports_follow_slurms_pages_with_every_node_once(
 ) -> None:
     build, _ = FABRICS[name]
     topology = build()
-    nodes = sorted(h for h, leaves in Graph(topology).host_leaves().items() if leaves and not unnamed_host(h))
+    nodes = exported_nodes(topology)
     conf = tmp_path / "slurm.conf"  # for scontrol's hostlist expansion only; no daemon reads it
     conf.write_text(slurmstack.conf_text(tmp_path, munge_socket, nodes[:1], controller_port=1, node_ports={},
                                          topology=False, spool=tmp_path))  # fmt: skip
