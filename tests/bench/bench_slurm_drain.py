@@ -160,7 +160,7 @@ def slurm_own_detection(nodes: list[str]) -> dict[str, Any]:
             not_responding = down = None
             while down is None and time.monotonic() - killed < 900:
                 now = shown()
-                if not_responding is None and "*" in now:
+                if not_responding is None and ("NOT_RESPONDING" in now or "*" in now):
                     not_responding = time.monotonic() - killed
                 if "DOWN" in now:
                     down = time.monotonic() - killed
