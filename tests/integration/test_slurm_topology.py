@@ -7,7 +7,7 @@ complain about nothing in its log, and `scontrol show topology` must list every 
 one leaf switch, expanded by `scontrol show hostnames` (Slurm's own parser, not ours); the number
 of top-level switches is the number of parts of the fabric.
 
-topology/block and topology.yaml need Slurm 23.02 / 25.05, newer than Debian bookworm's: those
+topology/block and topology.yaml need Slurm 23.11 / 25.05, newer than Debian bookworm's: those
 exports of the same fabrics are checked against the rules of SchedMD's topology.conf(5) and
 topology.yaml(5) (below), their node lists expanded by `scontrol show hostnames`."""
 
@@ -142,7 +142,7 @@ def test_slurmctld_accepts_the_tree_export_with_every_node_under_one_leaf(
 
 
 # --- topology/block and topology.yaml, against the syntax of topology.conf(5) and topology.yaml(5) -----
-# (Slurm 23.02 / 25.05 read them; Debian bookworm's 22.05 does not, so the rules of the pages are checked
+# (Slurm 23.11 / 25.05 read them; Debian bookworm's 22.05 does not, so the rules of the pages are checked
 # here, with node lists expanded by Slurm's own hostlist parser.)
 
 POWER_OF_TWO = {2**k for k in range(1, 40)}

@@ -16,7 +16,7 @@ class SlurmBridgeConfig(BaseConfig, frozen=True, kw_only=True):
     scontrol_timeout_s: Positive = 10.0
     # Where to write the topology file (in slurm.conf's directory); empty: leave the topology alone.
     topology_file: str = ""
-    # slurm: topology/tree; slurm-block: topology/block (Slurm 23.02+); slurm-yaml: topology.yaml (25.05+).
+    # slurm: topology/tree; slurm-block: topology/block (Slurm 23.11+); slurm-yaml: topology.yaml (25.05+).
     topology_format: Literal["slurm", "slurm-block", "slurm-yaml"] = "slurm"
     # Run `scontrol reconfigure` after writing a new topology file (and check that Slurm took it).
     reconfigure: bool = True
