@@ -719,9 +719,10 @@ examples:
   ibpool topo convert fabric.json --to volcano --nodes 'dgx[001-064]'
   ibpool topo convert --from slurm topology.conf --to native-yaml
 
-FILE '-' reads stdin. Without --from the format is guessed: native (.json/.yaml, or a
-'format: ibpool.topology' document), Volcano HyperNodes, Kubernetes Nodes, Slurm (SwitchName= /
-BlockName= lines, topology.yaml), else ibnetdiscover. The output goes to stdout without -o;
+FILE '-' reads stdin. Without --from the format is guessed: native (.json/.yaml, a
+'format: ibpool.topology' document, or a bare topology as the fabric monitor's GET /v1/topology
+serves it), Volcano HyperNodes, Kubernetes Nodes, Slurm (SwitchName= / BlockName= lines,
+topology.yaml), else ibnetdiscover. The output goes to stdout without -o;
 warnings ("FILE:LINE: message") go to stderr. --names (a GUID -> name map: 'H-0002c90300080e84
 node01' lines) applies to ibnetdiscover input. --nodes keeps only the given hosts.
 exit codes: 0 ok, 1 usage error, 2 input error (the message names FILE:LINE and the reason)."""

@@ -108,6 +108,17 @@ def test_convert_reads_stdin_and_writes_stdout(
     assert "umad" not in out
 
 
+def test_show_reads_the_topology_the_fabric_monitor_serves_from_stdin(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # `curl $FM/v1/topology | ibpool topo show -`: a bare Topology object, no `format` wrapper
+    fabric = generate(capsys, tmp_path / "f.json", "fat_tree_2tier", "hosts=40", "radix=16")
+    served = json.dumps(json.loads(fabric.read_text())["topology"])
+    monkeypatch.setattr(sys, "stdin", io.StringIO(served))
+    summary = show_json(capsys, "-")
+    assert summary["format"] == "native" and summary["hosts"] == 40
+
+
 def test_convert_nodes_keeps_only_those_hosts(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     fabric = generate(capsys, tmp_path / "f.json", "fat_tree_2tier", "hosts=40", "radix=16")
     code, out, _ = run(capsys, "convert", fabric, "--to", "slurm-block", "--nodes", "node[001-004,039]")

@@ -83,7 +83,8 @@ _KEY = r'(?:^|[{{,]|^\s*-)\s*"?{key}"?\s*:\s*"?{value}\b(?![-.\w])'
 def guess_format(path: str, text: str) -> str:
     """The import format of `text` (read from `path`), from its content first, then its suffix:
     native (`format: ibpool.topology`), Volcano HyperNodes, Kubernetes Nodes, Slurm
-    (`SwitchName=` / `BlockName=` lines or a topology.yaml), native for other .json/.yaml, and
+    (`SwitchName=` / `BlockName=` lines or a topology.yaml), native for other .json/.yaml and for
+    a bare topology object (`hosts` and `links` keys, as GET /v1/topology serves it), and
     ibnetdiscover otherwise."""
     if re.search(_KEY.format(key="format", value=r"ibpool\.topology"), text, re.M):
         return "native"
@@ -96,6 +97,9 @@ def guess_format(path: str, text: str) -> str:
     if re.search(r"^-\s*topology\s*:", text, re.M):
         return "slurm"
     if PurePath(path).suffix.lower() in (".json", ".yaml", ".yml"):
+        return "native"
+    # a bare Topology, as the fabric monitor serves it (GET /v1/topology): top-level hosts and links
+    if re.search(r'(?:^|[{,])\s*"?hosts"?\s*:', text, re.M) and re.search(r'(?:^|[{,])\s*"?links"?\s*:', text, re.M):
         return "native"
     return "ibnetdiscover"
 
