@@ -751,20 +751,14 @@ def run_main(args: argparse.Namespace) -> int:
     return code
 
 
-SLURM_PROGRAMS = ("munged", "slurmctld", "slurmd", "scontrol", "unshare")
-
-
 def _start_slurm(
     args: argparse.Namespace, state: Path, beside: contextlib.ExitStack, console: Console
 ) -> slurmstack.Cluster:
     """--slurm: a throw-away Slurm beside the run (munged, slurmctld, a slurmd per node), its nodes
     named as the run's; SlurmError when it cannot be had here."""
-    gone = slurmstack.missing(SLURM_PROGRAMS)
-    if gone:
-        packages = " ".join(sorted({slurmstack.PACKAGES[p] for p in gone}))
-        raise slurmstack.SlurmError(f"{', '.join(gone)} not installed (Debian: apt-get install {packages})")
-    if os.geteuid() != 0:
-        raise slurmstack.SlurmError("a throw-away Slurm needs root (munged's key, each slurmd's UTS namespace)")
+    why = slurmstack.unavailable()
+    if why:
+        raise slurmstack.SlurmError(why)
     nodes = [f"{NODE_PREFIX}-{i:03d}" for i in range(1, args.nodes + 2)]
     socket_path = beside.enter_context(slurmstack.munge(state / "munge"))
     # a first topology.conf, so slurmctld runs topology/tree; the Slurm bridge writes the fabric's

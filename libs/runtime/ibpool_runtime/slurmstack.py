@@ -50,6 +50,18 @@ def binary(name: str) -> str:
     return found
 
 
+def unavailable(programs: Sequence[str] = tuple(PACKAGES)) -> str:
+    """Why a throw-away Slurm cannot run here ("" when it can): programs not installed (with the
+    Debian packages that hold them), or not root."""
+    gone = missing(programs)
+    if gone:
+        packages = " ".join(sorted({PACKAGES.get(p, p) for p in gone}))
+        return f"{', '.join(gone)} not installed (Debian: apt-get install {packages})"
+    if os.geteuid() != 0:
+        return "a throw-away Slurm needs root (munged's key, each slurmd's UTS namespace)"
+    return ""
+
+
 def missing(programs: Sequence[str]) -> list[str]:
     """Which of `programs` are not installed."""
     out = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import os
 import shutil
@@ -32,6 +33,7 @@ from ibpool_core.fabric.view import FabricView
 from ibpool_core.slurm_bridge import (
     BridgeConfig,
     Cordon,
+    Drain,
     Refused,
     SlurmNode,
     SyncRequest,
@@ -185,12 +187,7 @@ class SlurmBridge:
                 (Cordoned.subject_pattern(), Uncordoned.subject_pattern()),
                 self.on_cordon,
             ),
-            Subscription(
-                self.feed.subscription().durable,
-                self.feed.subscription().filter_subjects,
-                self.on_topology,
-                transactional=False,
-            ),
+            dataclasses.replace(self.feed.subscription(), handler=self.on_topology),
         ]
 
     # -- handlers ------------------------------------------------------------------------------------
@@ -241,7 +238,7 @@ class SlurmBridge:
                 error = str(e)
                 log.warning("scontrol update failed", node=action.node, error=error)
                 continue
-            kind = "drain" if "State=DRAIN" in action.scontrol() else "resume"
+            kind = "drain" if isinstance(action, Drain) else "resume"
             self.actions.labels(kind).inc()
             (drained if kind == "drain" else resumed).append(action.node)
             log.info("Slurm node updated", node=action.node, action=kind, reason=getattr(action, "reason", ""))
