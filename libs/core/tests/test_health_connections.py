@@ -9,11 +9,12 @@ from ibpool_core.health.connections import (
     LiveConnections,
     OpenConnection,
 )
-from ibpool_core.health.decide import FailoverRequest, HealthState, Observation, decide, restart_grace
+from ibpool_core.health.decide import FailoverRequest, HealthState, Observation, restart_grace
 from ibpool_proto.health import ClusterDegraded, NodeFailed, NodeRecovered, NodeSuspected, RequeueRequested
 from ibpool_proto.message import Event
 from ibpool_proto.node import NodeHeartbeat
 
+from .health_twin import Twin
 from .test_health_decide import CONFIG, at, granted, registered
 
 AGENT = "agent"
@@ -71,12 +72,13 @@ class Run:
         self.stopped: set[str] = set()
         self.log: list[tuple[float, Event]] = []
         self.t = 0.0
+        self.twin = Twin()
         first = [registered(n, 0.0) for nodes in agents.values() for n in nodes]
         self.state = HealthState()
         self.tick([msgspec_replace_source(o, a) for a, nodes in agents.items() for o in first if o.node_id in nodes])
 
     def tick(self, observations: list[Observation], lag_s: float = 0.0) -> None:
-        reply = decide(
+        reply = self.twin.decide(
             FailoverRequest(
                 state=self.state, now=at(self.t), observations=observations, config=CONFIG, beats_lag_s=lag_s
             )

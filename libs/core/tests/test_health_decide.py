@@ -37,6 +37,8 @@ from ibpool_proto.message import Event
 from ibpool_proto.node import GpuInfo, GpuSample, NodeDeregistered, NodeHeartbeat, NodeRegistered, TelemetryReported
 from ibpool_proto.pool import AllocationGranted, AllocationReleased, Enforcement, GpuAssignment
 
+from .health_twin import Twin
+
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 CONFIG = FailoverConfig(
     source="test",
@@ -60,6 +62,7 @@ class Cluster:
         self.notes: list[str] = []
         self.alive = set(nodes)
         self.seq = 0
+        self.twin = Twin()
         self.apply([registered(n, 0.0) for n in nodes])
 
     @property
@@ -67,7 +70,9 @@ class Cluster:
         return T0 + dt.timedelta(seconds=self.t)
 
     def apply(self, observations: list[Observation]) -> list[Event]:
-        reply = decide(FailoverRequest(state=self.state, now=self.now, observations=observations, config=self.config))
+        reply = self.twin.decide(
+            FailoverRequest(state=self.state, now=self.now, observations=observations, config=self.config)
+        )
         self.state = reply.state
         self.log += [(self.t, e) for e in reply.events]
         self.notes += reply.notes

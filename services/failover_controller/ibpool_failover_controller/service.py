@@ -10,11 +10,13 @@ job exits, allocations) is taken in by durable transactional consumers, recorded
 A published topology is fetched from the fabric monitor and turned into the link map right away.
 
 Every `tick_interval_s` one transaction takes the decider lock, reads the pending observations,
-decides with the buffered beats and `now`, and writes the new state, the verdict history and the
-events to the outbox. A tick runs even when nothing arrived: a heartbeat that does not come is the
-signal. Replicas elect the one that decides over NATS KV (`ibpool_runtime.leader`); its term fences every
-commit, so a deposed leader that has not noticed yet cannot overwrite a newer one's decisions.
-Standbys follow the beats too, so a new leader starts with a warm picture of who is alive.
+decides with the buffered beats and `now` (and the `Watch` kept from the last tick: judging looks
+only at the nodes late, flagged or changed), and writes the entries the decision changed, the
+verdict history and the events to the outbox. A tick runs even when nothing arrived: a heartbeat
+that does not come is the signal. Replicas elect the one that decides over NATS KV
+(`ibpool_runtime.leader`); its term fences every commit, so a deposed leader that has not noticed
+yet cannot overwrite a newer one's decisions. Standbys follow the beats too, so a new leader starts
+with a warm picture of who is alive.
 
 With `connection_events_url` (a user of nats-server's system account) the controller also follows
 the servers' client connect/disconnect advisories (`ibpool_runtime.connection_events`): an agent
@@ -30,6 +32,7 @@ import time
 from collections import deque
 
 import aiohttp
+import asyncpg
 import msgspec
 import nats.js.errors
 from prometheus_client import Counter, Gauge, Histogram
@@ -53,6 +56,7 @@ from ibpool_core.health.decide import (
     FailoverRequest,
     HealthState,
     Observation,
+    Watch,
     decide,
     restart_grace,
     with_topology,
@@ -92,8 +96,6 @@ BEAT_BATCH = 256
 LATE_WINDOW_S = 10.0
 # Telemetry samples buffered between two ticks, at most (the oldest go first).
 TELEMETRY_BUFFER = 10_000
-# The state is written at least this often even when only heartbeat times moved.
-SAVE_EVERY_S = 5.0
 
 
 class FailoverController:
@@ -106,6 +108,8 @@ class FailoverController:
         except ValueError as e:
             raise ConfigError(f"invalid failover_controller config: {e}") from None
         self.state = HealthState()
+        # What judging must look at, kept from tick to tick (built anew when the state comes from elsewhere).
+        self.watch = Watch()
         self.beats: dict[str, NodeHeartbeat] = {}
         # Every heartbeat the server sent before this wall-clock time has been read (`follow_live`'s
         # progress), and beats arrive up to `beats_late` after they were sent: a tick judges silence
@@ -122,7 +126,6 @@ class FailoverController:
         self.changes: deque[ConnectionChange] = deque(maxlen=TELEMETRY_BUFFER)
         self.ticks = 0
         self.deciding = False
-        self._last_save = 0.0
         self._lock = asyncio.Lock()
         self.leadership: Leadership | None = None
         if self.cfg.leader_election:
@@ -141,6 +144,16 @@ class FailoverController:
             "ibpool_failover_connection_changes",
             "Bus connection names whose last connection closed, or that opened one again (nats-server's advisories)",
             ["change"],
+            registry=registry,
+        )
+        self.entries_written = Counter(
+            "ibpool_failover_state_entries_written",
+            "Entries of the health picture written (set or removed): only what a decision changed",
+            registry=registry,
+        )
+        self.judged_nodes = Gauge(
+            "ibpool_failover_judged_nodes",
+            "Nodes the last tick judged: late, or with a verdict or a closed connection (not every node)",
             registry=registry,
         )
         self.beats_lag = Gauge(
@@ -311,9 +324,7 @@ class FailoverController:
                 self.deciding = False
                 return None
             if not self.deciding:
-                # Taking over (start, or another replica stopped): the picture as last committed.
-                self.state = restart_grace(await state.load_state(tx.conn), self.clock.now())
-                self.deciding = True
+                await self.take_over(tx.conn)
                 # Closes seen before this replica decided: restart_grace hands those nodes to the heartbeat rule.
                 buffered = [o for o in buffered if not isinstance(o, ConnectionClosed)]
             base = self.state
@@ -334,19 +345,19 @@ class FailoverController:
             reply = decide(
                 FailoverRequest(
                     state=base, now=now, observations=[*pending, *buffered], config=self.core, beats_lag_s=lag
-                )
+                ),
+                self.watch,
             )
             if last_seq is not None:
                 await state.drop_pending(tx.conn, last_seq)
-            due = time.monotonic() - self._last_save >= SAVE_EVERY_S
-            if reply.events or pending or newer is not None or due:
-                await state.save_state(tx.conn, reply.state, now)
+            # Only what the decision changed is written: a cluster beating on time writes nothing.
+            if reply.changes or newer is not None:
+                self.entries_written.inc(await state.save_changes(tx.conn, reply.state, reply.changes, now))
             if reply.events:
                 await tx.outbox(*reply.events)
                 await state.record_verdicts(tx.conn, reply.events, self.cfg.verdict_history)
-        if reply.events or pending or newer is not None or due:
-            self._last_save = time.monotonic()
         self.state = reply.state
+        self.judged_nodes.set(self.watch.judged)
         self.ticks += 1
         for e in reply.events:
             self.verdicts.labels(type(e).__name__).inc()
@@ -354,6 +365,15 @@ class FailoverController:
         for note in reply.notes:
             log.info("observed, no action", note=note)
         return reply
+
+    async def take_over(self, conn: asyncpg.Connection) -> None:
+        """Start deciding (this process's start, or another replica stopped): the picture as last
+        committed, with a fresh heartbeat window for every node; one saved whole is written anew."""
+        saved, whole = await state.load_state(conn)
+        if whole:
+            await state.save_whole(conn, saved, self.clock.now())
+        self.state = restart_grace(saved, self.clock.now())
+        self.deciding = True
 
     async def operate(self, action: OperatorAction) -> OperatorReply | NotDeciding:
         """Apply an operator's action under the decider lock and the leader's fence, state and events in one
@@ -369,12 +389,11 @@ class FailoverController:
                 self.deciding = False
                 return NotDeciding(leader=await self.leader_identity())
             if not self.deciding:
-                self.state = restart_grace(await state.load_state(tx.conn), self.clock.now())
-                self.deciding = True
+                await self.take_over(tx.conn)
             now = self.clock.now()
             reply = act(OperatorRequest(state=self.state, now=now, action=action, config=self.core))
             if reply.events:
-                await state.save_state(tx.conn, reply.state, now)
+                self.entries_written.inc(await state.save_changes(tx.conn, reply.state, reply.changes, now))
                 await tx.outbox(*reply.events)
                 await state.record_verdicts(tx.conn, reply.events, self.cfg.verdict_history)
         self.state = reply.state

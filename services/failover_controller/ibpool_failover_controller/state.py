@@ -5,11 +5,21 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import msgspec
 
-from ibpool_core.health.decide import OBSERVATIONS, HealthState, Observation
+from ibpool_core.health.decide import (
+    OBSERVATIONS,
+    STATE_MAPS,
+    HealthState,
+    Holding,
+    JobRecord,
+    NodeHealth,
+    Observation,
+    StateChanges,
+)
 from ibpool_core.health.link_signals import LinkTarget
 from ibpool_proto import Event, encode
 from ibpool_proto.codec import decode
@@ -18,6 +28,15 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 _state = msgspec.json.Decoder(HealthState)
 _targets = msgspec.json.Decoder(dict[str, LinkTarget])
+# The decoder of each map's entries (`health_entries.map` -> its value's type).
+_entries: dict[str, msgspec.json.Decoder[Any]] = {
+    "nodes": msgspec.json.Decoder(NodeHealth),
+    "holdings": msgspec.json.Decoder(Holding),
+    "jobs": msgspec.json.Decoder(JobRecord),
+    "departed": msgspec.json.Decoder(dt.datetime),
+    "finished": msgspec.json.Decoder(dt.datetime),
+    "link_problems": msgspec.json.Decoder(list[str]),
+}
 
 
 class VerdictRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,16 +54,70 @@ async def lock(conn: asyncpg.Connection, schema: str) -> bool:
     return got
 
 
-async def load_state(conn: asyncpg.Connection | asyncpg.Pool) -> HealthState:
+async def load_state(conn: asyncpg.Connection) -> tuple[HealthState, bool]:
+    """The picture as last saved, and whether its body still holds maps (saved whole, before
+    `health_entries`): the caller then writes it anew with `save_whole`."""
     body = await conn.fetchval("SELECT body FROM health_state WHERE id = 1")
-    return HealthState() if body is None else _state.decode(body)
+    saved = HealthState() if body is None else _state.decode(body)
+    whole = any(getattr(saved, name) for name in STATE_MAPS) or bool(saved.links)
+    maps: dict[str, dict[str, Any]] = {name: dict(getattr(saved, name)) for name in STATE_MAPS}
+    for r in await conn.fetch("SELECT map, key, body FROM health_entries"):
+        decoder = _entries.get(r["map"])
+        if decoder is None:
+            raise ValueError(f"health_entries: unknown map {r['map']!r} (key {r['key']!r})")
+        maps[r["map"]][r["key"]] = decoder.decode(r["body"])
+    # Oldest first, as the decision keeps them (it forgets from the front).
+    maps["finished"] = dict(sorted(maps["finished"].items(), key=lambda kv: (kv[1], kv[0])))
+    links = saved.links
+    if not links and saved.topology_version:
+        row = await conn.fetchrow("SELECT body FROM link_targets WHERE id = 1 AND version = $1", saved.topology_version)
+        links = {} if row is None else _targets.decode(row["body"])
+    return msgspec.structs.replace(saved, links=links, **maps), whole
 
 
-async def save_state(conn: asyncpg.Connection, state: HealthState, now: dt.datetime) -> None:
+async def save_changes(conn: asyncpg.Connection, state: HealthState, changes: StateChanges, now: dt.datetime) -> int:
+    """Write the entries `changes` names (set or removed) and the body; returns how many entries."""
+    written = 0
+    for name in STATE_MAPS:
+        keys: list[str] = getattr(changes, name)
+        if not keys:
+            continue
+        live: dict[str, Any] = getattr(state, name)
+        present = [(name, k, msgspec.json.encode(live[k]).decode()) for k in keys if k in live]
+        gone = [k for k in keys if k not in live]
+        if present:
+            await conn.executemany(
+                "INSERT INTO health_entries (map, key, body) VALUES ($1, $2, $3)"
+                " ON CONFLICT (map, key) DO UPDATE SET body = EXCLUDED.body",
+                present,
+            )
+        if gone:
+            await conn.execute("DELETE FROM health_entries WHERE map = $1 AND key = ANY($2::text[])", name, gone)
+        written += len(keys)
+    await _save_body(conn, state, now)
+    return written
+
+
+async def save_whole(conn: asyncpg.Connection, state: HealthState, now: dt.datetime) -> None:
+    """Write every entry of `state` anew (a body saved whole before `health_entries`)."""
+    await conn.execute("DELETE FROM health_entries")
+    everything = StateChanges(
+        nodes=sorted(state.nodes),
+        holdings=sorted(state.holdings),
+        jobs=sorted(state.jobs),
+        departed=sorted(state.departed),
+        finished=sorted(state.finished),
+        link_problems=sorted(state.link_problems),
+    )
+    await save_changes(conn, state, everything, now)
+
+
+async def _save_body(conn: asyncpg.Connection, state: HealthState, now: dt.datetime) -> None:
+    rest = HealthState(degraded=state.degraded, topology_version=state.topology_version)
     await conn.execute(
         "INSERT INTO health_state (id, body, updated_at) VALUES (1, $1, $2)"
         " ON CONFLICT (id) DO UPDATE SET body = $1, updated_at = $2",
-        msgspec.json.encode(state).decode(),
+        msgspec.json.encode(rest).decode(),
         now,
     )
 

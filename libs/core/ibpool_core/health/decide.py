@@ -53,6 +53,12 @@ Verdicts and their actions:
   (once); ClusterRestored when both counts are back within the limit. Failures reported by a node
   itself (XID 79) are not held back.
 
+Bounded by what changed: the reply names the entries of the state the decision set or removed
+(`StateChanges`; a beat that only moves a node's time later is not one), so a store writes only
+those; and with the caller's `Watch` (kept from one decision to the next) judging looks only at the
+nodes that are late, carry a verdict or changed, not at every node. The reply is the same with or
+without a watch.
+
 Pure: no I/O, no wall clock, no randomness. Event ids derive from what caused them
 (`ibpool_core.ids.EventIds`): the observation's id for what an observation did, `clock/<verdict>`
 for what the clock decided (`clock/heartbeat`: a node's suspicion, recovery or lifted GPU cordons,
@@ -64,9 +70,10 @@ for byte, so JetStream's duplicate window drops a recomputed event.
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 import math
 from collections.abc import Iterable, Sequence
-from typing import Literal, TypedDict
+from typing import Generic, Literal, TypedDict, TypeVar
 
 import msgspec
 
@@ -179,7 +186,7 @@ class Holding(msgspec.Struct, frozen=True, kw_only=True):
     gpu_indices: list[int]
 
 
-# The state is saved whole on every tick, so the memory of finished jobs is bounded in count too;
+# The memory of finished jobs is bounded in count too (the picture stays bounded whatever the churn);
 # under a churn above this many ends per `finished_memory_s` the window shrinks.
 FINISHED_KEPT = 1_000
 
@@ -244,20 +251,56 @@ class FailoverRequest(msgspec.Struct, frozen=True, kw_only=True):
     beats_lag_s: float = 0.0
 
 
+class StateChanges(msgspec.Struct, frozen=True, kw_only=True):
+    """The keys of the state's maps a decision set or removed, in key order: what a store that keeps
+    the state entry by entry writes (`HealthState.nodes` ... `link_problems`), and `scalars` when
+    `degraded` or `topology_version` moved. A node's heartbeat and telemetry times alone are not a
+    change: `restart_grace` gives every node a fresh window on a restart, and a sample that changed
+    nothing else judges the same when read again, so a quiet cluster writes nothing."""
+
+    nodes: list[str] = []
+    holdings: list[str] = []
+    jobs: list[str] = []
+    departed: list[str] = []
+    finished: list[str] = []
+    link_problems: list[str] = []
+    scalars: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.scalars
+            or self.nodes
+            or self.holdings
+            or self.jobs
+            or self.departed
+            or self.finished
+            or self.link_problems
+        )
+
+
+# The maps of `HealthState` kept entry by entry (`StateChanges` names the same).
+STATE_MAPS = ("nodes", "holdings", "jobs", "departed", "finished", "link_problems")
+
+
 class FailoverReply(msgspec.Struct, frozen=True, kw_only=True):
     state: HealthState
     events: list[Event] = []
     # What was seen and deliberately not acted on (unknown links, application XIDs ...), for logs.
     notes: list[str] = []
+    changes: StateChanges = msgspec.field(default_factory=StateChanges)
 
 
-def decide(request: FailoverRequest) -> FailoverReply:
-    """Apply the observations in order, then judge every node against the clock. See the module docstring."""
-    d = _Decision(request)
+def decide(request: FailoverRequest, watch: Watch | None = None) -> FailoverReply:
+    """Apply the observations in order, then judge every node against the clock. See the module docstring.
+
+    `watch`: the caller's `Watch`, kept from the previous decision, so that judging looks only at the
+    nodes that changed, are late or carry a verdict instead of walking every node; the reply is the
+    same with or without it."""
+    d = _Decision(request, watch)
     for obs in request.observations:
         d.observe(obs)
     d.judge_nodes()
-    return FailoverReply(state=d.state(), events=d.events, notes=d.notes)
+    return FailoverReply(state=d.state(), events=d.events, notes=d.notes, changes=d.changes())
 
 
 def restart_grace(state: HealthState, now: dt.datetime) -> HealthState:
@@ -281,14 +324,161 @@ def pool_size(nodes: Iterable[NodeHealth]) -> int:
     return sum(1 for n in nodes if n.last_beat is not None)
 
 
+def failed_allowed(pool: int, config: FailoverConfig) -> int:
+    """How many of a pool of `pool` nodes may be failed by missing heartbeats at once (the split-brain guard)."""
+    return max(config.min_failed_allowed, math.floor(config.max_failed_fraction * pool))
+
+
 def max_failed_nodes(nodes: Iterable[NodeHealth], config: FailoverConfig) -> int:
-    """How many nodes may be failed by missing heartbeats at once (the split-brain guard)."""
-    return max(config.min_failed_allowed, math.floor(config.max_failed_fraction * pool_size(nodes)))
+    """`failed_allowed` for these nodes."""
+    return failed_allowed(pool_size(nodes), config)
 
 
 def with_topology(state: HealthState, targets: dict[str, LinkTarget], version: int) -> HealthState:
     """The state with the link map of a new topology version (cordons already applied stay)."""
     return msgspec.structs.replace(state, links=dict(targets), topology_version=version)
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class _Tracked(dict[_K, _V], Generic[_K, _V]):
+    """A map of the state that remembers the keys set or removed: `changed` for the store, `fresh`
+    (changed since the `Watch` last looked) for the watch. A key given only a later heartbeat or
+    telemetry time is set quietly (`set_quietly`): neither."""
+
+    def __init__(self, items: dict[_K, _V]) -> None:
+        super().__init__(items)
+        self.changed: set[_K] = set()
+        self.fresh: set[_K] = set()
+
+    def __setitem__(self, key: _K, value: _V) -> None:
+        self.changed.add(key)
+        self.fresh.add(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: _K) -> None:
+        self.changed.add(key)
+        self.fresh.add(key)
+        super().__delitem__(key)
+
+    def discard(self, key: _K) -> _V | None:
+        """Remove `key` if present; its value, else None."""
+        if key not in self:
+            return None
+        value = self[key]
+        del self[key]
+        return value
+
+    def set_quietly(self, key: _K, value: _V) -> None:
+        super().__setitem__(key, value)
+
+
+def needs_attention(n: NodeHealth) -> bool:
+    """A node judging must look at whatever its heartbeats: not healthy, a GPU verdict, its connection closed."""
+    return n.status != "healthy" or bool(n.gpus) or n.connection_closed_at is not None
+
+
+class Watch:
+    """What judging must look at, kept by the caller from one decision to the next so that a tick does
+    not walk every node: the nodes that need attention whatever their beats (`needs_attention`), the
+    healthy ones found late, the ones that ever beat (the pool's size), and a heap of heartbeat
+    deadlines (last beat + the suspect window) with one live entry per other node.
+
+    A beat only moves a node's deadline later, so it does not touch the watch: the node's entry comes
+    due at its old deadline, and is then put back at the node's current one (or the node is late).
+    A node is looked at again only when a decision changes it (`_Tracked.fresh`). The work per tick is
+    so the nodes changed, late or flagged, plus one heap step per node per suspect window, not the
+    cluster. It describes one state's nodes (the map it last saw, by identity): given another, or
+    other heartbeat rules, it is built anew from every node."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeHealth] | None = None
+        self.suspect_after_intervals = 0.0
+        self.attention: set[str] = set()
+        self.late: set[str] = set()
+        self.pool: set[str] = set()
+        self.deadlines: list[tuple[dt.datetime, str]] = []
+        # node id -> the deadline of its live entry in `deadlines` (other entries of it are stale)
+        self.queued: dict[str, dt.datetime] = {}
+        self._windows: dict[float, dt.timedelta] = {}
+        self.builds = 0  # how often it was built from every node (tests pin that a tick does not)
+        self.judged = 0  # how many nodes the last decision judged
+
+    def deadline(self, n: NodeHealth) -> dt.datetime | None:
+        if n.last_beat is None:
+            return None
+        window = self._windows.get(n.interval_s)
+        if window is None:
+            window = self._windows[n.interval_s] = dt.timedelta(seconds=self.suspect_after_intervals * n.interval_s)
+        return n.last_beat + window
+
+    def build(self, nodes: dict[str, NodeHealth], suspect_after_intervals: float) -> None:
+        self.suspect_after_intervals = suspect_after_intervals
+        self.attention, self.late, self.pool, self.deadlines, self.queued = set(), set(), set(), [], {}
+        self._windows = {}
+        self.builds += 1
+        for node_id, n in nodes.items():
+            self.update(node_id, n)
+        self.nodes = nodes
+
+    def update(self, node_id: str, n: NodeHealth | None) -> None:
+        """Node `node_id` is now `n` (None: gone)."""
+        if n is None:
+            self.attention.discard(node_id)
+            self.late.discard(node_id)
+            self.pool.discard(node_id)
+            self.queued.pop(node_id, None)
+            return
+        if n.last_beat is not None:
+            self.pool.add(node_id)
+        else:
+            self.pool.discard(node_id)
+        if needs_attention(n):
+            self.attention.add(node_id)
+            self.late.discard(node_id)
+            self.queued.pop(node_id, None)
+            return
+        self.attention.discard(node_id)
+        if node_id not in self.late:
+            self._queue(node_id, self.deadline(n))
+
+    def _queue(self, node_id: str, due: dt.datetime | None) -> None:
+        if due is None:
+            self.queued.pop(node_id, None)
+            return
+        queued = self.queued.get(node_id)
+        if queued is None or due < queued:  # a later deadline is found when the entry comes due
+            self.queued[node_id] = due
+            heapq.heappush(self.deadlines, (due, node_id))
+
+    def to_judge(self, nodes: dict[str, NodeHealth], heard: dt.datetime) -> list[str]:
+        """The nodes judging must look at, in id order: those needing attention and those late at `heard`."""
+        while self.deadlines and self.deadlines[0][0] < heard:
+            due, node_id = heapq.heappop(self.deadlines)
+            if self.queued.get(node_id) != due:
+                continue  # stale: the node's live entry is another one, or it has none
+            del self.queued[node_id]
+            n = nodes.get(node_id)
+            now_due = None if n is None else self.deadline(n)
+            if now_due is None:
+                continue
+            if now_due < heard:
+                self.late.add(node_id)
+            else:
+                self._queue(node_id, now_due)  # it beat since: due again at its current deadline
+        for node_id in list(self.late):
+            n = nodes.get(node_id)
+            now_due = None if n is None else self.deadline(n)
+            if n is None or node_id in self.attention or now_due is None or now_due >= heard:
+                # Back on time (a beat, or less lag than before): watched by its deadline again.
+                self.late.discard(node_id)
+                if node_id not in self.attention:
+                    self._queue(node_id, now_due)
+        judged = sorted(self.attention | self.late)
+        self.judged = len(judged)
+        return judged
 
 
 class _Envelope(TypedDict):
@@ -299,21 +489,27 @@ class _Envelope(TypedDict):
 
 
 class _Decision:
-    def __init__(self, request: FailoverRequest) -> None:
+    def __init__(self, request: FailoverRequest, watch: Watch | None = None) -> None:
         s = request.state
+        self.before = s
         self.cfg = request.config
         self.now = request.now
         # Up to when every heartbeat has been read: silence is judged against this, not `now`.
         self.heard = request.now - dt.timedelta(seconds=max(0.0, request.beats_lag_s))
-        self.nodes = dict(s.nodes)
+        self.nodes = _Tracked(s.nodes)
         self.links = s.links
         self.topology_version = s.topology_version
-        self.link_problems = dict(s.link_problems)
-        self.holdings = dict(s.holdings)
-        self.jobs = dict(s.jobs)
+        self.link_problems = _Tracked(s.link_problems)
+        self.holdings = _Tracked(s.holdings)
+        self.jobs = _Tracked(s.jobs)
         self.degraded = s.degraded
-        self.departed = dict(s.departed)
-        self.finished = dict(s.finished)
+        self.departed = _Tracked(s.departed)
+        self.finished = _Tracked(s.finished)
+        self.watch = watch
+        if watch is not None and (
+            watch.nodes is not s.nodes or watch.suspect_after_intervals != self.cfg.heartbeat.suspect_after_intervals
+        ):
+            watch.build(s.nodes, self.cfg.heartbeat.suspect_after_intervals)
         self.events: list[Event] = []
         self.notes: list[str] = []
         # What the events made now answer (see the module docstring); the ids number every event.
@@ -334,6 +530,26 @@ class _Decision:
             departed=self.departed,
             finished=self.finished,
         )
+
+    def changes(self) -> StateChanges:
+        return StateChanges(
+            nodes=sorted(self.nodes.changed),
+            holdings=sorted(self.holdings.changed),
+            jobs=sorted(self.jobs.changed),
+            departed=sorted(self.departed.changed),
+            finished=sorted(self.finished.changed),
+            link_problems=sorted(self.link_problems.changed),
+            scalars=self.degraded != self.before.degraded or self.topology_version != self.before.topology_version,
+        )
+
+    def watch_nodes(self) -> None:
+        """Bring the watch up to date with the nodes touched since it last was."""
+        if self.watch is None:
+            return
+        self.watch.nodes = self.nodes  # what it describes from now on: the map the reply's state holds
+        for node_id in self.nodes.fresh:
+            self.watch.update(node_id, self.nodes.get(node_id))
+        self.nodes.fresh.clear()
 
     # -- envelope --------------------------------------------------------------------------------
 
@@ -362,6 +578,11 @@ class _Decision:
         self.nodes[n.node_id] = n
         return n
 
+    def put_times(self, n: NodeHealth) -> NodeHealth:
+        """`n` differs from the node's record only in its heartbeat or telemetry time (see `StateChanges`)."""
+        self.nodes.set_quietly(n.node_id, n)
+        return n
+
     def seen_at(self, at: dt.datetime) -> dt.datetime:
         # A node whose clock runs ahead cannot push its last beat into our future.
         return min(at, self.now)
@@ -379,13 +600,18 @@ class _Decision:
                 n = self.heard_from(self.node(obs.node_id), obs)
                 at = self.seen_at(obs.occurred_at)
                 last = n.last_beat if n.last_beat is not None and n.last_beat > at else at
-                self.put(msgspec.structs.replace(n, last_beat=last, interval_s=obs.interval_s or n.interval_s))
+                interval = obs.interval_s or n.interval_s
+                beaten = msgspec.structs.replace(n, last_beat=last, interval_s=interval)
+                if interval != n.interval_s:
+                    self.put(beaten)
+                else:
+                    self.put_times(beaten)
             case NodeRegistered():
-                self.departed.pop(obs.node_id, None)
+                self.departed.discard(obs.node_id)
                 self.registered(obs)
             case NodeDeregistered():
                 # It left cleanly: not a failure; the pool removes it, so do we.
-                self.nodes.pop(obs.node_id, None)
+                self.nodes.discard(obs.node_id)
                 self._by_source = None
                 self.departed[obs.node_id] = obs.occurred_at
             case TelemetryReported():
@@ -397,8 +623,8 @@ class _Decision:
             case JobFinished():
                 # It will not be requeued again: its count of hardware hits and what it held are no
                 # longer needed, and a hit that comes after this says nothing about it.
-                self.jobs.pop(obs.job_id, None)
-                self.finished.pop(obs.job_id, None)  # to the end of the (oldest first) order
+                self.jobs.discard(obs.job_id)
+                self.finished.discard(obs.job_id)  # to the end of the (oldest first) order
                 self.finished[obs.job_id] = self.now
                 for key in [k for k, h in self.holdings.items() if h.job_id == obs.job_id]:
                     del self.holdings[key]
@@ -410,7 +636,7 @@ class _Decision:
                     allocation_id=obs.allocation_id, job_id=obs.job_id, node_id=obs.node_id, gpu_indices=gpus
                 )
             case AllocationReleased() | AllocationRevoked() | AllocationExpired():
-                self.holdings.pop(f"{obs.allocation_id}/{obs.node_id}", None)
+                self.holdings.discard(f"{obs.allocation_id}/{obs.node_id}")
             case ConnectionClosed():
                 self.connection_closed(obs)
             case ConnectionOpened():
@@ -495,7 +721,7 @@ class _Decision:
             self.notes.append(f"{n.node_id}: telemetry of {t.occurred_at.isoformat()} was judged already")
             return
         at = self.seen_at(t.occurred_at)
-        n = self.put(
+        n = self.put_times(
             msgspec.structs.replace(
                 n, telemetry_at=at, last_beat=at if n.last_beat is None or at > n.last_beat else n.last_beat
             )
@@ -550,7 +776,7 @@ class _Decision:
         if problems:
             self.link_problems[news.link_id] = sorted(problems)
         else:
-            self.link_problems.pop(news.link_id, None)
+            self.link_problems.discard(news.link_id)
         target = self.links.get(news.link_id)
         if target is None:
             self.notes.append(f"link {news.link_id} is not a host cable or leaf uplink of the known topology")
@@ -581,7 +807,7 @@ class _Decision:
                 self.put(msgspec.structs.replace(n, leaf_cordons=after))
 
     def job_exited(self, e: JobExited) -> None:
-        holding = self.holdings.pop(f"{e.allocation_id}/{e.node_id}", None)
+        holding = self.holdings.discard(f"{e.allocation_id}/{e.node_id}")
         if blame(e.reason) != "hardware":
             return
         held = [holding] if holding is not None else []
@@ -721,7 +947,10 @@ class _Decision:
         # beat (computed once per interval): nothing else in the loop can change such a node.
         on_time_after: dict[float, dt.datetime] = {}
         self.cause = "clock/heartbeat"
-        for node_id in sorted(self.nodes):
+        # With a watch, only the nodes it says may not be such a node (the loop's result is the same).
+        self.watch_nodes()
+        judged = sorted(self.nodes) if self.watch is None else self.watch.to_judge(self.nodes, heard)
+        for node_id in judged:
             n = self.nodes[node_id]
             last_beat = n.last_beat
             if last_beat is None:
@@ -766,7 +995,9 @@ class _Decision:
             window = clear_after_s(n.interval_s, cfg.heartbeat) if n.status == "suspect" else n.hold_s
             if (now - since).total_seconds() >= window:
                 self.recover(n)
+        self.watch_nodes()
         self.guard_split_brain(lost, closing)
+        self.watch_nodes()
 
     def lift_gpu_cordons(self, n: NodeHealth) -> NodeHealth:
         gpus = dict(n.gpus)
@@ -777,18 +1008,28 @@ class _Decision:
                     del gpus[index]
         return n if gpus == n.gpus else self.put(msgspec.structs.replace(n, gpus=gpus))
 
+    def pool_size(self) -> int:
+        return pool_size(self.nodes.values()) if self.watch is None else len(self.watch.pool)
+
     def max_failed(self) -> int:
-        return max_failed_nodes(self.nodes.values(), self.cfg)
+        return failed_allowed(self.pool_size(), self.cfg)
+
+    def flagged(self) -> list[NodeHealth]:
+        """Every node that is not healthy, among others (with a watch: its nodes needing attention)."""
+        if self.watch is None:
+            return list(self.nodes.values())
+        return [self.nodes[i] for i in self.watch.attention if i in self.nodes]
 
     def guard_split_brain(self, lost: list[tuple[NodeHealth, str, bool]], closing: list[str]) -> None:
-        failed = sum(1 for n in self.nodes.values() if n.status == "failed")
+        flagged = self.flagged()
+        failed = sum(1 for n in flagged if n.status == "failed")
         limit = self.max_failed()
         # Every node late right now counts, the lost among them, and every node whose connection
         # closed within the grace: when more of the cluster is late at once than may fail, the cause
         # is more likely shared (the bus, a NATS server that dropped its clients, this controller, a
         # slow or overloaded pipeline), also when the nodes cross the fail window one by one. The
         # guard holds until that many are no longer late.
-        late = sorted({n.node_id for n in self.nodes.values() if n.status == "suspect"}.union(closing))
+        late = sorted({n.node_id for n in flagged if n.status == "suspect"}.union(closing))
         by_connection = [(n, why) for n, why, cut_off in lost if cut_off]
         by_beats = [(n, why) for n, why, cut_off in lost if not cut_off]
         # A closed connection is the server's word on that one agent: heartbeats late for a shared
@@ -796,7 +1037,7 @@ class _Decision:
         # its clients, a partition) do.
         cut_off_now = set(closing).union(
             (n.node_id for n, _ in by_connection),
-            (n.node_id for n in self.nodes.values() if n.status == "suspect" and n.cut_off),
+            (n.node_id for n in flagged if n.status == "suspect" and n.cut_off),
         )
         connections_over = failed + len(cut_off_now) > limit
         beats_over = failed + max(len(late), len(by_beats)) > limit
@@ -813,7 +1054,7 @@ class _Decision:
                         **self.env(self.cfg.cluster),
                         unreachable=len(late),
                         failed=failed,
-                        nodes=pool_size(self.nodes.values()),
+                        nodes=self.pool_size(),
                         max_failed=limit,
                         node_ids=late,
                     )
@@ -821,5 +1062,5 @@ class _Decision:
             return
         if self.degraded:
             self.degraded = False
-            nodes = pool_size(self.nodes.values())
+            nodes = self.pool_size()
             self.emit(ClusterRestored(**self.env(self.cfg.cluster), unreachable=len(lost), nodes=nodes))

@@ -31,7 +31,7 @@ import msgspec
 from ibpool_proto.health import DrainRequested, GpuRecovered, NodeRecovered, RequeueRequested, Uncordoned
 from ibpool_proto.message import Event
 
-from .decide import FailoverConfig, FailoverRequest, HealthState, _Decision
+from .decide import FailoverConfig, FailoverRequest, HealthState, StateChanges, _Decision
 
 Outcome = Literal["done", "nothing_to_do", "not_found"]
 
@@ -68,6 +68,7 @@ class OperatorReply(msgspec.Struct, frozen=True, kw_only=True):
     # What was done, or why nothing was.
     detail: str
     events: list[Event] = []
+    changes: StateChanges = msgspec.field(default_factory=StateChanges)
 
 
 def act(request: OperatorRequest) -> OperatorReply:
@@ -91,7 +92,7 @@ def act(request: OperatorRequest) -> OperatorReply:
             outcome, detail = _drain_node(d, a)
     if outcome != "done":
         return OperatorReply(state=request.state, outcome=outcome, detail=detail)
-    return OperatorReply(state=d.state(), outcome=outcome, detail=detail, events=d.events)
+    return OperatorReply(state=d.state(), outcome=outcome, detail=detail, events=d.events, changes=d.changes())
 
 
 def _recover_gpu(d: _Decision, a: RecoverGpu) -> tuple[Outcome, str]:
