@@ -255,6 +255,7 @@ def main() -> int:
     p.add_argument(
         "--background-nodes", type=int, default=0, help="more nodes (4 GPUs each) on one agent that is not killed"
     )
+    p.add_argument("--keep-state", action="store_true", help="keep the services' state and logs (the path is printed)")
     args = p.parse_args()
     state = Path(tempfile.mkdtemp(prefix="ibpool-bench-failover-"))
     info = devstack.up(state, sync_always=True)
@@ -264,7 +265,10 @@ def main() -> int:
         )
     finally:
         devstack.down(state)
-        shutil.rmtree(state, ignore_errors=True)
+        if args.keep_state:
+            print(f"state and logs kept in {state}")
+        else:
+            shutil.rmtree(state, ignore_errors=True)
     result |= {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_1m": os.getloadavg()[0]},
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

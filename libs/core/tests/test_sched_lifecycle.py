@@ -247,6 +247,22 @@ def test_the_controllers_backoff_goes_with_the_requeue() -> None:
     assert requeued.not_before == t.job.not_before and "xid 79" in requeued.reason
 
 
+def test_a_job_requeued_off_a_failed_node_avoids_it_for_a_while_and_forgets_it_once_granted() -> None:
+    news = RequeueRequested(source="fc", key="j", job_id="j", allocation_id="a1", node_id="n1", reason="node failed")
+    t = decide(held("n1"), news, NOW, CFG)
+    assert t.job is not None and t.job.avoid == ["n1"]
+    assert t.job.avoid_until == NOW + dt.timedelta(seconds=CFG.avoid_lost_node_s)
+    assert records.avoided(t.job, NOW) == {"n1"}
+    assert records.avoided(t.job, t.job.avoid_until) == frozenset()  # the window is over
+    revoked_off = decide(held("n2"), revoked("n2"), NOW, CFG).job
+    assert revoked_off is not None and revoked_off.avoid == ["n2"]
+    lease = AllocationExpired(source="pool", key="n1", allocation_id="a1", job_id="j", node_id="n1", ledger_version=7)
+    expired = decide(held("n1"), lease, NOW, CFG)
+    assert expired.job is not None and expired.job.avoid == []  # a lost lease names no failed node
+    again = records.granted(records.proposed(t.job, "a2", gpus("n2"), 4, None), "a2", ["n2"], NOW)
+    assert again.avoid == [] and again.avoid_until is None
+
+
 def test_a_replaced_member_takes_the_lost_ones_rank_and_a_refusal_is_tried_again_then_restarts() -> None:
     marked = decide(replace_gang("n1", "n2", "n3"), revoked("n2"), NOW, CFG).job
     assert marked is not None and marked.replacing == "n2" and marked.replace_id is None

@@ -114,6 +114,30 @@ def test_a_job_goes_where_its_dataset_is_and_required_gpu_model_filters() -> Non
     )
 
 
+@pytest.mark.parametrize("placement", ["framework", "leaf"])
+def test_a_job_requeued_off_a_failed_node_is_not_placed_there_while_the_pool_has_not_failed_it_yet(
+    placement: str,
+) -> None:
+    # The requeue released the job's GPUs on n1 before the pool allocator applied n1's failure: in
+    # this ledger n1 is free and healthy, its lowest index makes it the leaf placer's first choice.
+    ledger = ledger_of(node("n1", 8), node("n2", 8))
+    inputs = PlacementInputs(framework()) if placement == "framework" else PlacementInputs()
+    until = T0 + dt.timedelta(seconds=30)
+    lost = job("r", 8, avoid=["n1"], avoid_until=until)
+
+    def plan_at(at: dt.datetime, live: list[Any]) -> Any:
+        return plan_cycle(ledger, live, at, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf", placement=inputs)
+
+    if placement == "framework":
+        assert hosts_of(plan_at(T0, [lost])) == {"r": ["n2"]}
+    else:  # the leaf placer cannot keep a job off a host: it waits for the window instead
+        assert hosts_of(plan_at(T0, [lost])) == {}
+    # Only the avoided node is there: nothing is placed on it inside the window, and after it, it is.
+    ledger = ledger_of(node("n1", 8))
+    assert hosts_of(plan_at(T0, [lost])) == {}
+    assert hosts_of(plan_at(until, [lost])) == {"r": ["n1"]}
+
+
 def test_gang_stays_on_one_leaf_with_the_framework() -> None:
     ledger = ledger_of(*(node(f"n{i}", 8, leaf="a" if i <= 2 else "b") for i in range(1, 6)))
     inputs = PlacementInputs(framework())

@@ -91,6 +91,8 @@ class LifecycleConfig(msgspec.Struct, frozen=True, kw_only=True):
     source: str
     max_attempts: int = 10
     retry_after_s: float = 5.0
+    # A job requeued off a node that failed is not placed there again for this long (`JobRecord.avoid`).
+    avoid_lost_node_s: float = 30.0
 
 
 class Transition(msgspec.Struct, frozen=True, kw_only=True):
@@ -384,10 +386,12 @@ def _lost(
     if node_id is not None and replaceable(job):
         _member_lost(step, node_id, why, not_before)
         return
-    _requeue(step, why, not_before)
+    _requeue(step, why, not_before, node_id)
 
 
-def _requeue(step: _Step, why: str, not_before: dt.datetime | None = None) -> None:
+def _requeue(step: _Step, why: str, not_before: dt.datetime | None = None, lost_on: str | None = None) -> None:
+    """Release the job's allocation and queue it again (`lost_on`: the node a failure took it from,
+    avoided for `avoid_lost_node_s`), or fail it past `max_attempts`."""
     job = step.job
     assert job.allocation_id is not None
     allocation_id = job.allocation_id
@@ -398,7 +402,8 @@ def _requeue(step: _Step, why: str, not_before: dt.datetime | None = None) -> No
         step.save(done)
         step.finished(done)
         return
-    again = records.requeued(job, why, step.now, not_before)
+    avoid = None if lost_on is None else (lost_on, step.now + dt.timedelta(seconds=step.cfg.avoid_lost_node_s))
+    again = records.requeued(job, why, step.now, not_before, avoid)
     step.save(again)
     step.emit(
         JobRequeued(
@@ -441,16 +446,16 @@ def _member_lost(step: _Step, node_id: str, why: str, not_before: dt.datetime | 
         return  # a member replaced already (the old member's late news), or being replaced
     if job.replacing is not None:
         lost = f"member on {node_id} lost while the member on {job.replacing} was being replaced"
-        _requeue(step, f"{lost}: gang restarted; {why}", not_before)
+        _requeue(step, f"{lost}: gang restarted; {why}", not_before, node_id)
         return
     ranked = job.placement.ranks if job.placement is not None and job.placement.ranks else job.nodes
     if ranked and node_id == ranked[0]:
         # Rank 0 is the gang's rendezvous (MASTER_ADDR in every member's environment): the survivors
         # would keep pointing at the lost host, so the whole gang starts again.
-        _requeue(step, f"member of rank 0 on {node_id} lost: gang restarted; {why}", not_before)
+        _requeue(step, f"member of rank 0 on {node_id} lost: gang restarted; {why}", not_before, node_id)
         return
     if job.replacements >= step.cfg.max_attempts:
-        _requeue(step, f"{job.replacements} members replaced already: gang restarted; {why}", not_before)
+        _requeue(step, f"{job.replacements} members replaced already: gang restarted; {why}", not_before, node_id)
         return
     step.save(
         msgspec.structs.replace(

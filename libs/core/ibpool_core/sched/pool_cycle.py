@@ -34,7 +34,7 @@ from ibpool_core.sched.jobs import FreeCapacity, Job, RunningJob, estimated_runt
 from ibpool_core.sched.placer import Placer
 from ibpool_core.sched.plan import PlanReply, PlanRequest, QueueRequest, plan
 from ibpool_core.sched.queueing import QueuePolicy
-from ibpool_core.sched.records import HOLDING, JobPlacement, JobRecord
+from ibpool_core.sched.records import HOLDING, JobPlacement, JobRecord, avoided
 from ibpool_core.sched.runtime import RuntimeEstimate
 from ibpool_core.sched.sharp import SharpLimits, SharpTree
 from ibpool_core.sched.sites import Site, SiteChoice, choose_site
@@ -415,6 +415,16 @@ def refresh_telemetry(view: fw.ClusterView, telemetry: Mapping[str, fw.Telemetry
         if host.telemetry is not IDLE and host.telemetry != IDLE:
             view.replace_host(msgspec.structs.replace(host, telemetry=IDLE))
         marked.discard(n)
+
+
+def allowed_hosts(job: JobRecord, sites: SitePlan, node_ids: Sequence[str], now: dt.datetime) -> frozenset[str] | None:
+    """The hosts `job` may take this cycle: its site's (`SitePlan.hosts_for`) without the node a
+    failure just took it from (`records.avoided`); None: any."""
+    hosts = sites.hosts_for(job)
+    avoid = avoided(job, now)
+    if not avoid:
+        return hosts
+    return (frozenset(node_ids) if hosts is None else hosts) - avoid
 
 
 def hints_of(job: JobRecord, hosts: frozenset[str] | None = None) -> AskHints:
@@ -802,15 +812,16 @@ def plan_cycle(
     placer: Placer | None = None
     sites = NO_SITES
     if placement.framework is None:
-        # Only the framework's placement keeps a job to its site's hosts: the leaf placer leaves them waiting.
-        waiting = [j for j in waiting if not j.sites]
+        # Only the framework's placement keeps a job to its site's hosts, or off the node a failure
+        # took it from: the leaf placer leaves those waiting (the latter until `avoid_until`).
+        waiting = [j for j in waiting if not j.sites and not avoided(j, now)]
     elif view.node_ids:
         sites = plan_sites(ledger, view, waiting, running, placement, now.timestamp(), config.safety_margin)
         fw_view = placement_view(ledger, view, placement, cache)
         hints = {
-            j.job_id: hints_of(j, sites.hosts_for(j))
+            j.job_id: hints_of(j, allowed_hosts(j, sites, view.node_ids, now))
             for j in waiting
-            if j.dataset or j.gpu_model or j.milli < 1000 or j.sites
+            if j.dataset or j.gpu_model or j.milli < 1000 or j.sites or avoided(j, now)
         }
         placer = framework_placer(placement, fw_view, view.node_ids, hints, now, cache)
     groups: dict[str, list[Job]] = {}

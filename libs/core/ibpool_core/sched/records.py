@@ -89,6 +89,11 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     state: JobState = "queued"
     attempt: int = 0
     not_before: dt.datetime | None = None
+    # The node a failure took its last allocation from (RequeueRequested, AllocationRevoked): not
+    # placed there again until `avoid_until`. The release of that allocation may reach the pool
+    # allocator before the node's failure does, and free the dead node's GPUs meanwhile.
+    avoid: list[str] = []
+    avoid_until: dt.datetime | None = None
     reason: str = ""
     # Why it waits, typed (`ibpool_core.sched.waits.WaitCode`; `reason` is its words); None: not waiting.
     wait_code: WaitCode | None = None
@@ -231,10 +236,19 @@ def rejected(job: JobRecord, why: str, not_before: dt.datetime | None) -> JobRec
     )
 
 
+def avoided(job: JobRecord, now: dt.datetime) -> frozenset[str]:
+    """The nodes `job` is not to be placed on at `now` (see `JobRecord.avoid`)."""
+    if not job.avoid or job.avoid_until is None or job.avoid_until <= now:
+        return frozenset()
+    return frozenset(job.avoid)
+
+
 def granted(job: JobRecord, allocation_id: str, nodes: list[str], at: dt.datetime) -> JobRecord:
     return msgspec.structs.replace(
         job,
         state="scheduled",
+        avoid=[],
+        avoid_until=None,
         allocation_id=allocation_id,
         nodes=nodes,
         assignments=job.proposal,
@@ -244,14 +258,23 @@ def granted(job: JobRecord, allocation_id: str, nodes: list[str], at: dt.datetim
     )
 
 
-def requeued(job: JobRecord, why: str, at: dt.datetime, not_before: dt.datetime | None) -> JobRecord:
-    """Its allocation is gone (failure, lost lease, preemption): waiting again, in its old place."""
+def requeued(
+    job: JobRecord,
+    why: str,
+    at: dt.datetime,
+    not_before: dt.datetime | None,
+    avoid: tuple[str, dt.datetime] | None = None,
+) -> JobRecord:
+    """Its allocation is gone (failure, lost lease, preemption): waiting again, in its old place.
+    `avoid`: (the node a failure took it from, until when it is not placed there again)."""
     return msgspec.structs.replace(
         job,
         state="queued",
         attempt=job.attempt + 1,
         queued_at=at,
         not_before=not_before,
+        avoid=[avoid[0]] if avoid is not None else [],
+        avoid_until=avoid[1] if avoid is not None else None,
         reason=why,
         proposal_id=None,
         proposal=[],
