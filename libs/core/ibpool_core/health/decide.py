@@ -383,15 +383,20 @@ def needs_attention(n: NodeHealth) -> bool:
 class Watch:
     """What judging must look at, kept by the caller from one decision to the next so that a tick does
     not walk every node: the nodes that need attention whatever their beats (`needs_attention`), the
-    healthy ones found late, the ones that ever beat (the pool's size), and a heap of heartbeat
-    deadlines (last beat + the suspect window) with one live entry per other node.
+    healthy ones that may be late, the ones that ever beat (the pool's size), and a heap of heartbeat
+    deadlines (last beat + the suspect window, as Unix seconds) with one live entry per other node.
 
     A beat only moves a node's deadline later, so it does not touch the watch: the node's entry comes
-    due at its old deadline, and is then put back at the node's current one (or the node is late).
+    due at its old deadline, and is then put back at the node's current one (or the node may be late).
     A node is looked at again only when a decision changes it (`_Tracked.fresh`). The work per tick is
     so the nodes changed, late or flagged, plus one heap step per node per suspect window, not the
-    cluster. It describes one state's nodes (the map it last saw, by identity): given another, or
-    other heartbeat rules, it is built anew from every node."""
+    cluster. The watch only chooses whom to judge, erring towards more (a deadline within `SLACK_S`
+    of the time judged counts as late); judging itself decides on the exact times, so a decision is
+    the same with or without it. It describes one state's nodes (the map it last saw, by identity):
+    given another, or other heartbeat rules, it is built anew from every node."""
+
+    # Deadlines this close to the time judged are judged (float seconds against exact datetimes).
+    SLACK_S = 0.001
 
     def __init__(self) -> None:
         self.nodes: dict[str, NodeHealth] | None = None
@@ -399,25 +404,20 @@ class Watch:
         self.attention: set[str] = set()
         self.late: set[str] = set()
         self.pool: set[str] = set()
-        self.deadlines: list[tuple[dt.datetime, str]] = []
+        self.deadlines: list[tuple[float, str]] = []
         # node id -> the deadline of its live entry in `deadlines` (other entries of it are stale)
-        self.queued: dict[str, dt.datetime] = {}
-        self._windows: dict[float, dt.timedelta] = {}
+        self.queued: dict[str, float] = {}
         self.builds = 0  # how often it was built from every node (tests pin that a tick does not)
         self.judged = 0  # how many nodes the last decision judged
 
-    def deadline(self, n: NodeHealth) -> dt.datetime | None:
+    def deadline(self, n: NodeHealth) -> float | None:
         if n.last_beat is None:
             return None
-        window = self._windows.get(n.interval_s)
-        if window is None:
-            window = self._windows[n.interval_s] = dt.timedelta(seconds=self.suspect_after_intervals * n.interval_s)
-        return n.last_beat + window
+        return n.last_beat.timestamp() + self.suspect_after_intervals * n.interval_s
 
     def build(self, nodes: dict[str, NodeHealth], suspect_after_intervals: float) -> None:
         self.suspect_after_intervals = suspect_after_intervals
         self.attention, self.late, self.pool, self.deadlines, self.queued = set(), set(), set(), [], {}
-        self._windows = {}
         self.builds += 1
         for node_id, n in nodes.items():
             self.update(node_id, n)
@@ -444,7 +444,7 @@ class Watch:
         if node_id not in self.late:
             self._queue(node_id, self.deadline(n))
 
-    def _queue(self, node_id: str, due: dt.datetime | None) -> None:
+    def _queue(self, node_id: str, due: float | None) -> None:
         if due is None:
             self.queued.pop(node_id, None)
             return
@@ -454,24 +454,27 @@ class Watch:
             heapq.heappush(self.deadlines, (due, node_id))
 
     def to_judge(self, nodes: dict[str, NodeHealth], heard: dt.datetime) -> list[str]:
-        """The nodes judging must look at, in id order: those needing attention and those late at `heard`."""
-        while self.deadlines and self.deadlines[0][0] < heard:
-            due, node_id = heapq.heappop(self.deadlines)
-            if self.queued.get(node_id) != due:
+        """The nodes judging must look at, in id order: those needing attention and those that may be
+        late at `heard`."""
+        until = heard.timestamp() + self.SLACK_S
+        deadlines, queued = self.deadlines, self.queued
+        while deadlines and deadlines[0][0] < until:
+            due, node_id = heapq.heappop(deadlines)
+            if queued.get(node_id) != due:
                 continue  # stale: the node's live entry is another one, or it has none
-            del self.queued[node_id]
+            del queued[node_id]
             n = nodes.get(node_id)
             now_due = None if n is None else self.deadline(n)
             if now_due is None:
                 continue
-            if now_due < heard:
+            if now_due < until:
                 self.late.add(node_id)
             else:
                 self._queue(node_id, now_due)  # it beat since: due again at its current deadline
         for node_id in list(self.late):
             n = nodes.get(node_id)
             now_due = None if n is None else self.deadline(n)
-            if n is None or node_id in self.attention or now_due is None or now_due >= heard:
+            if n is None or node_id in self.attention or now_due is None or now_due >= until:
                 # Back on time (a beat, or less lag than before): watched by its deadline again.
                 self.late.discard(node_id)
                 if node_id not in self.attention:
