@@ -215,7 +215,9 @@ async def _errors(
     except Unprocessable as e:
         return _error(422, "unprocessable request body", e.detail, e.path)
     except BadBody as e:
-        return _error(400, "invalid request body", e.detail, e.path)
+        # A handler's own check of a query parameter names it as "?name": the body is not at fault.
+        what = "invalid query parameter" if e.path is not None and e.path.startswith("?") else "invalid request body"
+        return _error(400, what, e.detail, e.path)
     except UnsupportedMediaType as e:
         got = f"got {str(e)!r}" if str(e) else "got none"
         return _error(415, "unsupported media type", f"send the body as Content-Type: application/json ({got})")

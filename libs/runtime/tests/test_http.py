@@ -6,7 +6,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from ibpool_proto.pool import ProposePlacement
-from ibpool_runtime.http import create_app, json_response, read_body
+from ibpool_runtime.http import BadBody, create_app, json_response, read_body
 from ibpool_runtime.metrics import ServiceMetrics
 
 JSON = {"Content-Type": "application/json"}
@@ -22,7 +22,14 @@ def app() -> web.Application:
             body = await read_body(request, ProposePlacement)
             return json_response({"job_id": body.job_id}, status=202)
 
+        async def listing(request: web.Request) -> web.Response:
+            wanted = request.query.get("status", "healthy")
+            if wanted not in ("healthy", "failed"):
+                raise BadBody(f"status must be one of healthy, failed, got {wanted!r}", "?status")
+            return json_response([])
+
         a.router.add_post("/v1/proposals", propose)
+        a.router.add_get("/v1/things", listing)
 
     return create_app(ServiceMetrics("demo"), ready, add_routes=routes)
 
@@ -63,6 +70,18 @@ async def test_invalid_body_is_400_with_the_field_path() -> None:
         ok = dict(doc, assignments=[{"node_id": "n", "gpu_index": 0}])
         r = await c.post("/v1/proposals", json=ok)
         assert r.status == 202 and (await r.json()) == {"job_id": "j"}
+    finally:
+        await c.close()
+
+
+async def test_a_query_parameter_a_handler_refuses_is_400_naming_the_parameter_not_the_body() -> None:
+    c = await client()
+    try:
+        r = await c.get("/v1/things?status=sick")
+        body = await r.json()
+        assert r.status == 400 and body["error"] == "invalid query parameter" and body["path"] == "?status", body
+        assert "'sick'" in body["detail"]
+        assert (await c.get("/v1/things?status=failed")).status == 200
     finally:
         await c.close()
 
