@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import asyncpg
+import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
@@ -69,3 +72,27 @@ async def own_store(stack: StackInfo, schema: str | None = None) -> AsyncIterato
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         finally:
             await conn.close()
+
+
+def promtool() -> str | None:
+    """Prometheus's own tool (Debian's `prometheus` package); `.ci/run` installs it and requires it
+    (IBPOOL_REQUIRE_PROMTOOL=1: missing fails the test instead of leaving it to skip)."""
+    found = shutil.which("promtool")
+    if found is None and os.environ.get("IBPOOL_REQUIRE_PROMTOOL") == "1":
+        pytest.fail("promtool is not installed (Debian's prometheus package), and IBPOOL_REQUIRE_PROMTOOL=1")
+    return found
+
+
+async def promtool_check_metrics(tool: str, text: bytes) -> tuple[int, str]:
+    """`promtool check metrics` over `text`: its exit status and what it said."""
+    proc = await asyncio.create_subprocess_exec(
+        tool,
+        "check",
+        "metrics",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate(text)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()

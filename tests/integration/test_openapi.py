@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -58,7 +57,7 @@ from ibpool_scheduler.bootstrap import bootstrap as scheduler_bootstrap
 from ibpool_scheduler.config import SchedulerConfig
 from ibpool_slurm_bridge.bootstrap import bootstrap as bridge_bootstrap
 from ibpool_slurm_bridge.config import SlurmBridgeConfig
-from tests.integration.helpers import own_store
+from tests.integration.helpers import own_store, promtool, promtool_check_metrics
 from tests.integration.test_fabric_monitor import small_fabric
 
 EXAMPLES = int(os.environ.get("IBPOOL_API_FUZZ_EXAMPLES", "10"))
@@ -224,32 +223,16 @@ async def test_service_api_rejects_what_its_document_forbids(services: dict[str,
     assert exercised, "some operation takes a body or parameters"
 
 
-def _promtool() -> str | None:
-    """Prometheus's own tool (Debian's `prometheus` package); `.ci/run` installs it and requires it."""
-    found = shutil.which("promtool")
-    if found is None and os.environ.get("IBPOOL_REQUIRE_PROMTOOL") == "1":
-        pytest.fail("promtool is not installed (Debian's prometheus package), and IBPOOL_REQUIRE_PROMTOOL=1")
-    return found
-
-
 @pytest.mark.parametrize("name", SERVICES)
 async def test_service_metrics_pass_promtool(services: dict[str, Service[Any]], name: str) -> None:
     """Each service's /metrics, after the fuzzing above has exercised its API, read by Prometheus's
     own linter (`promtool check metrics`): no problem reported (names, units, help, types)."""
-    tool = _promtool()
+    tool = promtool()
     if tool is None:
         pytest.skip("promtool is not installed (Debian's prometheus package)")
     async with aiohttp.ClientSession() as s, s.get(f"{services[name].http_url}/metrics") as r:
         assert r.status == 200
         text = await r.read()
     assert b"# TYPE " in text and b"ibpool_" in text
-    proc = await asyncio.create_subprocess_exec(
-        tool,
-        "check",
-        "metrics",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await proc.communicate(text)
-    assert proc.returncode == 0, f"promtool check metrics on {name}:\n{out.decode()}"
+    status, said = await promtool_check_metrics(tool, text)
+    assert status == 0, f"promtool check metrics on {name}:\n{said}"

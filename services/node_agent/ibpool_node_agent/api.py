@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 import msgspec
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ibpool_core.workload import Workload
 from ibpool_proto.node import GpuInfo
@@ -104,6 +106,17 @@ def routes(agent: NodeAgent) -> web.RouteTableDef:
                     )
                 )
         return json_response({"error": "not found", "detail": f"node {node_id!r} is not hosted here"}, status=404)
+
+    @r.get("/metrics/dcgm")
+    @documented(
+        "Each hosted GPU's newest sample under dcgm-exporter's metric names and labels (Prometheus text)",
+        {200: str},
+        content_type=CONTENT_TYPE_LATEST.split(";")[0],
+    )
+    async def dcgm_metrics(_: web.Request) -> web.Response:
+        # In a thread: an agent hosting thousands of simulated nodes takes a while to format (dcgm.py).
+        body = await asyncio.to_thread(generate_latest, agent.dcgm_registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     @r.post("/v1/nodes/{node_id}/gpus/{index}/xid")
     @documented(

@@ -49,6 +49,10 @@ class GpuBackend(Protocol):
     enforcer: Enforcer
     # Whether `watch_xids` waits on a real event source (then the agent runs it between samples).
     watches_xids: bool
+    # GPU index -> PCI bus id ("00000000:07:00.0") where the backend reads one (NVML), and the GPU
+    # driver's version (None where there is no driver): labels of the dcgm-exporter metrics (dcgm.py).
+    pci_bus_ids: dict[int, str]
+    driver_version: str | None
 
     def inventory(self) -> list[GpuInfo]: ...
 
@@ -79,6 +83,8 @@ class SimulatedBackend:
             xid_rate=cfg.sim_xid_rate,
         )
         self.enforcer: Enforcer = SimulatedEnforcer(node_id, self.model.inventory())
+        self.pci_bus_ids: dict[int, str] = {}  # a simulated GPU sits on no bus
+        self.driver_version: str | None = None
         # GPU index -> XID codes injected since the last sample (a fault drill), reported by the next one.
         self.injected_xids: dict[int, list[int]] = {}
 
@@ -119,13 +125,15 @@ class NvmlBackend:
     """Reads real GPUs through NVML (nvidia-ml-py) and enforces grants on them (MIG, MPS).
 
     Inventory: UUID, model, memory, MIG mode, NVLink (a GPU with an active NVLink is in the host's
-    NVLink domain). Telemetry: utilisation, memory, temperature, power, volatile and aggregate
-    uncorrected ECC, retired pages (or remapped rows on GPUs that remap instead of retiring),
-    throttle reasons, and the XIDs NVML reported since the last sample. XIDs are waited for on an
-    NVML event set by `watch_xids` (the agent runs it in a thread between samples and samples at
-    once when one arrives). A figure a GPU does not support (NVML_ERROR_NOT_SUPPORTED) is left at
-    its default; any other NVML error leaves it at its default too and is returned as a
-    `ReadFailure` of its kind. `nvml` is the nvidia-ml-py module; tests pass a stand-in.
+    NVLink domain); once, at start, each GPU's PCI bus id and the driver's version (labels of the
+    dcgm-exporter metrics, left out when they cannot be read). Telemetry: utilisation, memory,
+    temperature, power, volatile and aggregate uncorrected ECC, retired pages (or remapped rows on
+    GPUs that remap instead of retiring), throttle reasons, and the XIDs NVML reported since the
+    last sample. XIDs are waited for on an NVML event set by `watch_xids` (the agent runs it in a
+    thread between samples and samples at once when one arrives). A figure a GPU does not support
+    (NVML_ERROR_NOT_SUPPORTED) is left at its default; any other NVML error leaves it at its
+    default too and is returned as a `ReadFailure` of its kind. `nvml` is the nvidia-ml-py module;
+    tests pass a stand-in.
     """
 
     name = "nvml"
@@ -140,6 +148,8 @@ class NvmlBackend:
         self.node_id = node_id
         self.hostname = socket.gethostname()
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        self.driver_version = self._driver_version()
+        self.pci_bus_ids = self._pci_bus_ids()
         # XIDs and event-set failures seen by `watch_xids` (a thread) until the next sample takes them.
         self._pending_lock = threading.Lock()
         self._pending_xids: dict[int, list[int]] = {}
@@ -158,6 +168,24 @@ class NvmlBackend:
         except n.NVMLError as e:  # e.g. not supported in a container without the right caps
             log.warning("XID events unavailable: telemetry carries no XIDs", node_id=self.node_id, error=str(e))
             return None
+
+    def _driver_version(self) -> str | None:
+        try:
+            return _text(self.nvml.nvmlSystemGetDriverVersion())
+        except self.nvml.NVMLError as e:
+            log.warning("driver version not read", node_id=self.node_id, error=str(e))
+            return None
+
+    def _pci_bus_ids(self) -> dict[int, str]:
+        """GPU index -> NVML's PCI bus id, read once (it does not change while the driver runs)."""
+        n = self.nvml
+        out: dict[int, str] = {}
+        for i, h in enumerate(self.handles):
+            try:
+                out[i] = _text(n.nvmlDeviceGetPciInfo(h).busId)
+            except n.NVMLError as e:
+                log.warning("PCI bus id not read", node_id=self.node_id, gpu_index=i, error=str(e))
+        return out
 
     def inventory(self) -> list[GpuInfo]:
         n = self.nvml

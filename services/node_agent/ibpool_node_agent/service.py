@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 import msgspec
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from ibpool_core import workload as core
 from ibpool_core.clock import Clock
 from ibpool_proto.node import (
+    GpuSample,
     HcaPortsReported,
     HostSample,
     NodeDeregistered,
@@ -38,6 +39,7 @@ from ibpool_runtime.telemetry_buffer import TelemetryBuffer
 from . import state
 from .backends import GpuBackend, ReadFailure, SimulatedBackend, node_prefix
 from .config import NodeAgentConfig
+from .dcgm import DcgmCollector, DcgmHost
 from .enforcers import EnforcementError
 from .environment import RankError, workload_env
 from .hosts import HostMetrics
@@ -57,7 +59,8 @@ class NodeAgent:
         self.kit = kit
         self.cfg = kit.config
         self.backends = {b.node_id: b for b in backends}
-        self.gpu_counts = {b.node_id: len(b.inventory()) for b in backends}
+        inventories = {b.node_id: b.inventory() for b in backends}
+        self.gpu_counts = {n: len(gpus) for n, gpus in inventories.items()}
         self.clock = clock
         # The pool allocator's keys: what this agent acts on must be signed by one (None: not checked).
         self.verifier: GrantVerifier | None = None
@@ -98,6 +101,22 @@ class NodeAgent:
             registry=kit.metrics.registry,
         )
         self._failing_reads: set[tuple[str, str]] = set()  # (node, kind) failing at the last sample
+        # node id -> the GPUs of its newest sample (the one last published): read by the dcgm collector.
+        self.latest_gpus: dict[str, list[GpuSample]] = {}
+        # GET /metrics/dcgm: the newest samples under dcgm-exporter's names and labels (dcgm.py), in a
+        # registry of their own, so the service's /metrics stays as it is.
+        self.dcgm_registry = CollectorRegistry()
+        hosts = [
+            DcgmHost(
+                node_id=b.node_id,
+                hostname=b.hostname,
+                gpus=inventories[b.node_id],
+                pci_bus_ids=b.pci_bus_ids,
+                driver_version=b.driver_version,
+            )
+            for b in backends
+        ]
+        self.dcgm_registry.register(DcgmCollector(hosts, self.latest_gpus, self.xids))
 
     @property
     def node_ids(self) -> list[str]:
@@ -285,6 +304,7 @@ class NodeAgent:
                     source=self.kit.source, key=n, occurred_at=now, node_id=n, gpus=reading.gpus, host=host
                 )
                 self.telemetry.offer(sample)
+                self.latest_gpus[n] = reading.gpus
                 for g in reading.gpus:
                     if g.xids:
                         seen = self.xids[n].setdefault(g.index, [])

@@ -188,6 +188,11 @@ class FakeNvml:
     def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
         return "NVIDIA A100-SXM4-80GB"
 
+    def nvmlDeviceGetPciInfo(self, handle: FakeGpu) -> Any:
+        self._check("nvmlDeviceGetPciInfo")
+        bus = 0x07 + 0x10 * handle.index
+        return pynvml.nvmlPciInfo_t(busId=f"00000000:{bus:02X}:00.0".encode(), domain=0, bus=bus, device=0)
+
     def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu, version: int | None = None) -> Any:
         self._check("nvmlDeviceGetMemoryInfo")
         total, used = 81920 << 20, handle.used_mib << 20

@@ -66,6 +66,7 @@ def test_what_the_fake_returns_has_the_fields_of_pynvmls_structures() -> None:
             pynvml.c_nvmlGpuInstanceProfileInfo_v2_t,
         ),
         "nvmlGpuInstanceGetInfo": (nvml.nvmlGpuInstanceGetInfo(1), pynvml.c_nvmlGpuInstanceInfo_t),
+        "nvmlDeviceGetPciInfo": (nvml.nvmlDeviceGetPciInfo(gpu), pynvml.nvmlPciInfo_t),
     }
     for name, (value, struct) in structures.items():
         assert isinstance(value, struct), f"{name} returns {type(value).__name__}, pynvml {struct.__name__}"
