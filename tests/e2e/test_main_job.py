@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 
 from ibpool_runtime import slurmstack
 from tests.bench.bench_scale import SERVICES, table
@@ -125,3 +131,53 @@ def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
     assert measured["kill_to_failed_s"] is not None and 0 < measured["kill_to_failed_s"] < 10
     rendered = table([{"nodes_asked": 16, "rc": 0, "wall_s": 60.0, "measured": measured}])
     assert "| 17 (136) |" in rendered and "| 17 | " in rendered
+
+
+def test_run_serve_starts_a_service_that_died_again_and_says_so() -> None:
+    """`ibpool run --serve` keeps the system up: a service killed under it is started again (after a
+    backoff), on the same port, and the run says so; Ctrl-C (SIGINT) still stops everything."""
+    root = stack_dir()
+    cmd = [*CLI, "run", "--serve", "--nodes", "4", "--state-dir", str(root / "serve")]
+    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin"}
+    run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    seen: list[str] = []
+
+    def line_with(pattern: str, timeout_s: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout_s
+        assert run.stdout is not None
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([run.stdout], [], [], 1.0)
+            if not ready:
+                continue
+            line = run.stdout.readline()
+            if not line:
+                break  # the run ended
+            seen.append(line)
+            if found := re.search(pattern, line):
+                return found
+        raise AssertionError(f"no line like {pattern!r} within {timeout_s} s:\n{''.join(seen)}")
+
+    try:
+        served = line_with(r"^scheduler\s+(http://\S+)\s+pid (\d+)", 180)
+        url, pid = served.group(1), int(served.group(2))
+        os.kill(pid, signal.SIGKILL)
+        line_with(r"scheduler exited \(code -9\); starting it again in \d+ s", 30)
+        again = int(line_with(r"scheduler started again \(pid (\d+)\)", 30).group(1))
+        assert again != pid
+        deadline = time.monotonic() + 60
+        ready = False
+        while not ready and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
+                    ready = r.status == 200
+            time.sleep(0.5)
+        assert ready, f"the scheduler started again did not answer {url}/readyz"
+    finally:
+        run.send_signal(signal.SIGINT)
+        try:
+            rest, _ = run.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            rest, _ = run.communicate()
+        shutil.rmtree(root, ignore_errors=True)
+    assert "stack stopped" in rest, "".join(seen) + rest

@@ -60,6 +60,47 @@ HEARTBEAT_DEADLINE_S = 10.0
 SOURCE = "ibpool-run"
 
 
+class Restarts:
+    """When `ibpool run --serve` starts a service that died again: after `first_s`, doubling with
+    each death that comes within `reset_after_s` of its last start (a crash loop backs off up to
+    `max_s`); a service that ran longer than that starts again after `first_s`."""
+
+    def __init__(self, first_s: float = 1.0, max_s: float = 30.0, reset_after_s: float = 60.0) -> None:
+        self.first_s, self.max_s, self.reset_after_s = first_s, max_s, reset_after_s
+        self.count: dict[str, int] = {}  # name -> restarts so far
+        self._delay: dict[str, float] = {}  # name -> the backoff its next death gets
+        self._started: dict[str, float] = {}  # name -> when it was last started
+        self._due: dict[str, float] = {}  # name -> when to start it again (dead, waiting)
+
+    def started(self, name: str, now: float) -> None:
+        self._started[name] = now
+        self._due.pop(name, None)
+
+    def died(self, name: str, now: float) -> float:
+        """Note a death (once per death); returns when to start it again."""
+        if name in self._due:
+            return self._due[name]
+        ran = now - self._started.get(name, now)
+        delay = self.first_s if ran >= self.reset_after_s else self._delay.get(name, self.first_s)
+        self._delay[name] = min(self.max_s, delay * 2)
+        self._due[name] = now + delay
+        return self._due[name]
+
+    def due(self, now: float) -> list[str]:
+        """The dead services whose wait is over, by name; each counted as restarted."""
+        out = sorted(n for n, at in self._due.items() if at <= now)
+        for n in out:
+            self.count[n] = self.count.get(n, 0) + 1
+        return out
+
+    def waiting(self) -> dict[str, float]:
+        return dict(self._due)
+
+    def text(self) -> str:
+        """What the view shows: each restarted service and how often."""
+        return ", ".join(f"{n} {c}x" for n, c in sorted(self.count.items()))
+
+
 @dataclass
 class ServiceProcess:
     """One service of the system, run as its own process with its own log file."""
@@ -98,6 +139,8 @@ class ServiceProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        if self._log is not None and not self._log.closed:
+            self._log.close()  # the last run's (a restart)
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *self.argv],
@@ -109,6 +152,10 @@ class ServiceProcess:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
     async def ready(self, http: aiohttp.ClientSession) -> bool:
         """It is up and ready (GET /readyz is 200); a slow start is not an error. What callers wait
@@ -845,6 +892,9 @@ async def _scenario(
     last_line = 0.0
     deadline = None if args.serve else time.monotonic() + args.duration
     cost = _Costs(info, services) if args.measure else None
+    restarts = Restarts()
+    for s in services:
+        restarts.started(s.name, time.monotonic())
     with Live(
         _view(obs, nodes, "starting"),
         console=console,
@@ -855,9 +905,23 @@ async def _scenario(
         while not stop.is_set():
             killed = plan is not None and plan.killed_at is not None and plan.restarted_at is None
             dead = [s.name for s in services if not s.running() and not (killed and s.name == SPARE_AGENT)]
-            if dead:
+            if dead and not args.serve:
                 console.print(f"[red]{', '.join(dead)} exited early[/]")
                 break
+            # Serving: a service that died is started again, after a backoff that grows in a crash loop.
+            for name in dead:
+                if name not in restarts.waiting():
+                    at = restarts.died(name, time.monotonic())
+                    proc = by_name[name].proc
+                    code = proc.returncode if proc is not None else None
+                    console.print(
+                        f"[yellow]{name} exited (code {code}); starting it again in {at - time.monotonic():.0f} s"
+                        f" (log: {by_name[name].log_path})[/]"
+                    )
+            for name in restarts.due(time.monotonic()):
+                by_name[name].start()
+                restarts.started(name, time.monotonic())
+                console.print(f"[yellow]{name} started again (pid {by_name[name].pid})[/]")
             if deadline is not None and time.monotonic() >= deadline:
                 break
             if cost is not None:
@@ -912,11 +976,14 @@ async def _scenario(
             if args.serve and not served_printed and obs.all_heartbeating_after is not None:
                 for s in services:
                     api = "/health" if s.name == "failover_controller" else "/v1"
-                    console.print(f"{s.name:<16} {s.url}  (/healthz /readyz /metrics, API under {api})")
+                    console.print(f"{s.name:<16} {s.url}  pid {s.pid}  (/healthz /readyz /metrics, API under {api})")
                 console.print(f"{'nats':<16} {info.nats_url}  monitor {info.nats_monitor_url}")
                 console.print(f"{'postgres':<16} {redact_url(info.postgres_dsn)}")
                 served_printed = True
             phase = "serving (Ctrl-C to stop)" if args.serve else "scenario"
+            if restarts.count or restarts.waiting():
+                waiting = ", ".join(sorted(restarts.waiting()))
+                phase += f": restarted {restarts.text() or 'none yet'}" + (f"; down: {waiting}" if waiting else "")
             if plan is not None and plan.injected and not plan.cleared:
                 phase += ": link faults injected"
             if plan is not None and plan.killed_at is not None and plan.restarted_at is None:
