@@ -96,3 +96,28 @@ def test_a_watch_is_built_anew_for_a_state_it_did_not_see_and_for_another_suspec
     )
     decide(FailoverRequest(state=state, now=at(0.5), config=wider), watch)
     assert watch.builds == 3
+
+
+def test_a_stall_of_every_node_at_once_sends_two_events_not_two_per_node() -> None:
+    """One agent process hosting every node (or the bus) stalls for 3 s: more of the cluster is late at
+    once than may fail, so nothing fails, and one ClusterDegraded and one ClusterRestored say so, not a
+    NodeSuspected and a NodeRecovered per node (thousands of events in one tick at scale)."""
+    nodes = [f"n{i:05d}" for i in range(NODES)]
+    watch = Watch()
+    state = decide(
+        FailoverRequest(
+            state=HealthState(), now=at(0.0), observations=[registered(n, 0.0) for n in nodes], config=CONFIG
+        ),
+        watch,
+    ).state
+    events: list[str] = []
+    t = 0.0
+    while t < 20.0:
+        t = round(t + 0.25, 6)
+        stalled = 5.0 < t < 8.5
+        obs = [beat(n, t) for n in nodes] if t == int(t) and not stalled else []
+        reply = decide(FailoverRequest(state=state, now=at(t), observations=list(obs), config=CONFIG), watch)
+        state = reply.state
+        events += [type(e).__name__ for e in reply.events]
+    assert events == ["ClusterDegraded", "ClusterRestored"]
+    assert {h.status for h in state.nodes.values()} == {"healthy"}

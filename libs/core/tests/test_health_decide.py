@@ -347,11 +347,15 @@ def test_partition_of_half_the_cluster_raises_cluster_degraded_and_fails_nothing
     [degraded] = c.events(ClusterDegraded)
     assert isinstance(degraded, ClusterDegraded)
     assert (degraded.unreachable, degraded.max_failed, degraded.node_ids) == (5, 2, nodes[5:])
-    assert len(c.events(NodeSuspected)) == 5
+    # One ClusterDegraded says it for the five: no NodeSuspected each (a shared cause at scale would
+    # send thousands), and so no NodeRecovered each when they are back.
+    assert not c.events(NodeSuspected)
+    assert {n for n, h in c.state.nodes.items() if h.status == "suspect"} == set(nodes[5:])
     c.alive.update(nodes[5:])
     c.run(5.0)
-    assert len(c.events(ClusterRestored)) == 1 and len(c.events(NodeRecovered)) == 5
+    assert len(c.events(ClusterRestored)) == 1 and not c.events(NodeRecovered)
     assert not c.events(NodeFailed)
+    assert {h.status for h in c.state.nodes.values()} == {"healthy"}
 
 
 def test_two_of_ten_fail_but_a_third_at_once_is_held_back() -> None:
@@ -543,8 +547,8 @@ def test_a_controller_behind_its_beats_fails_no_healthy_node_and_fails_a_dead_on
     # Not told of its lag (the defect): 4 s behind, every healthy node looks silent (here the
     # split-brain guard holds the failures back; with the lag spread over nodes, as at scale, it does not).
     blind = lagging_run(nodes, lag_s=4.0, told=False, dead={}, until=12.0)
-    assert {e.node_id for _, e in blind if isinstance(e, NodeSuspected)} == set(nodes)
-    assert any(isinstance(e, ClusterDegraded) for _, e in blind)
+    [degraded] = [e for _, e in blind if isinstance(e, ClusterDegraded)]
+    assert degraded.node_ids == nodes  # every node looked silent (said once, not a NodeSuspected each)
     # Told: nothing happens to healthy nodes, however far behind it is.
     for lag in (0.0, 1.5, 4.0, 10.0):
         assert lagging_run(nodes, lag_s=lag, told=True, dead={}, until=20.0) == [], lag

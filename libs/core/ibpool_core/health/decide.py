@@ -50,7 +50,9 @@ Verdicts and their actions:
   or suspected for it and not cleared yet) do, so heartbeats late for a shared reason do not hold
   back the server's word on one dead agent, but a server that drops many clients at once fails
   none. Past a limit, those failures wait, the nodes stay suspected and ClusterDegraded is raised
-  (once); ClusterRestored when both counts are back within the limit. Failures reported by a node
+  (once); ClusterRestored when both counts are back within the limit. Suspicions the heartbeat
+  rule makes while past the limit are not sent one by one (a stalled bus or publisher would send
+  thousands): ClusterDegraded names the nodes, and their clearing sends no NodeRecovered. Failures reported by a node
   itself (XID 79) are not held back.
 
 Bounded by what changed: the reply names the entries of the state the decision set or removed
@@ -72,7 +74,7 @@ from __future__ import annotations
 import datetime as dt
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Generic, Literal, TypedDict, TypeVar
 
 import msgspec
@@ -175,6 +177,10 @@ class NodeHealth(msgspec.Struct, frozen=True, kw_only=True):
     # Suspected because its connection closed and did not reopen in the grace: until it is cleared,
     # it counts among the connections lost at once (the split-brain guard on connections).
     cut_off: bool = False
+    # Suspected by the heartbeat rule while more of the cluster was late than may fail (a shared
+    # cause): no NodeSuspected was sent for it, ClusterDegraded said it for all, so its clearing
+    # sends no NodeRecovered either.
+    suspected_quietly: bool = False
 
 
 class Holding(msgspec.Struct, frozen=True, kw_only=True):
@@ -877,7 +883,11 @@ class _Decision:
 
     def suspect(self, n: NodeHealth, reason: str) -> NodeHealth:
         self.emit(NodeSuspected(**self.env(n.node_id), node_id=n.node_id, reason=reason))
-        return self.put(msgspec.structs.replace(n, status="suspect", reason=reason, since=self.now, healthy_since=None))
+        return self.put(
+            msgspec.structs.replace(
+                n, status="suspect", reason=reason, since=self.now, healthy_since=None, suspected_quietly=False
+            )
+        )
 
     def fail_node(self, node_id: str, reason: str, *, needs_reboot: bool = False) -> None:
         n = self.node(node_id)
@@ -911,7 +921,8 @@ class _Decision:
         self.requeue(self.on_node(node_id), f"node {node_id} failed: {reason}")
 
     def recover(self, n: NodeHealth) -> None:
-        self.emit(NodeRecovered(**self.env(n.node_id), node_id=n.node_id))
+        if not (n.status == "suspect" and n.suspected_quietly):  # its suspicion was never sent
+            self.emit(NodeRecovered(**self.env(n.node_id), node_id=n.node_id))
         # An operator's drain outlives the verdict: only an operator lifts it.
         held = bool(n.operator_drain)
         if n.cordoned and not held:
@@ -925,6 +936,7 @@ class _Decision:
                 healthy_since=None,
                 cordoned=n.cordoned and held,
                 cut_off=False,
+                suspected_quietly=False,
             )
         )
 
@@ -949,6 +961,8 @@ class _Decision:
         # its connection open, is decided by one comparison against its interval's latest on-time
         # beat (computed once per interval): nothing else in the loop can change such a node.
         on_time_after: dict[float, dt.datetime] = {}
+        # The NodeSuspected this decision sent by the heartbeat rule: its position among the events -> node.
+        suspicions: dict[int, str] = {}
         self.cause = "clock/heartbeat"
         # With a watch, only the nodes it says may not be such a node (the loop's result is the same).
         self.watch_nodes()
@@ -981,6 +995,8 @@ class _Decision:
                     closing.append(node_id)
             if live != "alive" and n.status == "healthy":
                 n = self.suspect(n, why if cut_off else f"{why} (interval {n.interval_s:g}s)")
+                if not cut_off:
+                    suspicions[len(self.events) - 1] = node_id
             if cut_off and n.status == "suspect" and not n.cut_off:
                 n = self.put(msgspec.structs.replace(n, cut_off=True))
             if live == "lost" and n.status == "suspect":
@@ -999,7 +1015,7 @@ class _Decision:
             if (now - since).total_seconds() >= window:
                 self.recover(n)
         self.watch_nodes()
-        self.guard_split_brain(lost, closing)
+        self.guard_split_brain(lost, closing, suspicions)
         self.watch_nodes()
 
     def lift_gpu_cordons(self, n: NodeHealth) -> NodeHealth:
@@ -1023,7 +1039,9 @@ class _Decision:
             return list(self.nodes.values())
         return [self.nodes[i] for i in self.watch.attention if i in self.nodes]
 
-    def guard_split_brain(self, lost: list[tuple[NodeHealth, str, bool]], closing: list[str]) -> None:
+    def guard_split_brain(
+        self, lost: list[tuple[NodeHealth, str, bool]], closing: list[str], suspicions: Mapping[int, str]
+    ) -> None:
         flagged = self.flagged()
         failed = sum(1 for n in flagged if n.status == "failed")
         limit = self.max_failed()
@@ -1045,12 +1063,18 @@ class _Decision:
         connections_over = failed + len(cut_off_now) > limit
         beats_over = failed + max(len(late), len(by_beats)) > limit
         held = [*(by_connection if connections_over else []), *(by_beats if beats_over else [])]
+        if beats_over and suspicions:
+            # More of the cluster late at once than may fail: one ClusterDegraded says it for all of
+            # them, not a NodeSuspected each (a stalled bus or publisher would send thousands).
+            self.events = [e for i, e in enumerate(self.events) if i not in suspicions]
+            for node_id in suspicions.values():
+                self.put(msgspec.structs.replace(self.nodes[node_id], suspected_quietly=True))
         self.cause = "clock/lost"
         for n, why in [*(by_connection if not connections_over else []), *(by_beats if not beats_over else [])]:
             self.fail_node(n.node_id, why)
         self.cause = "clock/cluster"
         if connections_over or beats_over:
-            if held and not self.degraded:
+            if (held or (beats_over and suspicions)) and not self.degraded:
                 self.degraded = True
                 self.emit(
                     ClusterDegraded(
