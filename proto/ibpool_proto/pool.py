@@ -388,15 +388,19 @@ class Quota(msgspec.Struct, frozen=True, kw_only=True):
 
 class SetQuota(Command, frozen=True, kw_only=True, tag="io.ibpool.pool.quota.set.v1"):
     key_name: ClassVar[str] = "name"
-    summary: ClassVar[str] = "Set the quota of a tenant or a queue on one GPU model."
+    summary: ClassVar[str] = "Set (or, with `remove`, remove) the quota of a tenant or a queue on one GPU model."
 
     quota: Quota
+    # Remove the quota of `quota`'s scope, name and GPU model (its amounts are not read): no longer limited.
+    remove: bool = False
 
 
 class QuotaChanged(Event, frozen=True, kw_only=True, tag="io.ibpool.pool.quota.changed.v1"):
     key_name: ClassVar[str] = "name"
-    summary: ClassVar[str] = "The quota of a tenant or a queue on one GPU model was set."
+    summary: ClassVar[str] = "The quota of a tenant or a queue on one GPU model was set, or removed."
 
     quota: Quota
     ledger_version: int
     command_id: str = ""
+    # The quota of that scope, name and GPU model was removed: no longer limited.
+    removed: bool = False

@@ -271,6 +271,33 @@ async def test_quota_refuses_over_nominal_and_lends_inside_a_cohort(bus: Bus, st
         assert used[borrower] == 2000 and used[solo] == 1000 and used.get(lender, 0) == 0
 
 
+async def test_a_quota_named_by_a_short_model_name_is_set_read_and_removed(bus: Bus, store: Store) -> None:
+    node, tenant = unique("n"), unique("t")
+    short = "H100"  # of MODEL, "H100-80GB"
+    async with running_allocator(bus, store) as (service, _):
+        await register(bus, service, node, gpus=8)
+        status, body = await send(
+            service, "PUT", f"/v1/quotas/{tenant}", {"gpu_model": short.lower(), "nominal": {"milli": 1000}}
+        )
+        assert status == 200 and body["gpu_model"] == MODEL, body
+        status, body = await send(
+            service, "PUT", f"/v1/quotas/{tenant}", {"gpu_model": "B200", "nominal": {"milli": 1}}
+        )
+        assert status == 422 and body["path"] == "$.gpu_model" and MODEL in body["detail"], body
+        status, body = await send(service, "POST", "/v1/allocations", ask(unique("j"), tenant, 2))
+        assert status == 409 and body["error"] == "over_quota", body
+        status, body = await send(service, "DELETE", f"/v1/quotas/{tenant}")
+        assert status == 400 and body["error"] == "invalid query parameter" and body["path"] == "?gpu_model", body
+        status, body = await send(service, "DELETE", f"/v1/quotas/{tenant}?gpu_model={short}")
+        assert status == 200 and body["name"] == tenant and body["gpu_model"] == MODEL, body
+        _, quotas = await get(service, "/v1/quotas")
+        assert tenant not in {q["quota"]["name"] for q in quotas}
+        status, body = await send(service, "DELETE", f"/v1/quotas/{tenant}?gpu_model={short}")
+        assert status == 404 and f"no tenant quota of '{tenant}'" in body["detail"], body
+        status, body = await send(service, "POST", "/v1/allocations", ask(unique("j"), tenant, 2))
+        assert status == 201, body  # no longer limited
+
+
 async def test_malformed_command_goes_to_dlq_and_nothing_is_granted(bus: Bus, store: Store) -> None:
     node = unique("n")
     async with running_allocator(bus, store) as (service, _):

@@ -1,8 +1,14 @@
 from typing import NamedTuple
 
+import msgspec
 import pytest
 
-from ibpool_core.pool.quotas import Quota, QuotaKey, Share, cohort_of, problems, refusal
+from ibpool_core.pool import allocate as al
+from ibpool_core.pool.ledger import Ledger, rebuild
+from ibpool_core.pool.messages import AllocationGranted, AllocationRejected, LedgerEvent, QuotaChanged, SetQuota
+from ibpool_core.pool.quotas import Quota, QuotaKey, Share, cohort_of, problems, refusal, resolve_model
+
+from .pool_builders import T0, hops, node, quota, request
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -171,3 +177,40 @@ def test_problems_of_a_quota() -> None:
     assert problems(q("a", -1)) == ["nominal must not be negative"]
     assert problems(q("", 1)) == ["a quota needs a name and a GPU model"]
     assert problems(q("a", 1, cohort="")) == ["the cohort, when given, must not be empty"]
+
+
+def test_a_quota_names_its_gpu_model_as_the_pool_knows_it() -> None:
+    known = ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA H200"]
+    assert resolve_model("NVIDIA H100 80GB HBM3", known) == "NVIDIA H100 80GB HBM3"
+    assert resolve_model("h100", known) == "NVIDIA H100 80GB HBM3"
+    assert resolve_model("H100 80GB", known) == "NVIDIA H100 80GB HBM3"
+    assert resolve_model("a100", known) == "NVIDIA A100-SXM4-80GB"
+    assert resolve_model("A100 SXM4", known) == "NVIDIA A100-SXM4-80GB"
+    assert resolve_model("B200", []) == "B200"  # nothing known yet: taken as given
+    with pytest.raises(ValueError, match="ambiguous: it names NVIDIA H100 80GB HBM3, NVIDIA H200"):
+        resolve_model("nvidia", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
+    with pytest.raises(ValueError, match="no GPU model 'B200' in the pool; it has NVIDIA A100"):
+        resolve_model("B200", known)
+    with pytest.raises(ValueError, match="no GPU model 'H10'"):
+        resolve_model("H10", known)  # words, not letters
+
+
+def test_a_removed_quota_no_longer_limits_and_the_replayed_stream_agrees() -> None:
+    ledger = Ledger()
+    events: list[LedgerEvent] = []
+    for cmd in (node("n1", 4), quota("t", 1000)):
+        events += al.handle(ledger, cmd, T0, hops=hops).events
+    assert ("tenant", "t", H100) in ledger.quotas
+    asked = request("j1", "whole", tenant="t", gpus=2)
+    (refused,) = al.decide(ledger, asked, T0, hops=hops).events
+    assert isinstance(refused, AllocationRejected) and "over the nominal 1000" in refused.detail
+    gone = SetQuota(id="rm", source="api", key="t", quota=quota("t", 0).quota, remove=True)
+    decision = al.handle(ledger, gone, T0, hops=hops)
+    (removed,) = decision.events
+    assert isinstance(removed, QuotaChanged) and removed.removed and removed.quota.nominal.milli == 1000
+    events += decision.events
+    assert ("tenant", "t", H100) not in ledger.quotas
+    assert isinstance(al.decide(ledger, asked, T0, hops=hops).events[0], AllocationGranted)  # no longer limited
+    again = al.decide(ledger, msgspec.structs.replace(gone, id="rm2"), T0, hops=hops)
+    assert not again.events and again.note == f"no tenant quota of 't' on '{H100}' to remove"
+    assert rebuild(events).quotas == ledger.quotas == {}

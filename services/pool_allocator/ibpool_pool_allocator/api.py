@@ -17,6 +17,7 @@ from ibpool_proto import new_id
 from ibpool_proto.pool import (
     AllocationGranted,
     Quota,
+    QuotaChanged,
     QuotaScope,
     ReleaseAllocation,
     RequestAllocation,
@@ -114,6 +115,10 @@ class AllocationAsk(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     id: SafeId | None = None
     # A job holds one live allocation; true asks for another one beside it (409 otherwise).
     additional: bool = False
+
+
+# A GPU model as a quota names it: its NVML name, or words of it ("H100").
+ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 
 
 class QuotaBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -218,6 +223,11 @@ def allocation_view(a: Allocation) -> AllocationView:
     )
 
 
+def known_models(ledger: Ledger) -> set[str]:
+    """The GPU models the pool has (its nodes' GPUs) or has quotas on: what a quota's model is read against."""
+    return {g.model for n in ledger.nodes.values() for g in n.gpus} | {q.gpu_model for q in ledger.quotas.values()}
+
+
 def _not_found(detail: str) -> web.Response:
     return json_response({"error": "not found", "detail": detail}, status=404)
 
@@ -304,10 +314,14 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
     @documented("Set a tenant's or a queue's quota", {200: Quota}, body=QuotaBody)
     async def put_quota(request: web.Request) -> web.Response:
         body = await read_body(request, QuotaBody)
+        try:
+            model = quotas.resolve_model(body.gpu_model, known_models(allocator.ledger))
+        except ValueError as e:
+            raise Unprocessable(str(e), "$.gpu_model") from None
         quota = Quota(
             scope=body.scope,
             name=request.match_info["tenant"],
-            gpu_model=body.gpu_model,
+            gpu_model=model,
             nominal=body.nominal,
             borrowing_limit=body.borrowing_limit,
             lending_limit=body.lending_limit,
@@ -324,5 +338,32 @@ def routes(allocator: PoolAllocator) -> web.RouteTableDef:
         if not decision.events:
             raise Unprocessable(decision.note or "quota refused", "$")
         return json_response(quota)
+
+    @r.delete("/v1/quotas/{tenant}")
+    @documented(
+        "Remove a tenant's or a queue's quota on one GPU model: it is no longer limited there",
+        {200: Quota, 404: ErrorBody},
+        query={"gpu_model": ModelName, "scope": QuotaScope},
+        required_query=("gpu_model",),
+    )
+    async def delete_quota(request: web.Request) -> web.Response:
+        asked = request.query.get("gpu_model")
+        if not asked:
+            raise BadBody("query parameter `gpu_model` is required (the GPU model whose quota goes)", "?gpu_model")
+        ledger = allocator.ledger
+        try:
+            model = quotas.resolve_model(asked, known_models(ledger))
+        except ValueError as e:
+            return _not_found(str(e))
+        # `?scope` was checked against QuotaScope before the handler (the documented query).
+        scope: QuotaScope = "queue" if request.query.get("scope") == "queue" else "tenant"
+        name = request.match_info["tenant"]
+        gone = Quota(scope=scope, name=name, gpu_model=model, nominal=quotas.ZERO)
+        decision = await allocator.submit(SetQuota(source=source, key=name, quota=gone, remove=True))
+        if not decision.events:
+            return _not_found(decision.note or f"no {scope} quota of {name!r} on {model!r}")
+        removed = decision.events[0]
+        assert isinstance(removed, QuotaChanged)
+        return json_response(removed.quota)
 
     return r

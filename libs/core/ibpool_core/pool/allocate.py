@@ -1018,6 +1018,15 @@ def _renew(ctx: _Ctx, cmd: RenewLease) -> Decision:
 
 
 def _set_quota(ctx: _Ctx, cmd: SetQuota) -> Decision:
+    if cmd.remove:
+        had = ctx.ledger.quotas.get(cmd.quota.key)
+        if had is None:
+            scope, name, model = cmd.quota.key
+            return Decision(note=f"no {scope} quota of {name!r} on {model!r} to remove")
+        removed = QuotaChanged(
+            **ctx.envelope(cmd.quota.name), quota=had, ledger_version=ctx.version, command_id=cmd.id, removed=True
+        )
+        return Decision(events=(removed,))
     problems = quotas.problems(cmd.quota)
     if problems:
         return Decision(note="; ".join(problems))

@@ -367,7 +367,10 @@ def apply(ledger: Ledger, events: Iterable[LedgerEvent]) -> None:
                 _node_updated(ledger, event)
             case QuotaChanged():
                 if _advance(ledger, event.ledger_version):
-                    ledger.quotas[event.quota.key] = event.quota
+                    if event.removed:
+                        ledger.quotas.pop(event.quota.key, None)
+                    else:
+                        ledger.quotas[event.quota.key] = event.quota
                     if event.command_id:
                         ledger.answers[event.command_id] = (_encode(event),)
         _forget_the_past(ledger)

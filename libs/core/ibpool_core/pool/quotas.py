@@ -29,6 +29,7 @@ usage falls back under it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from ibpool_proto.pool import Quota as Quota
@@ -43,6 +44,34 @@ _DIMENSIONS = (("milli", "milli"), ("memory_mib", "MiB"))
 
 
 ZERO = Share()
+
+
+def resolve_model(name: str, known: Iterable[str]) -> str:
+    """The GPU model a quota names, as the pool knows it: `name` itself when known (or when the pool
+    knows no model yet), else the one known model whose name has `name`'s words in it, ignoring case
+    and punctuation ("h100" -> "NVIDIA H100 80GB HBM3", "a100" -> "NVIDIA A100-SXM4-80GB").
+    ValueError naming the candidates when none or several do."""
+    models = sorted(set(known))
+    if name in models or not models:
+        return name
+    words = _words(name)
+    found = [m for m in models if _has_words(_words(m), words)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise ValueError(f"GPU model {name!r} is ambiguous: it names {', '.join(found)}")
+    raise ValueError(f"no GPU model {name!r} in the pool; it has {', '.join(models)}")
+
+
+def _words(name: str) -> list[str]:
+    """A model name's words, lower case: "NVIDIA A100-SXM4-80GB" -> nvidia, a100, sxm4, 80gb."""
+    return [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+
+
+def _has_words(words: list[str], wanted: list[str]) -> bool:
+    """Whether `wanted` occurs in `words` as consecutive words."""
+    n = len(wanted)
+    return n > 0 and any(words[i : i + n] == wanted for i in range(len(words) - n + 1))
 
 
 def problems(quota: Quota) -> list[str]:
