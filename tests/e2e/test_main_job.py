@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
+from typing import Any
 
 from ibpool_runtime import slurmstack
 from tests.bench.bench_scale import SERVICES, table
@@ -133,9 +135,52 @@ def test_run_scenario_all_nodes_heartbeat_within_10s_and_exits_zero() -> None:
     assert "| 17 (136) |" in rendered and "| 17 | " in rendered
 
 
-def test_run_serve_starts_a_service_that_died_again_and_says_so() -> None:
-    """`ibpool run --serve` keeps the system up: a service killed under it is started again (after a
-    backoff), on the same port, and the run says so; Ctrl-C (SIGINT) still stops everything."""
+def ops(state: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """An operator's verb (`ibpool nodes`, `jobs`, ...) against the stack in `state`, as a user runs it."""
+    cmd = [*CLI, *argv, "--state-dir", str(state), "--wait", "0.5"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+
+
+def ops_json(state: Path, *argv: str) -> Any:
+    r = ops(state, *argv, "--output", "json")
+    assert r.returncode == 0, f"ibpool {' '.join(argv)}: {r.stderr}"
+    return json.loads(r.stdout)
+
+
+def operate_from_the_cli(state: Path) -> None:
+    """Every verb of ibpool's operator CLI against the running system, found from the bus alone."""
+    nodes = ops_json(state, "nodes")
+    assert {n["node"] for n in nodes} == {f"node-{i:03d}" for i in range(1, 6)}  # 4 and the spare
+    assert all(n["gpus"] == 8 and n["health"] == "healthy" for n in nodes), nodes
+    table = ops(state, "nodes")
+    assert table.returncode == 0 and table.stdout.startswith("NODE") and "node-005" in table.stdout
+    submitted = ops_json(state, "submit", "--tenant", "ops", "--gpus", "1", "--runtime", "2", "--id", "cli-one")
+    assert submitted["job_id"] == "cli-one" and submitted["tenant"] == "ops"
+    deadline = time.monotonic() + 60
+    while ops_json(state, "job", "show", "cli-one")["state"] not in ("scheduled", "running", "completed"):
+        assert time.monotonic() < deadline, "cli-one was not scheduled within 60 s"
+        time.sleep(0.5)
+    job_file = state / "gang.yaml"
+    job_file.write_text("id: cli-gang\ntenant: ops\nhosts: 2\ngpus_per_host: 1\ntopology: {constraint: required}\n")
+    assert ops_json(state, "submit", "-f", str(job_file))["hosts"] == 2
+    listed = {j["job_id"] for j in ops_json(state, "jobs", "--all")}
+    assert {"cli-one", "cli-gang"} <= listed
+    assert ops_json(state, "job", "cancel", "cli-gang")["state"] == "cancelled"
+    drained = ops(state, "drain", "node-002", "--reason", "e2e: fan replaced")
+    assert drained.returncode == 0 and "cordoned and drained" in drained.stdout, drained.stderr
+    assert next(n for n in ops_json(state, "nodes") if n["node"] == "node-002")["drained"] == "e2e: fan replaced"
+    back = ops(state, "recover", "node-002", "--reason", "e2e: back")
+    assert back.returncode == 0 and "put back" in back.stdout, back.stderr
+    missing = ops(state, "job", "show", "no-such-job")
+    assert missing.returncode == 4 and "no job" in missing.stderr
+    untenanted = ops(state, "submit", "--gpus", "1")
+    assert untenanted.returncode == 2 and "needs a tenant" in untenanted.stderr
+
+
+def test_run_serve_starts_a_service_that_died_again_and_serves_the_operator_cli() -> None:
+    """`ibpool run --serve` keeps the system up: the operator's verbs work against it; a service killed
+    under it is started again (after a backoff), on the same port, and the run says so; Ctrl-C (SIGINT)
+    still stops everything."""
     root = stack_dir()
     cmd = [*CLI, "run", "--serve", "--nodes", "4", "--state-dir", str(root / "serve")]
     env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin"}
@@ -160,6 +205,7 @@ def test_run_serve_starts_a_service_that_died_again_and_says_so() -> None:
     try:
         served = line_with(r"^scheduler\s+(http://\S+)\s+pid (\d+)", 180)
         url, pid = served.group(1), int(served.group(2))
+        operate_from_the_cli(root / "serve")
         os.kill(pid, signal.SIGKILL)
         line_with(r"scheduler exited \(code -9\); starting it again in \d+ s", 30)
         again = int(line_with(r"scheduler started again \(pid (\d+)\)", 30).group(1))

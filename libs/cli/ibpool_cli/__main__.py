@@ -45,6 +45,17 @@ def _dev(args: argparse.Namespace) -> int:
     return 0
 
 
+# The operator's verbs (ops.py), listed here so that `ibpool --help` names them without importing it.
+OPS_VERBS = {
+    "nodes": "every node: state, health, free GPUs, models, its jobs",
+    "jobs": "jobs with where they run or why they wait",
+    "job": "one job: show or cancel",
+    "submit": "submit a job from flags or a job file",
+    "drain": "drain a node, with a reason",
+    "recover": "put back a failed or cordoned node or GPU",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["topo"]:  # its own parser: usage errors exit 1, input errors 2 (docs/fabric-cli.md)
@@ -67,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         from .services import main as services_main
 
         return services_main(argv[1:])
+    if argv[:1] and argv[0] in OPS_VERBS:  # the operator's verbs against a running system (ops.py)
+        from .ops import main as ops_main
+
+        return ops_main(argv[0], argv[1:])
     if argv[:1] == ["predict"]:  # runtime prediction on traces (docs/prediction.md)
         from .predict import main as predict_main
 
@@ -114,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("predict", help="runtime prediction on traces: `ibpool predict eval --help`")
     sub.add_parser("sim", help="scheduling policies on job traces and fabrics (ibpool sim --help)")
     sub.add_parser("services", help="every running service instance, found from the bus (ibpool services --help)")
+    for verb, what in OPS_VERBS.items():
+        sub.add_parser(verb, help=f"{what} (ibpool {verb} --help)")
     sub.add_parser("streams", help="create or update the JetStream streams as the admin (ibpool streams --help)")
     bench = sub.add_parser("bench", help="benchmarks: `ibpool bench pack --help` (GPU packing policies)")
     bench.add_argument("which", choices=["pack"])

@@ -31,6 +31,8 @@ from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus, BusUnavailable
 from ibpool_runtime.discovery import ServiceView, services
 
+from .ops import table
+
 COLUMNS = ("service", "instance", "role", "version", "http_url")
 
 
@@ -79,6 +81,4 @@ def render(found: list[ServiceView]) -> str:
     """A plain table, one instance per line (nothing answered: a line saying so)."""
     if not found:
         return "no service answered"
-    rows = [COLUMNS, *((v.service, v.instance, v.role, v.version, v.http_url) for v in found)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    return table(COLUMNS, [(v.service, v.instance, v.role, v.version, v.http_url) for v in found])

@@ -1,0 +1,371 @@
+"""The operator's verbs: `ibpool nodes`, `jobs`, `job show|cancel`, `submit`, `drain`, `recover`.
+
+Each finds the services it needs from the bus alone (the NATS service API, as `ibpool services`
+does: the leader where replicas elect one) and calls their HTTP APIs: the pool allocator for
+capacity and holders, the failover controller for health and operator actions, the scheduler for
+jobs. The NATS URL comes from `--nats-url` or IBPOOL_NATS_URL, else from the stack in `--state-dir`
+(`ibpool dev up`, `ibpool run`) as its operator user; the API token from `--token` or
+IBPOOL_API_TOKEN, else that stack's operator token (an open stack needs none).
+
+Examples:
+
+    ibpool nodes --state-dir .ibpool/run-20261205-1500
+    ibpool jobs --state queued,running
+    ibpool submit --tenant ml --hosts 2 --gpus-per-host 8 --topology required --time-limit 3600
+    ibpool submit -f job.yaml                      # the body of POST /v1/jobs, as YAML or JSON
+    ibpool job show train-42 --output json
+    ibpool job cancel train-42
+    ibpool drain node-007 --reason "fan replaced, ticket 1234"
+    ibpool recover node-007 --gpu 3 --reason "GPU reseated"
+
+Exit codes: 0 done; 1 a service could not be reached or refused the request (its error is
+printed); 2 a usage error; 4 the job or node named is not known.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from ibpool_runtime import devstack
+from ibpool_runtime.bus import Bus, BusUnavailable
+from ibpool_runtime.discovery import ServiceView, services
+
+# Which instance answers for a service: a leader first, then one that does not elect, then any.
+ROLE_ORDER = {"leader": 0, "active": 1}
+NOT_FOUND = 4
+
+
+class OpsError(Exception):
+    """What stops a verb, said to the operator; `code` is the exit code."""
+
+    def __init__(self, text: str, code: int = 1) -> None:
+        super().__init__(text)
+        self.code = code
+
+
+class Cluster:
+    """The running system as the verbs reach it: service URLs found from the bus, and the API token."""
+
+    def __init__(self, urls: dict[str, str], token: str | None, http: aiohttp.ClientSession) -> None:
+        self.urls, self.token, self.http = urls, token, http
+
+    def url(self, service: str) -> str:
+        if service not in self.urls:
+            found = ", ".join(sorted(self.urls)) or "none"
+            raise OpsError(f"no {service} answered on the bus (found: {found})")
+        return self.urls[service]
+
+    async def call(self, method: str, service: str, path: str, body: Any = None, **query: str) -> Any:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        url = self.url(service) + path
+        try:
+            async with self.http.request(method, url, json=body, params=query or None, headers=headers) as r:
+                text = await r.text()
+                answer = json.loads(text) if text else None
+                if r.status == 404:
+                    raise OpsError(_error_text(answer, f"{method} {path}: not found"), NOT_FOUND)
+                if r.status >= 400:
+                    raise OpsError(f"{service} refused {method} {path} ({r.status}): {_error_text(answer, text)}")
+                return answer
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise OpsError(f"{service} at {url} cannot be reached: {e or type(e).__name__}") from None
+
+
+def _error_text(answer: Any, default: str) -> str:
+    if isinstance(answer, dict) and "error" in answer:
+        where = f" at {answer['path']}" if answer.get("path") else ""
+        return f"{answer['error']}{where}: {answer.get('detail', '')}".rstrip(": ")
+    return default
+
+
+def choose(found: Sequence[ServiceView]) -> dict[str, str]:
+    """service -> the HTTP URL of the instance that answers for it (a leader first)."""
+    best: dict[str, ServiceView] = {}
+    for v in sorted(found, key=lambda v: (v.service, ROLE_ORDER.get(v.role, 2), v.instance)):
+        if v.http_url:
+            best.setdefault(v.service, v)
+    return {name: v.http_url for name, v in best.items()}
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain table, columns padded to their widest cell."""
+    all_rows = [list(columns), *([str(c) for c in r] for r in rows)]
+    widths = [max(len(r[i]) for r in all_rows) for i in range(len(columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in all_rows)
+
+
+def emit(data: Any, output: str, render: Any) -> None:
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    elif output == "yaml":
+        print(yaml.safe_dump(data, sort_keys=False).rstrip())
+    else:
+        print(render(data))
+
+
+# -- the verbs -------------------------------------------------------------------------------------
+
+
+async def nodes(c: Cluster, args: argparse.Namespace) -> None:
+    pool = await c.call("GET", "pool_allocator", "/v1/pool")
+    health = {n["node_id"]: n for n in await c.call("GET", "failover_controller", "/health/nodes")}
+    owners = {a["allocation_id"]: a["owner"] for a in await c.call("GET", "pool_allocator", "/v1/allocations")}
+    out = []
+    for n in pool["nodes"]:
+        h = health.get(n["node_id"], {})
+        jobs = sorted({owners.get(holder, holder) for g in n["gpus"] for holder in g["holders"]})
+        models = sorted({g["model"] for g in n["gpus"]})
+        out.append(
+            {
+                "node": n["node_id"],
+                "state": n["state"],
+                "health": h.get("status", "unknown"),
+                "cordoned": bool(h.get("cordoned")),
+                "drained": h.get("operator_drain", ""),
+                "gpus": len(n["gpus"]),
+                "free_gpus": n["free_milli"] / 1000,
+                "models": models,
+                "jobs": jobs,
+                "reason": h.get("reason", ""),
+            }
+        )
+
+    def render(rows: list[dict[str, Any]]) -> str:
+        cols = ("NODE", "STATE", "HEALTH", "GPUS FREE/ALL", "MODEL", "JOBS", "REASON")
+        lines = [
+            (
+                r["node"],
+                r["state"] + (",cordoned" if r["cordoned"] else "") + (",drained" if r["drained"] else ""),
+                r["health"],
+                f"{r['free_gpus']:g}/{r['gpus']}",
+                ",".join(r["models"]),
+                ",".join(r["jobs"]) or "-",
+                r["reason"] or r["drained"],
+            )
+            for r in rows
+        ]
+        return table(cols, lines)
+
+    emit(out, args.output, render)
+
+
+def _age(since: str | None, now: dt.datetime) -> str:
+    if not since:
+        return "-"
+    s = int((now - dt.datetime.fromisoformat(since)).total_seconds())
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _shape(j: dict[str, Any]) -> str:
+    if j["milli"] < 1000:
+        return f"{j['milli'] / 1000:g} GPU"
+    return f"{j['hosts']}x{j['gpus_per_host']}" if j["hosts"] > 1 else str(j["gpus"])
+
+
+async def jobs(c: Cluster, args: argparse.Namespace) -> None:
+    query = {"limit": str(args.limit)}
+    if args.state:
+        query["state"] = args.state
+    elif not args.all:
+        query["live"] = "true"
+    for key in ("tenant", "queue"):
+        if getattr(args, key):
+            query[key] = getattr(args, key)
+    found = await c.call("GET", "scheduler", "/v1/jobs", **query)
+    now = dt.datetime.now(dt.UTC)
+
+    def render(rows: list[dict[str, Any]]) -> str:
+        cols = ("JOB", "TENANT", "QUEUE", "STATE", "GPUS", "AGE", "NODES / WHY IT WAITS")
+        lines = [
+            (
+                j["job_id"],
+                j["tenant"],
+                j["queue"],
+                j["state"],
+                _shape(j),
+                _age(j.get("submitted_at"), now),
+                ",".join(j["nodes"]) if j["nodes"] else j["reason"],
+            )
+            for j in rows
+        ]
+        return table(cols, lines) if lines else "no jobs"
+
+    emit(found, args.output, render)
+
+
+async def job_show(c: Cluster, args: argparse.Namespace) -> None:
+    j = await c.call("GET", "scheduler", f"/v1/jobs/{args.job_id}")
+
+    def render(j: dict[str, Any]) -> str:
+        keys = (
+            *("job_id", "name", "tenant", "queue", "state", "priority", "attempt", "submitted_at", "scheduled_at"),
+            *("started_at", "finished_at", "nodes", "reason", "wait_code", "time_limit_s", "allocation_id"),
+        )
+        rows = [
+            (k, j[k] if not isinstance(j.get(k), list) else ",".join(j[k]))
+            for k in keys
+            if j.get(k) not in (None, "", [])
+        ]
+        rows.insert(4, ("gpus", _shape(j)))
+        return table(("FIELD", "VALUE"), [(k, str(v)) for k, v in rows])
+
+    emit(j, args.output, render)
+
+
+async def job_cancel(c: Cluster, args: argparse.Namespace) -> None:
+    j = await c.call("DELETE", "scheduler", f"/v1/jobs/{args.job_id}")
+    emit(j, args.output, lambda j: f"{j['job_id']}: {j['state']}")
+
+
+def job_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The body of POST /v1/jobs from a file (-f) and the flags given (a flag wins over the file)."""
+    body: dict[str, Any] = {}
+    if args.file:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        loaded = yaml.safe_load(text)
+        if not isinstance(loaded, dict):
+            raise OpsError(f"{args.file}: a job file is one mapping (the body of POST /v1/jobs)", 2)
+        body = loaded
+    flags = {
+        "id": args.id,
+        "name": args.name,
+        "tenant": args.tenant,
+        "queue": args.queue,
+        "priority": args.priority,
+        "gpus": args.gpus,
+        "hosts": args.hosts,
+        "gpus_per_host": args.gpus_per_host,
+        "fraction": args.fraction,
+        "dataset": args.dataset,
+        "gpu_model": args.gpu_model,
+        "time_limit_s": args.time_limit,
+    }
+    body.update({k: v for k, v in flags.items() if v is not None})
+    if args.topology is not None:
+        body["topology"] = {"constraint": args.topology, "level": args.topology_level}
+    if args.runtime is not None:
+        body["workload"] = {"simulated_runtime_s": args.runtime}
+    if "tenant" not in body:
+        raise OpsError("a job needs a tenant (--tenant, or `tenant` in the job file)", 2)
+    return body
+
+
+async def submit(c: Cluster, args: argparse.Namespace) -> None:
+    j = await c.call("POST", "scheduler", "/v1/jobs", job_body(args))
+    emit(j, args.output, lambda j: f"{j['job_id']}: {j['state']} ({_shape(j)} GPUs, tenant {j['tenant']})")
+
+
+async def drain(c: Cluster, args: argparse.Namespace) -> None:
+    body = {"reason": args.reason}
+    answer = await c.call("POST", "failover_controller", f"/health/nodes/{args.node}/drain", body)
+    emit(answer, args.output, lambda a: f"{args.node}: {a.get('outcome', '')}: {a.get('detail', '')}")
+
+
+async def recover(c: Cluster, args: argparse.Namespace) -> None:
+    path = f"/health/nodes/{args.node}" + (f"/gpus/{args.gpu}" if args.gpu is not None else "") + "/recover"
+    answer = await c.call("POST", "failover_controller", path, {"reason": args.reason})
+    emit(answer, args.output, lambda a: f"{args.node}: {a.get('outcome', '')}: {a.get('detail', '')}")
+
+
+# -- wiring ----------------------------------------------------------------------------------------
+
+VERBS = {
+    "nodes": (nodes, "every node: pool state, health, GPUs free of all, models, the jobs on it (sinfo-like)"),
+    "jobs": (jobs, "live jobs (or --all, --state) with where they run or why they wait (squeue-like)"),
+    "job": (None, "one job: `ibpool job show ID`, `ibpool job cancel ID`"),
+    "submit": (submit, "submit a job from flags or a YAML/JSON job file"),
+    "drain": (drain, "cordon a node and requeue its work, with a reason (an operator's drain)"),
+    "recover": (recover, "put back a node (or one GPU, --gpu) the failover controller failed or cordoned"),
+}
+
+
+def parser(verb: str) -> argparse.ArgumentParser:
+    doc = __doc__ or ""
+    p = argparse.ArgumentParser(
+        prog=f"ibpool {verb}",
+        description=VERBS[verb][1],
+        epilog=doc.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--nats-url", default=os.environ.get("IBPOOL_NATS_URL", ""))
+    p.add_argument("--state-dir", default=".ibpool/dev", help="the stack to use when no NATS URL is given")
+    p.add_argument("--token", default=os.environ.get("IBPOOL_API_TOKEN", ""), help="API bearer token")
+    p.add_argument("--tls-ca", default=os.environ.get("IBPOOL_NATS_TLS_CA", ""), help="CA (PEM) of the NATS servers")
+    p.add_argument("--output", "-o", choices=["table", "json", "yaml"], default="table")
+    p.add_argument("--wait", type=float, default=1.0, help="seconds to wait for services to answer (default 1)")
+    if verb == "jobs":
+        p.add_argument("--state", help="comma-separated states (queued,proposed,scheduled,running,...)")
+        p.add_argument("--all", action="store_true", help="finished jobs too (the newest --limit)")
+        p.add_argument("--tenant")
+        p.add_argument("--queue")
+        p.add_argument("--limit", type=int, default=100)
+    elif verb == "job":
+        p.add_argument("action", choices=["show", "cancel"])
+        p.add_argument("job_id")
+    elif verb == "submit":
+        p.add_argument("-f", "--file", help="a job file (YAML or JSON: the body of POST /v1/jobs); - for stdin")
+        p.add_argument("--id")
+        p.add_argument("--name")
+        p.add_argument("--tenant")
+        p.add_argument("--queue")
+        p.add_argument("--priority", type=int)
+        p.add_argument("--gpus", type=int, help="GPUs on one host (or the gang's total with --hosts)")
+        p.add_argument("--hosts", type=int, help="a gang of this many hosts")
+        p.add_argument("--gpus-per-host", type=int)
+        p.add_argument("--fraction", type=float, help="a share of one GPU (0 < f < 1)")
+        p.add_argument("--topology", choices=["required", "preferred"], help="keep a gang under one fabric tier")
+        p.add_argument("--topology-level", type=int, default=1, help="1: one leaf group (default)")
+        p.add_argument("--dataset")
+        p.add_argument("--gpu-model")
+        p.add_argument("--time-limit", type=float, help="seconds")
+        p.add_argument("--runtime", type=float, help="simulated work, seconds (the simulated node agents)")
+    elif verb in ("drain", "recover"):
+        p.add_argument("node")
+        p.add_argument("--reason", required=True, help="why (a ticket, what was done); it goes into the events")
+        if verb == "recover":
+            p.add_argument("--gpu", type=int, help="recover this GPU only")
+    return p
+
+
+def main(verb: str, argv: list[str]) -> int:
+    args = parser(verb).parse_args(argv)
+    run = job_show if verb == "job" and args.action == "show" else job_cancel if verb == "job" else VERBS[verb][0]
+    assert run is not None
+    try:
+        return asyncio.run(_main(run, args))
+    except OpsError as e:
+        print(f"ibpool {verb}: {e}", file=sys.stderr)
+        return e.code
+
+
+async def _main(run: Any, args: argparse.Namespace) -> int:
+    url, token = args.nats_url, args.token or None
+    info = devstack.read_info(Path(args.state_dir)) if not url or not token else None
+    if not url:
+        if info is None:
+            raise OpsError(f"no stack in {args.state_dir} and no --nats-url (or IBPOOL_NATS_URL)")
+        url = devstack.nats_url_as(info, "operator")
+    if token is None and info is not None:
+        token = devstack.api_token(info, "operator")
+    try:
+        bus = await Bus.connect(url, name="ibpool-ops", attempts=2, tls_ca=args.tls_ca)
+    except BusUnavailable as e:
+        raise OpsError(str(e)) from None
+    try:
+        urls = choose(await services(bus, wait_s=args.wait))
+    finally:
+        await bus.close()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        await run(Cluster(urls, token, http), args)
+    return 0

@@ -1,0 +1,50 @@
+"""The operator verbs' pure parts: which instance answers, the job body from flags and files, tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ibpool_cli.ops import OpsError, choose, job_body, parser, table
+from ibpool_runtime.discovery import ServiceView
+
+
+def view(service: str, instance: str, role: str, url: str) -> ServiceView:
+    return ServiceView(
+        service=service, instance=instance, id=instance, version="0", role=role, http_url=url, started="", requests=0
+    )
+
+
+def test_the_leader_answers_for_a_service_then_one_that_does_not_elect() -> None:
+    found = [
+        view("scheduler", "a", "standby", "http://a"),
+        view("scheduler", "b", "leader", "http://b"),
+        view("pool_allocator", "x", "active", "http://x"),
+        view("fabric_monitor", "f", "active", ""),  # no HTTP API: not usable
+    ]
+    assert choose(found) == {"scheduler": "http://b", "pool_allocator": "http://x"}
+
+
+def test_a_job_body_from_a_file_and_flags_the_flags_winning(tmp_path: Path) -> None:
+    f = tmp_path / "job.yaml"
+    f.write_text("tenant: ml\nhosts: 2\ngpus_per_host: 8\nqueue: batch\n")
+    args = parser("submit").parse_args(["-f", str(f), "--queue", "urgent", "--topology", "required", "--runtime", "60"])
+    assert job_body(args) == {
+        "tenant": "ml",
+        "hosts": 2,
+        "gpus_per_host": 8,
+        "queue": "urgent",
+        "topology": {"constraint": "required", "level": 1},
+        "workload": {"simulated_runtime_s": 60.0},
+    }
+    f.write_text("- not a mapping\n")
+    with pytest.raises(OpsError, match="a job file is one mapping") as e:
+        job_body(parser("submit").parse_args(["-f", str(f)]))
+    assert e.value.code == 2
+    with pytest.raises(OpsError, match="needs a tenant"):
+        job_body(parser("submit").parse_args(["--gpus", "1"]))
+
+
+def test_a_table_pads_each_column_to_its_widest_cell() -> None:
+    assert table(("A", "BB"), [("xxx", "y"), ("z", "")]) == "A    BB\nxxx  y\nz"
