@@ -46,6 +46,9 @@ has no telemetry, datasets or link faults, so those plugins see an idle, healthy
 Speed: the queue is kept sorted per policy order (bisect inserts), so a cycle costs O(scan depth)
 plus the running set, not O(queue); the free-capacity view is one list updated in place; cycles run
 only when a job could start (free GPUs, or a preemptive policy with something waiting).
+
+The loop is `SimLoop`, in steps: `simulate()` pushes every arrival and runs it to the end; the cells
+simulation (cells_sim.py) steps one per cell with a router between them, through its hooks.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ from ibpool_core.sched.sharp import SharpLimits, SharpTree
 
 from .traces import TraceJob
 
-_FINISH, _FAIL, _RECOVER, _ARRIVE, _DEMOTE, _REFRESH = range(6)
+_FINISH, _FAIL, _RECOVER, _ARRIVE, _DEMOTE, _REFRESH, _WAKE = range(7)  # event kinds, in handling order
 
 
 class CostModel(msgspec.Struct, frozen=True, kw_only=True):
@@ -286,100 +289,198 @@ def simulate(
     """
     started_wall = time.perf_counter()
     started_cpu = time.process_time()
-    estimator = estimator if estimator is not None else RecentMedianEstimator()
     policy = policy if policy is not None else make_sim_policy(config, trace)
-    cost = config.cost
     real = SimFabric(load_fabric(config.fabric), config) if config.fabric is not None else None
-    if real is not None:
-        config = msgspec.structs.replace(
-            config, nodes=len(real.names), hosts_per_leaf=real.hosts_per_leaf, placement="framework"
-        )
-    cycle_cfg = msgspec.structs.replace(config.cycle, hosts_per_leaf=config.hosts_per_leaf, explain=False)
-    free = [config.gpus_per_node] * config.nodes
-    cluster = FreeCapacity(
-        free=free,
-        capacity=[config.gpus_per_node] * config.nodes,
-        leaf_of=real.leaf_of if real is not None else [h // config.hosts_per_leaf for h in range(config.nodes)],
+    loop = SimLoop(
+        config,
+        policy,
+        fabric=real,
+        estimator=estimator,
+        tenants=sorted({t.tenant for t in trace}),  # fair share is refreshed for every tenant of the trace
+        first_submit=trace[0].submit_s if trace else None,
+        jobs=len(trace),
+        progress=progress,
     )
-    placer: FrameworkPlacer | None = None
-    if real is not None:
-        placer = real.placer
-    elif config.placement == "framework":
-        placer = framework_placer(config)
-    names = real.names if real is not None else [host_name(h) for h in range(config.nodes)]
-    held_trees: dict[str, SharpTree] = {}  # job id -> the SHARP trees it holds until it ends
-    total_gpus = config.gpus_per_node * config.nodes
-    too_big = [t.id for t in trace if gang_nodes(t.gpus, config.gpus_per_node) > config.nodes]
+    too_big = [t.id for t in trace if gang_nodes(t.gpus, loop.config.gpus_per_node) > loop.config.nodes]
     if too_big:
         raise ValueError(f"{len(too_big)} jobs need more hosts than the cluster has, e.g. {too_big[0]}")
-
-    events: list[tuple[float, int, int, str, int]] = []
-    seq = 0
-
-    def push(at: float, kind: int, key: str = "", generation: int = 0) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(events, (at, kind, seq, key, generation))
-
     for t in trace:
-        push(t.submit_s, _ARRIVE, t.id)
-    for i, failure in enumerate(config.failures):
-        push(failure.at_s, _FAIL, str(i))
-    refresh_s = policy.refresh_s
-    tenants = sorted({t.tenant for t in trace})  # fair share is refreshed for every tenant of the trace
-    if refresh_s is not None and trace:
-        push(trace[0].submit_s + refresh_s, _REFRESH)
+        loop.arrive(t, t.submit_s)
+    loop.run()
+    if progress is not None:
+        progress(1.0)
+    return loop.result(
+        config.label or config.policy, time.perf_counter() - started_wall, time.process_time() - started_cpu
+    )
 
-    by_id = {t.id: t for t in trace}
-    progress_of: dict[str, _Progress] = {}
-    queues = _SortedQueues(policy)
-    active: dict[str, _Active] = {}
-    running_keys: list[tuple[float, str]] = []  # (planned end, id), sorted; running_list in the same order
-    running_list: list[RunningJob] = []
-    on_host: list[set[str]] = [set() for _ in range(config.nodes)]
-    down: set[int] = set()
-    outcomes: list[JobOutcome] = []
-    busy_gpu_s = 0.0
-    cycles = multi_node_starts = minimal_span_starts = sharp_starts = minimal_tier_starts = 0
-    waiting_gpus = 0
-    oldest: list[tuple[float, str]] = []  # (submit, id) of waiting jobs; lazily cleaned
-    recent_waits: deque[float] = deque(maxlen=256)
-    wait_p90 = 0.0
-    starts_since_p90 = 0
-    fairshare = FairShareState()
-    las = policy if isinstance(policy, LeastAttainedService) else None
-    learned = getattr(policy, "history", None)  # a policy that learns runtimes from ended jobs
-    report_every = max(1, len(trace) // 100)
-    n_total = len(trace)
 
-    def features(t: TraceJob) -> JobFeatures:
+class SimLoop:
+    """The simulator's event loop on one cluster, in steps: `simulate()` runs one over a whole trace,
+    `cells_sim` one per cell, with a router between them. Deterministic.
+
+    Jobs come in by `arrive(trace job, at)` (an arrival event, handled with the others of its
+    instant). A step at `now = next_at()`: `handle(now)` pops and handles that instant's events
+    (`before_arrivals=True`: only those that come before its arrivals: ends, failures, recoveries),
+    then `cycle(now)` plans and carries out a cycle if an event asked for one. `run()` steps until no
+    event is left; `result()` is the run's `SimResult`. Host failures are `config.failures`; with
+    `progress`, it is called with the fraction of the `jobs` expected that finished, at most every 1%.
+
+    A subclass changes what happens around a job through the hooks: `on_start` (a job has its
+    hosts; by default it runs: `run_until_end`), `on_requeue` (a running job went back to the
+    queue), `on_end` (a job ended at its end event), `learns_from` (whether an ended job trains the
+    runtime estimator and a learning policy) and `more_to_come` (whether jobs may still arrive that
+    were not pushed yet: the fair-share refresh goes on while they may). `wake(now)` asks for a cycle
+    at `now`.
+    """
+
+    def __init__(
+        self,
+        config: SimConfig,
+        policy: QueuePolicy,
+        *,
+        fabric: SimFabric | None = None,
+        estimator: RuntimeEstimator | None = None,
+        tenants: Sequence[str] = (),
+        first_submit: float | None = None,
+        jobs: int = 0,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        """`fabric` the cluster's real fabric (then its hosts and leaf groups replace `config`'s, and
+        placement is the framework); `tenants` those the fair share is refreshed for; `first_submit`
+        the first submission (the first fair-share refresh is `policy.refresh_s` after it)."""
+        if fabric is not None:
+            config = msgspec.structs.replace(
+                config, nodes=len(fabric.names), hosts_per_leaf=fabric.hosts_per_leaf, placement="framework"
+            )
+        self.config = config
+        self.real = fabric
+        self.policy = policy
+        self.estimator: RuntimeEstimator = estimator if estimator is not None else RecentMedianEstimator()
+        self.cost = config.cost
+        self.cycle_cfg = msgspec.structs.replace(config.cycle, hosts_per_leaf=config.hosts_per_leaf, explain=False)
+        self.free = [config.gpus_per_node] * config.nodes
+        self.cluster = FreeCapacity(
+            free=self.free,
+            capacity=[config.gpus_per_node] * config.nodes,
+            leaf_of=(
+                fabric.leaf_of if fabric is not None else [h // config.hosts_per_leaf for h in range(config.nodes)]
+            ),
+        )
+        self.placer: FrameworkPlacer | None = None
+        if fabric is not None:
+            self.placer = fabric.placer
+        elif config.placement == "framework":
+            self.placer = framework_placer(config)
+        self.names = fabric.names if fabric is not None else [host_name(h) for h in range(config.nodes)]
+        self.held_trees: dict[str, SharpTree] = {}  # job id -> the SHARP trees it holds until it ends
+        self.total_gpus = config.gpus_per_node * config.nodes
+        self.events: list[tuple[float, int, int, str, int]] = []  # (at, kind, sequence, job id, generation)
+        self.seq = 0
+        self.refresh_s = policy.refresh_s
+        self.tenants = list(tenants)
+        for i, failure in enumerate(config.failures):
+            self.push(failure.at_s, _FAIL, str(i))
+        if self.refresh_s is not None and first_submit is not None:
+            self.push(first_submit + self.refresh_s, _REFRESH)
+        self.by_id: dict[str, TraceJob] = {}
+        self.hosts_of: dict[str, int] = {}  # jobs that arrived with their host count given
+        self.arrived = 0
+        self.progress_of: dict[str, _Progress] = {}
+        self.queues = _SortedQueues(policy)
+        self.active: dict[str, _Active] = {}
+        self.running_keys: list[tuple[float, str]] = []  # (planned end, id), sorted; running_list in the same order
+        self.running_list: list[RunningJob] = []
+        self.on_host: list[set[str]] = [set() for _ in range(config.nodes)]
+        self.down: set[int] = set()
+        self.outcomes: list[JobOutcome] = []
+        self.busy_gpu_s = 0.0
+        self.cycles = self.multi_node_starts = self.minimal_span_starts = self.sharp_starts = 0
+        self.minimal_tier_starts = 0
+        self.waiting_gpus = 0
+        self.oldest: list[tuple[float, str]] = []  # (submit, id) of waiting jobs; lazily cleaned
+        self.recent_waits: deque[float] = deque(maxlen=256)
+        self.wait_p90 = 0.0
+        self.starts_since_p90 = 0
+        self.fairshare = FairShareState()
+        self.las = policy if isinstance(policy, LeastAttainedService) else None
+        self.learned = getattr(policy, "history", None)  # a policy that learns runtimes from ended jobs
+        self.dynamic = len(policy.orders) > 1
+        self.first_order = policy.orders[0]
+        self.progress = progress
+        self.jobs = jobs
+        self.report_every = max(1, jobs // 100)
+        self.wanted = False  # an event of this instant asked for a cycle
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def on_start(self, job_id: str, now: float, restore_s: float, runtime_s: float) -> None:
+        """A job was given its hosts at `now`: it runs `runtime_s` after a restore of `restore_s`."""
+        self.run_until_end(job_id, now, restore_s, runtime_s)
+
+    def on_requeue(self, job_id: str, now: float) -> None:
+        """A running job went back to the queue (preempted, or its host failed)."""
+
+    def on_end(self, job_id: str, now: float) -> None:
+        """A job ended at its end event (not killed)."""
+
+    def learns_from(self, job_id: str) -> bool:
+        """Whether the job's runtime, when it ends, trains the estimator and a learning policy."""
+        return True
+
+    def more_to_come(self) -> bool:
+        """Whether jobs not yet arrived may still be (the fair-share refresh goes on while they may)."""
+        return False
+
+    # -- the loop's parts ------------------------------------------------------------------------
+
+    def push(self, at: float, kind: int, key: str = "", generation: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, kind, self.seq, key, generation))
+
+    def features(self, t: TraceJob) -> JobFeatures:
         return JobFeatures(
             tenant=t.tenant, num_gpus=t.gpus, submit_time=t.submit_s, requested_limit_s=t.time_limit_s, name=t.name
         )
 
-    def enqueue(job: Job) -> None:
-        nonlocal waiting_gpus
-        queues.add(job)
-        waiting_gpus += job.gpus
-        heapq.heappush(oldest, (job.submit_time, job.id))
+    def job_of(self, t: TraceJob, hosts: int | None = None) -> Job:
+        """The queue's job for a trace job (its runtime predicted now), on `hosts` hosts (default:
+        as many as its GPUs fill)."""
+        return Job(
+            id=t.id,
+            tenant=t.tenant,
+            gpus=t.gpus,
+            hosts=hosts if hosts is not None else gang_nodes(t.gpus, self.config.gpus_per_node),
+            priority=t.priority,
+            submit_time=t.submit_s,
+            time_limit_s=t.time_limit_s,
+            predicted=self.estimator.predict(self.features(t)),
+            true_runtime_s=t.duration_s,
+            requested_runtime_s=t.duration_s if self.config.exact_runtimes else None,
+        )
 
-    def release(job_id: str, now: float) -> _Active:
-        nonlocal busy_gpu_s
-        act = active.pop(job_id)
-        i = bisect.bisect_left(running_keys, (act.run.planned_end, job_id))
-        del running_keys[i]
-        del running_list[i]
+    def enqueue(self, job: Job) -> None:
+        self.queues.add(job)
+        self.waiting_gpus += job.gpus
+        heapq.heappush(self.oldest, (job.submit_time, job.id))
+
+    def release(self, job_id: str, now: float) -> _Active:
+        act = self.active.pop(job_id)
+        i = bisect.bisect_left(self.running_keys, (act.run.planned_end, job_id))
+        del self.running_keys[i]
+        del self.running_list[i]
         for host, gpus in act.run.hosts:
-            on_host[host].discard(job_id)
-            if host not in down:
-                free[host] += gpus
-        busy_gpu_s += act.run.job.gpus * (now - act.run.started_at)
-        held_trees.pop(job_id, None)
+            self.on_host[host].discard(job_id)
+            if host not in self.down:
+                self.free[host] += gpus
+        self.busy_gpu_s += act.run.job.gpus * (now - act.run.started_at)
+        self.held_trees.pop(job_id, None)
         return act
 
-    def requeue(job_id: str, now: float, *, checkpointed: bool) -> None:
-        act = release(job_id, now)
-        prog = progress_of[job_id]
+    def requeue(self, job_id: str, now: float, *, checkpointed: bool) -> None:
+        """Stop a running job and queue it again: resumed where it stopped if `checkpointed`, else
+        from its last start."""
+        act = self.release(job_id, now)
+        prog = self.progress_of[job_id]
         ran = now - act.run.started_at
         if checkpointed:
             prog.remaining_s = max(0.0, prog.remaining_s - max(0.0, ran - act.restore_s) / act.stretch)
@@ -390,14 +491,15 @@ def simulate(
             attained_gpu_s=act.run.job.attained_gpu_s + act.run.job.gpus * ran,
             true_runtime_s=prog.remaining_s,
         )
-        enqueue(job)
+        self.enqueue(job)
+        self.on_requeue(job_id, now)
 
-    def finish(job_id: str, now: float, *, killed: bool = False) -> None:
-        act = release(job_id, now)
-        prog = progress_of.pop(job_id)
+    def finish(self, job_id: str, now: float, *, killed: bool = False) -> None:
+        act = self.release(job_id, now)
+        prog = self.progress_of.pop(job_id)
         t = prog.trace
         assert prog.first_start_s is not None
-        outcomes.append(
+        self.outcomes.append(
             JobOutcome(
                 id=t.id,
                 gpus=t.gpus,
@@ -415,52 +517,51 @@ def simulate(
                 min_tier=prog.min_tier,
             )
         )
-        if not killed:
-            estimator.observe(features(t), t.duration_s)
-            if isinstance(learned, RuntimeHistory):
-                learned.observe(features(t), t.duration_s)
-        if progress is not None and len(outcomes) % report_every == 0:
-            progress(len(outcomes) / n_total)
+        if not killed and self.learns_from(job_id):
+            self.estimator.observe(self.features(t), t.duration_s)
+            if isinstance(self.learned, RuntimeHistory):
+                self.learned.observe(self.features(t), t.duration_s)
+        if self.progress is not None and len(self.outcomes) % self.report_every == 0:
+            self.progress(len(self.outcomes) / max(self.jobs, len(self.outcomes)))
 
-    def start(planned: PlannedStart, now: float) -> None:
-        nonlocal waiting_gpus, multi_node_starts, minimal_span_starts, sharp_starts, starts_since_p90
-        nonlocal minimal_tier_starts
+    def start(self, planned: PlannedStart, now: float) -> None:
         job_id, hosts, planned_end = planned.job_id, planned.hosts, planned.planned_end
         leaves, min_leaves = planned.leaves, planned.min_leaves
-        job = queues.remove(job_id)
-        if placer is not None:
-            placer.results.pop(job_id, None)
+        job = self.queues.remove(job_id)
+        if self.placer is not None:
+            self.placer.results.pop(job_id, None)
         placement = planned.placement
         sharp = placement.sharp and job.hosts > 1
         tier = min_tier = 0
         stretch: float | None = None
+        real = self.real
         if placement.sharp_tree is not None:
-            held_trees[job_id] = placement.sharp_tree
+            self.held_trees[job_id] = placement.sharp_tree
         if real is not None and job.hosts > 1:
             ranked = placement.ranks
             tier = placement.tier if placement.tier is not None else real.index.levels + 1
             min_tier = real.view.lowest_level_holding(job.hosts)
-            minimal_tier_starts += tier <= min_tier
-            stretch = real.stretch(ranked, sharp, cost.comm_fraction)
-        waiting_gpus -= job.gpus
-        prog = progress_of[job_id]
+            self.minimal_tier_starts += tier <= min_tier
+            stretch = real.stretch(ranked, sharp, self.cost.comm_fraction)
+        self.waiting_gpus -= job.gpus
+        prog = self.progress_of[job_id]
         if prog.first_start_s is None:
             prog.first_start_s = now
-            recent_waits.append(now - job.submit_time)
-            starts_since_p90 += 1
+            self.recent_waits.append(now - job.submit_time)
+            self.starts_since_p90 += 1
         prog.leaves, prog.min_leaves, prog.sharp, prog.tier, prog.min_tier = leaves, min_leaves, sharp, tier, min_tier
         if job.hosts > 1:
-            multi_node_starts += 1
-            minimal_span_starts += leaves <= min_leaves
-            sharp_starts += sharp
+            self.multi_node_starts += 1
+            self.minimal_span_starts += leaves <= min_leaves
+            self.sharp_starts += sharp
         if stretch is None:
-            stretch = cost.stretch(job.hosts, leaves, min_leaves, sharp)
-        restore = cost.checkpoint_restore_s if prog.restarts else 0.0
+            stretch = self.cost.stretch(job.hosts, leaves, min_leaves, sharp)
+        restore = self.cost.checkpoint_restore_s if prog.restarts else 0.0
         run = RunningJob(job=job, hosts=tuple(hosts), started_at=now, planned_end=planned_end)
-        i = bisect.bisect_left(running_keys, (planned_end, job_id))
-        running_keys.insert(i, (planned_end, job_id))
-        running_list.insert(i, run)
-        active[job_id] = _Active(
+        i = bisect.bisect_left(self.running_keys, (planned_end, job_id))
+        self.running_keys.insert(i, (planned_end, job_id))
+        self.running_list.insert(i, run)
+        self.active[job_id] = _Active(
             run=run,
             generation=prog.generation,
             stretch=stretch,
@@ -469,142 +570,172 @@ def simulate(
             min_leaves=min_leaves,
         )
         for host, gpus in hosts:
-            free[host] -= gpus
-            on_host[host].add(job_id)
-        push(now + restore + prog.remaining_s * stretch, _FINISH, job_id, prog.generation)
-        for threshold in las.thresholds_gpu_s(job.gpus) if las is not None else ():
+            self.free[host] -= gpus
+            self.on_host[host].add(job_id)
+        self.on_start(job_id, now, restore, prog.remaining_s * stretch)
+
+    def run_until_end(self, job_id: str, now: float, restore_s: float, runtime_s: float) -> None:
+        """Push the running job's end, `restore_s + runtime_s` from `now`, and its first LAS demotion."""
+        prog = self.progress_of[job_id]
+        job = self.active[job_id].run.job
+        self.push(now + restore_s + runtime_s, _FINISH, job_id, prog.generation)
+        for threshold in self.las.thresholds_gpu_s(job.gpus) if self.las is not None else ():
             if threshold > job.attained_gpu_s:
-                push(now + restore + (threshold - job.attained_gpu_s) / job.gpus, _DEMOTE, job_id, prog.generation)
+                self.push(
+                    now + restore_s + (threshold - job.attained_gpu_s) / job.gpus, _DEMOTE, job_id, prog.generation
+                )
                 break
 
-    def stats(now: float) -> QueueStats:
-        nonlocal wait_p90, starts_since_p90
-        while oldest and oldest[0][1] not in queues.key_of[policy.orders[0]]:
-            heapq.heappop(oldest)
-        if starts_since_p90 >= 16 and recent_waits:
-            ordered = sorted(recent_waits)
-            wait_p90 = ordered[int(0.9 * (len(ordered) - 1))]
-            starts_since_p90 = 0
+    def stats(self, now: float) -> QueueStats:
+        first = self.queues.key_of[self.first_order]
+        while self.oldest and self.oldest[0][1] not in first:
+            heapq.heappop(self.oldest)
+        if self.starts_since_p90 >= 16 and self.recent_waits:
+            ordered = sorted(self.recent_waits)
+            self.wait_p90 = ordered[int(0.9 * (len(ordered) - 1))]
+            self.starts_since_p90 = 0
         return QueueStats(
-            queue_len=len(queues.key_of[policy.orders[0]]),
-            waiting_gpus=waiting_gpus,
-            utilisation=1.0 - sum(free) / total_gpus,
-            oldest_wait_s=now - oldest[0][0] if oldest else 0.0,
-            recent_wait_p90_s=wait_p90,
+            queue_len=len(first),
+            waiting_gpus=self.waiting_gpus,
+            utilisation=1.0 - sum(self.free) / self.total_gpus,
+            oldest_wait_s=now - self.oldest[0][0] if self.oldest else 0.0,
+            recent_wait_p90_s=self.wait_p90,
         )
 
-    dynamic = len(policy.orders) > 1
-    first_order = policy.orders[0]
-    while events:
-        now = events[0][0]
-        cycle_wanted = False
-        while events and events[0][0] == now:
+    # -- steps -----------------------------------------------------------------------------------
+
+    def arrive(self, t: TraceJob, at: float, hosts: int | None = None) -> None:
+        """Job `t` arrives at `at` (an event, handled with that instant's others), on `hosts` hosts
+        if given (default: as many as its GPUs fill)."""
+        self.by_id[t.id] = t
+        if hosts is not None:
+            self.hosts_of[t.id] = hosts
+        self.arrived += 1
+        self.push(at, _ARRIVE, t.id)
+
+    def wake(self, now: float) -> None:
+        """Ask for a cycle at `now` (an event, handled with that instant's others)."""
+        self.push(now, _WAKE)
+
+    def next_at(self) -> float:
+        """When the next event is; infinity when none is left."""
+        return self.events[0][0] if self.events else math.inf
+
+    def handle(self, now: float, *, before_arrivals: bool = False) -> None:
+        """Pop and handle the events at `now` (with `before_arrivals`, only the kinds that come
+        before arrivals: ends, failures, recoveries), including those they push at `now`."""
+        events = self.events
+        below = _ARRIVE if before_arrivals else _WAKE + 1
+        while events and events[0][0] == now and events[0][1] < below:
             _, kind, _, key, generation = heapq.heappop(events)
             if kind == _ARRIVE:
-                t = by_id[key]
-                progress_of[key] = _Progress(trace=t, remaining_s=t.duration_s)
-                enqueue(
-                    Job(
-                        id=t.id,
-                        tenant=t.tenant,
-                        gpus=t.gpus,
-                        hosts=gang_nodes(t.gpus, config.gpus_per_node),
-                        priority=t.priority,
-                        submit_time=t.submit_s,
-                        time_limit_s=t.time_limit_s,
-                        predicted=estimator.predict(features(t)),
-                        true_runtime_s=t.duration_s,
-                        requested_runtime_s=t.duration_s if config.exact_runtimes else None,
-                    )
-                )
-                cycle_wanted = True
+                t = self.by_id[key]
+                self.progress_of[key] = _Progress(trace=t, remaining_s=t.duration_s)
+                self.enqueue(self.job_of(t, self.hosts_of.get(key)))
+                self.wanted = True
             elif kind == _FINISH:
-                if key in active and active[key].generation == generation:
-                    finish(key, now)
-                    cycle_wanted = True
+                if key in self.active and self.active[key].generation == generation:
+                    self.finish(key, now)
+                    self.on_end(key, now)
+                    self.wanted = True
             elif kind == _DEMOTE:
-                if key in active and active[key].generation == generation:
-                    act = active[key]
+                if key in self.active and self.active[key].generation == generation:
+                    act = self.active[key]
                     attained = act.run.job.attained_gpu_s + act.run.job.gpus * (now - act.run.started_at)
-                    assert las is not None
-                    for threshold in las.thresholds_gpu_s(act.run.job.gpus):
+                    assert self.las is not None
+                    for threshold in self.las.thresholds_gpu_s(act.run.job.gpus):
                         if threshold > attained + 1e-6:
-                            push(now + (threshold - attained) / act.run.job.gpus, _DEMOTE, key, generation)
+                            self.push(now + (threshold - attained) / act.run.job.gpus, _DEMOTE, key, generation)
                             break
-                    cycle_wanted = True
+                    self.wanted = True
             elif kind == _FAIL:
-                failure = config.failures[int(key)]
-                for job_id in sorted(on_host[failure.host]):
-                    progress_of[job_id].preemptions += 1
-                    requeue(job_id, now, checkpointed=False)
-                down.add(failure.host)
-                free[failure.host] = 0
-                push(now + failure.down_s, _RECOVER, key)
-                cycle_wanted = True
+                failure = self.config.failures[int(key)]
+                for job_id in sorted(self.on_host[failure.host]):
+                    self.progress_of[job_id].preemptions += 1
+                    self.requeue(job_id, now, checkpointed=False)
+                self.down.add(failure.host)
+                self.free[failure.host] = 0
+                self.push(now + failure.down_s, _RECOVER, key)
+                self.wanted = True
             elif kind == _RECOVER:
-                host = config.failures[int(key)].host
-                down.discard(host)
-                free[host] = config.gpus_per_node - sum(
-                    g for j in on_host[host] for h, g in active[j].run.hosts if h == host
+                host = self.config.failures[int(key)].host
+                self.down.discard(host)
+                self.free[host] = self.config.gpus_per_node - sum(
+                    g for j in self.on_host[host] for h, g in self.active[j].run.hosts if h == host
                 )
-                cycle_wanted = True
+                self.wanted = True
             elif kind == _REFRESH:
                 by_tenant: dict[str, int] = {}
-                for act in active.values():
+                for act in self.active.values():
                     by_tenant[act.run.job.tenant] = by_tenant.get(act.run.job.tenant, 0) + act.run.job.gpus
-                fairshare = accrue(fairshare, now, by_tenant, config.fairshare_half_life_s)
-                queues.rekey(fairshare_factors(fairshare, tenants))
-                if refresh_s is not None and (queues.key_of[first_order] or active or len(outcomes) < n_total):
-                    push(now + refresh_s, _REFRESH)
-                cycle_wanted = True
-        if not cycle_wanted or not queues.key_of[first_order]:
-            continue
-        if not policy.preemptive and sum(free) == 0:
-            continue
-        queue_stats = stats(now) if dynamic else QueueStats()
+                self.fairshare = accrue(self.fairshare, now, by_tenant, self.config.fairshare_half_life_s)
+                self.queues.rekey(fairshare_factors(self.fairshare, self.tenants))
+                waiting = self.queues.key_of[self.first_order] or self.active
+                if self.refresh_s is not None and (waiting or self.more_to_come() or len(self.outcomes) < self.arrived):
+                    self.push(now + self.refresh_s, _REFRESH)
+                self.wanted = True
+            elif kind == _WAKE:
+                self.wanted = True
+
+    def cycle(self, now: float) -> None:
+        """Plan a cycle at `now` and carry it out (kills, preemptions, starts), if an event handled
+        since the last cycle asked for one and one could start a job."""
+        wanted, self.wanted = self.wanted, False
+        queues, policy = self.queues, self.policy
+        if not wanted or not queues.key_of[self.first_order]:
+            return
+        if not policy.preemptive and sum(self.free) == 0:
+            return
+        queue_stats = self.stats(now) if self.dynamic else QueueStats()
         order = policy.choose_order(queue_stats)
         reply = plan(
             PlanRequest(
                 now=now,
                 queues=[
                     QueueRequest(
-                        jobs=queues.jobs[order], policy=policy, config=cycle_cfg, stats=queue_stats, order=order
+                        jobs=queues.jobs[order], policy=policy, config=self.cycle_cfg, stats=queue_stats, order=order
                     )
                 ],
-                running=running_list,
+                running=self.running_list,
                 running_sorted_by_end=True,
-                cluster=cluster,
-                names=names,
+                cluster=self.cluster,
+                names=self.names,
                 fairshare=queues.fairshare,
-                placer=placer,
-                sharp_limits=config.sharp_limits if real is not None else None,
-                sharp_held=held_trees,
+                placer=self.placer,
+                sharp_limits=self.config.sharp_limits if self.real is not None else None,
+                sharp_held=self.held_trees,
             )
         )
-        cycles += 1
+        self.cycles += 1
         for job_id in reply.kills:
-            finish(job_id, now, killed=True)
+            self.finish(job_id, now, killed=True)
         for p in reply.preemptions:
-            progress_of[p.job_id].preemptions += 1
-            requeue(p.job_id, now, checkpointed=True)
+            self.progress_of[p.job_id].preemptions += 1
+            self.requeue(p.job_id, now, checkpointed=True)
         for s in reply.starts:
-            start(s, now)
+            self.start(s, now)
 
-    if progress is not None:
-        progress(1.0)
-    return SimResult(
-        label=config.label or config.policy,
-        outcomes=sorted(outcomes, key=lambda o: o.id),
-        busy_gpu_s=busy_gpu_s,
-        total_gpus=total_gpus,
-        cycles=cycles,
-        wall_s=time.perf_counter() - started_wall,
-        cpu_s=time.process_time() - started_cpu,
-        multi_node_starts=multi_node_starts,
-        minimal_span_starts=minimal_span_starts,
-        sharp_starts=sharp_starts,
-        minimal_tier_starts=minimal_tier_starts,
-    )
+    def run(self) -> None:
+        """Step until no event is left."""
+        while self.events:
+            now = self.events[0][0]
+            self.handle(now)
+            self.cycle(now)
+
+    def result(self, label: str, wall_s: float, cpu_s: float) -> SimResult:
+        return SimResult(
+            label=label,
+            outcomes=sorted(self.outcomes, key=lambda o: o.id),
+            busy_gpu_s=self.busy_gpu_s,
+            total_gpus=self.total_gpus,
+            cycles=self.cycles,
+            wall_s=wall_s,
+            cpu_s=cpu_s,
+            multi_node_starts=self.multi_node_starts,
+            minimal_span_starts=self.minimal_span_starts,
+            sharp_starts=self.sharp_starts,
+            minimal_tier_starts=self.minimal_tier_starts,
+        )
 
 
 def load_fabric(spec: str) -> Topology:

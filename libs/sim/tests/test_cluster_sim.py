@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from ibpool_core.sched.cycle import CycleConfig
-from ibpool_sim.cluster_sim import CostModel, HostFailure, SimConfig, SimResult, simulate
+from ibpool_sim.cluster_sim import CostModel, HostFailure, SimConfig, SimLoop, SimResult, make_sim_policy, simulate
 from ibpool_sim.sched_lineup import LINEUP, RunOptions, check_floors, config_for, random_failures
 from ibpool_sim.shared_data import need
 from ibpool_sim.traces import TraceJob, philly_trace_jobs
@@ -165,3 +167,43 @@ def test_1d_las_demotes_a_gang_by_seconds_run_not_gpu_seconds() -> None:
         ends[service] = {o.id: o.end_s for o in simulate(trace, config).outcomes}
     assert ends["gpu-time"]["new"] == pytest.approx(1100.0)
     assert ends["time"]["new"] == pytest.approx(2100.0)
+
+
+@pytest.mark.parametrize("policy", ["priority", "las", "gittins-learned"])
+def test_a_stepped_loop_fed_arrivals_as_they_come_is_simulate(policy: str) -> None:
+    # The cells simulation's way of running `SimLoop` (arrivals pushed when their instant comes, after
+    # that instant's ends, failures and recoveries) gives simulate()'s run, with host failures, LAS
+    # demotions and fair-share refreshes (priority), to the last bit.
+    trace = synthetic(200)
+    config = SimConfig(
+        nodes=6,
+        policy=policy,
+        cycle=CycleConfig(backfill="greedy"),
+        failures=random_failures(7, 5, 6, trace[-1].submit_s),
+    )
+    pending = list(trace)
+
+    class Fed(SimLoop):
+        def more_to_come(self) -> bool:
+            return bool(pending)
+
+    loop = Fed(
+        config,
+        make_sim_policy(config, trace),
+        tenants=sorted({t.tenant for t in trace}),
+        first_submit=trace[0].submit_s,
+        jobs=len(trace),
+    )
+    while True:
+        now = min(loop.next_at(), pending[0].submit_s if pending else math.inf)
+        if now == math.inf:
+            break
+        loop.handle(now, before_arrivals=True)
+        while pending and pending[0].submit_s == now:
+            loop.arrive(pending.pop(0), now)
+        loop.handle(now)
+        loop.cycle(now)
+    stepped, whole = loop.result(policy, 0.0, 0.0), simulate(trace, config)
+    assert stepped.outcomes == whole.outcomes and stepped.cycles == whole.cycles
+    assert stepped.busy_gpu_s == whole.busy_gpu_s
+    assert sum(o.preemptions for o in whole.outcomes) > 0
