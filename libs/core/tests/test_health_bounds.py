@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ibpool_core.health.decide import FailoverRequest, HealthState, Watch, decide
+from ibpool_core.health.decide import FailoverReply, FailoverRequest, HealthState, Watch, decide
 from ibpool_core.health.heartbeat import HeartbeatRules
 from ibpool_proto.node import NodeHeartbeat, TelemetryReported
 
@@ -42,15 +42,17 @@ def _run(
     return state, judged, changed
 
 
-def test_a_tick_over_a_cluster_beating_on_time_judges_no_node_and_changes_nothing_to_store() -> None:
-    nodes = [f"n{i:05d}" for i in range(NODES)]
+def _registered(count: int) -> tuple[list[str], Watch, FailoverReply]:
+    """`count` nodes registered at t=0, the watch that saw it, and the reply."""
+    nodes = [f"n{i:05d}" for i in range(count)]
     watch = Watch()
-    first = decide(
-        FailoverRequest(
-            state=HealthState(), now=at(0.0), observations=[registered(n, 0.0) for n in nodes], config=CONFIG
-        ),
-        watch,
-    )
+    registrations = [registered(n, 0.0) for n in nodes]
+    reply = decide(FailoverRequest(state=HealthState(), now=at(0.0), observations=registrations, config=CONFIG), watch)
+    return nodes, watch, reply
+
+
+def test_a_tick_over_a_cluster_beating_on_time_judges_no_node_and_changes_nothing_to_store() -> None:
+    nodes, watch, first = _registered(NODES)
     assert len(first.changes.nodes) == NODES  # registrations are changes: stored
     _, judged, changed = _run(first.state, watch, 0.0, 20.0, nodes)
     assert judged == [0] * len(judged)
@@ -60,14 +62,8 @@ def test_a_tick_over_a_cluster_beating_on_time_judges_no_node_and_changes_nothin
 
 
 def test_only_a_silent_agents_nodes_are_judged_and_stored_and_the_others_stay_untouched() -> None:
-    nodes = [f"n{i:05d}" for i in range(NODES)]
-    watch = Watch()
-    state = decide(
-        FailoverRequest(
-            state=HealthState(), now=at(0.0), observations=[registered(n, 0.0) for n in nodes], config=CONFIG
-        ),
-        watch,
-    ).state
+    nodes, watch, registration = _registered(NODES)
+    state = registration.state
     state, _, _ = _run(state, watch, 0.0, 5.0, nodes)
     silent = frozenset(nodes[:3])
     state, judged, changed = _run(state, watch, 5.0, 10.0, nodes, silent)
@@ -102,14 +98,8 @@ def test_a_stall_of_every_node_at_once_sends_two_events_not_two_per_node() -> No
     """One agent process hosting every node (or the bus) stalls for 3 s: more of the cluster is late at
     once than may fail, so nothing fails, and one ClusterDegraded and one ClusterRestored say so, not a
     NodeSuspected and a NodeRecovered per node (thousands of events in one tick at scale)."""
-    nodes = [f"n{i:05d}" for i in range(NODES)]
-    watch = Watch()
-    state = decide(
-        FailoverRequest(
-            state=HealthState(), now=at(0.0), observations=[registered(n, 0.0) for n in nodes], config=CONFIG
-        ),
-        watch,
-    ).state
+    nodes, watch, registration = _registered(NODES)
+    state = registration.state
     events: list[str] = []
     t = 0.0
     while t < 20.0:
