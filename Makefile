@@ -57,6 +57,7 @@ bench: env
 	$(PY) tests/bench/bench_failover_tick.py --sizes 1000,5000,12500,50000 --runs 3
 	$(PY) tests/bench/bench_sched_cycle.py --nodes 1000,5000,12500 --per-node 2 --runs 3
 	$(PY) tests/bench/bench_cells.py --from-day 80 --to-day 109
+	$(PY) tests/bench/bench_snapshot.py --sizes 1000,5000,12500 --runs 3
 	$(VENV)/bin/ibpool bench pack --seeds 3 --format table --plot docs/packing-openb.png --out tests/bench/results/pack-latest.json
 
 # The node agent's NVML backend on this machine's GPU, step by step (docs/hardware.md); not part of `make test`.
