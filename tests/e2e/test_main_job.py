@@ -171,6 +171,16 @@ def operate_from_the_cli(state: Path) -> None:
     assert next(n for n in ops_json(state, "nodes") if n["node"] == "node-002")["drained"] == "e2e: fan replaced"
     back = ops(state, "recover", "node-002", "--reason", "e2e: back")
     assert back.returncode == 0 and "put back" in back.stdout, back.stderr
+    shown = ops_json(state, "node", "show", "node-002")
+    verdicts = [v["type"] for v in shown["history"]]  # newest first
+    assert len(shown["gpus"]) == 8 and verdicts[0] == "Uncordoned" and "DrainRequested" in verdicts, verdicts
+    held = ops_json(state, "allocations", "--job", "cli-one")
+    assert [a["owner"] for a in held] in ([], ["cli-one"])  # held, or it already ran its 2 s
+    set_q = ops_json(state, "quota", "set", "ops", "--gpu-model", "h100", "--gpus", "2")
+    assert set_q["gpu_model"].endswith("H100 80GB HBM3") and set_q["nominal"]["milli"] == 2000
+    assert [q["quota"]["name"] for q in ops_json(state, "quota", "get", "ops")] == ["ops"]
+    assert ops_json(state, "quota", "delete", "ops", "--gpu-model", "H100")["name"] == "ops"
+    assert ops_json(state, "quota", "get", "ops") == []
     missing = ops(state, "job", "show", "no-such-job")
     assert missing.returncode == 4 and "no job" in missing.stderr
     untenanted = ops(state, "submit", "--gpus", "1")

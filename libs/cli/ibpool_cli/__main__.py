@@ -48,6 +48,9 @@ def _dev(args: argparse.Namespace) -> int:
 # The operator's verbs (ops.py), listed here so that `ibpool --help` names them without importing it.
 OPS_VERBS = {
     "nodes": "every node: state, health, free GPUs, models, its jobs",
+    "node": "one node: its GPUs, their jobs and health, its verdicts",
+    "allocations": "live allocations: GPUs granted to jobs",
+    "quota": "quotas: get, set, delete",
     "jobs": "jobs with where they run or why they wait",
     "job": "one job: show or cancel",
     "submit": "submit a job from flags or a job file",

@@ -1,4 +1,5 @@
-"""The operator's verbs: `ibpool nodes`, `jobs`, `job show|cancel`, `submit`, `drain`, `recover`.
+"""The operator's verbs: `ibpool nodes`, `node show`, `jobs`, `job show|cancel`, `submit`,
+`allocations`, `quota get|set|delete`, `drain`, `recover`.
 
 Each finds the services it needs from the bus alone (the NATS service API, as `ibpool services`
 does: the leader where replicas elect one) and calls their HTTP APIs: the pool allocator for
@@ -15,6 +16,11 @@ Examples:
     ibpool submit -f job.yaml                      # the body of POST /v1/jobs, as YAML or JSON
     ibpool job show train-42 --output json
     ibpool job cancel train-42
+    ibpool node show node-007
+    ibpool allocations --job train-42
+    ibpool quota set ml --gpu-model H100 --gpus 64 --cohort research
+    ibpool quota get ml
+    ibpool quota delete ml --gpu-model H100
     ibpool drain node-007 --reason "fan replaced, ticket 1234"
     ibpool recover node-007 --gpu 3 --reason "GPU reseated"
 
@@ -173,6 +179,122 @@ def _shape(j: dict[str, Any]) -> str:
     return f"{j['hosts']}x{j['gpus_per_host']}" if j["hosts"] > 1 else str(j["gpus"])
 
 
+async def node_show(c: Cluster, args: argparse.Namespace) -> None:
+    pool = await c.call("GET", "pool_allocator", "/v1/pool")
+    found = next((n for n in pool["nodes"] if n["node_id"] == args.node), None)
+    if found is None:
+        raise OpsError(f"no node {args.node!r} in the pool", NOT_FOUND)
+    health = await c.call("GET", "failover_controller", f"/health/nodes/{args.node}")
+    owners = {a["allocation_id"]: a["owner"] for a in await c.call("GET", "pool_allocator", "/v1/allocations")}
+    verdicts = await c.call("GET", "failover_controller", "/health/verdicts", key=args.node, limit="10")
+    gpus = [
+        {
+            "index": g["index"],
+            "model": g["model"],
+            "state": g["state"],
+            "free": g["free_milli"] / 1000,
+            "jobs": sorted({owners.get(h, h) for h in g["holders"]}),
+            "health": next(
+                ("failed" if x["failed"] else "cordoned" for x in health["gpus"] if x["index"] == g["index"]), "ok"
+            ),
+        }
+        for g in found["gpus"]
+    ]
+    out = {"node": found["node_id"], "pool_state": found["state"], "health": health, "gpus": gpus}
+    out["history"] = [{"at": v["occurred_at"], "type": v["type"], "event": v["event"]} for v in verdicts]
+
+    def render(o: dict[str, Any]) -> str:
+        h = o["health"]
+        head = [
+            ("node", o["node"]),
+            ("pool state", o["pool_state"]),
+            ("health", h["status"] + (f" ({h['reason']})" if h["reason"] else "")),
+            ("cordoned", "yes" if h["cordoned"] else "no"),
+            ("drained by an operator", h["operator_drain"] or "no"),
+            ("last heartbeat", h["last_beat"] or "-"),
+        ]
+        gpu_rows = [
+            (str(g["index"]), g["model"], g["state"], g["health"], f"{g['free']:g}", ",".join(g["jobs"]) or "-")
+            for g in o["gpus"]
+        ]
+        history = [(v["at"], v["type"], v["event"].get("reason", "")) for v in o["history"]]
+        parts = [table(("FIELD", "VALUE"), head), table(("GPU", "MODEL", "STATE", "HEALTH", "FREE", "JOBS"), gpu_rows)]
+        if history:
+            parts.append(table(("WHEN", "VERDICT", "REASON"), history))
+        return "\n\n".join(parts)
+
+    emit(out, args.output, render)
+
+
+async def allocations(c: Cluster, args: argparse.Namespace) -> None:
+    found = await c.call("GET", "pool_allocator", "/v1/allocations", **({"owner": args.job} if args.job else {}))
+
+    def render(rows: list[dict[str, Any]]) -> str:
+        cols = ("ALLOCATION", "JOB", "TENANT", "QUEUE", "KIND", "NODES", "LEASE UNTIL")
+        lines = [
+            (
+                a["allocation_id"],
+                a["owner"],
+                a["tenant"],
+                a["queue"],
+                a["kind"],
+                ",".join(a["nodes"]),
+                a["lease_expires_at"],
+            )
+            for a in rows
+        ]
+        return table(cols, lines) if lines else "no allocations"
+
+    emit(found, args.output, render)
+
+
+async def quota(c: Cluster, args: argparse.Namespace) -> None:
+    if args.action == "get":
+        found = await c.call("GET", "pool_allocator", "/v1/quotas")
+        found = [q for q in found if args.name is None or q["quota"]["name"] == args.name]
+
+        def render(rows: list[dict[str, Any]]) -> str:
+            cols = ("SCOPE", "NAME", "GPU MODEL", "NOMINAL GPUS", "USED GPUS", "COHORT")
+            lines = [
+                (
+                    q["quota"]["scope"],
+                    q["quota"]["name"],
+                    q["quota"]["gpu_model"],
+                    f"{q['quota']['nominal']['milli'] / 1000:g}",
+                    f"{q['used']['milli'] / 1000:g}",
+                    q["quota"].get("cohort") or "-",
+                )
+                for q in rows
+            ]
+            return table(cols, lines) if lines else "no quotas"
+
+        emit(found, args.output, render)
+        return
+    if args.name is None or args.gpu_model is None:
+        raise OpsError(f"quota {args.action} needs a NAME and --gpu-model", 2)
+    if args.action == "delete":
+        gone = await c.call(
+            "DELETE", "pool_allocator", f"/v1/quotas/{args.name}", gpu_model=args.gpu_model, scope=args.scope
+        )
+        emit(gone, args.output, lambda q: f"{q['scope']} {q['name']} on {q['gpu_model']}: quota removed")
+        return
+    if args.gpus is None:
+        raise OpsError("quota set needs --gpus (the nominal share, in GPUs)", 2)
+    body: dict[str, Any] = {
+        "gpu_model": args.gpu_model,
+        "scope": args.scope,
+        "nominal": {"milli": round(args.gpus * 1000)},
+    }
+    if args.cohort:
+        body["cohort"] = args.cohort
+    if args.borrow is not None:
+        body["borrowing_limit"] = {"milli": round(args.borrow * 1000)}
+    q = await c.call("PUT", "pool_allocator", f"/v1/quotas/{args.name}", body)
+    emit(
+        q, args.output, lambda q: f"{q['scope']} {q['name']} on {q['gpu_model']}: {q['nominal']['milli'] / 1000:g} GPUs"
+    )
+
+
 async def jobs(c: Cluster, args: argparse.Namespace) -> None:
     query = {"limit": str(args.limit)}
     if args.state:
@@ -282,6 +404,12 @@ async def recover(c: Cluster, args: argparse.Namespace) -> None:
 
 VERBS = {
     "nodes": (nodes, "every node: pool state, health, GPUs free of all, models, the jobs on it (sinfo-like)"),
+    "node": (node_show, "one node: `ibpool node show NODE` (its GPUs with their jobs and health, its verdicts)"),
+    "allocations": (allocations, "live allocations (GPUs granted to jobs), or one job's (--job)"),
+    "quota": (
+        quota,
+        "`ibpool quota get [NAME]`, `quota set NAME --gpu-model M --gpus N`, `quota delete NAME --gpu-model M`",
+    ),
     "jobs": (jobs, "live jobs (or --all, --state) with where they run or why they wait (squeue-like)"),
     "job": (None, "one job: `ibpool job show ID`, `ibpool job cancel ID`"),
     "submit": (submit, "submit a job from flags or a YAML/JSON job file"),
@@ -313,6 +441,19 @@ def parser(verb: str) -> argparse.ArgumentParser:
     elif verb == "job":
         p.add_argument("action", choices=["show", "cancel"])
         p.add_argument("job_id")
+    elif verb == "node":
+        p.add_argument("action", choices=["show"])
+        p.add_argument("node")
+    elif verb == "allocations":
+        p.add_argument("--job", help="only this job's")
+    elif verb == "quota":
+        p.add_argument("action", choices=["get", "set", "delete"])
+        p.add_argument("name", nargs="?", help="the tenant (or queue, --scope queue)")
+        p.add_argument("--gpu-model", help="its NVML name or words of it: H100, a100")
+        p.add_argument("--scope", choices=["tenant", "queue"], default="tenant")
+        p.add_argument("--gpus", type=float, help="set: the nominal share, in GPUs (0.5: half a GPU)")
+        p.add_argument("--cohort", help="set: share idle quota with the others of this cohort")
+        p.add_argument("--borrow", type=float, help="set: how many GPUs past its share it may borrow")
     elif verb == "submit":
         p.add_argument("-f", "--file", help="a job file (YAML or JSON: the body of POST /v1/jobs); - for stdin")
         p.add_argument("--id")
