@@ -181,6 +181,19 @@ def operate_from_the_cli(state: Path) -> None:
     assert [q["quota"]["name"] for q in ops_json(state, "quota", "get", "ops")] == ["ops"]
     assert ops_json(state, "quota", "delete", "ops", "--gpu-model", "H100")["name"] == "ops"
     assert ops_json(state, "quota", "get", "ops") == []
+    scheduled = [
+        json.loads(line)
+        for line in ops(state, "events", "--type", "JobScheduled", "--last", "100", "-o", "json").stdout.splitlines()
+    ]
+    assert "cli-one" in {e["job_id"] for e in scheduled}
+    follow = [*CLI, "events", "--follow", "--max", "1", "--type", "JobQueued", "--last", "0", "--state-dir", str(state)]
+    tail = subprocess.Popen(
+        follow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"}
+    )
+    assert tail.stderr is not None and tail.stderr.readline().startswith("following")  # its consumers are made
+    ops_json(state, "submit", "--tenant", "ops", "--gpus", "1", "--runtime", "1", "--id", "cli-followed")
+    out, err = tail.communicate(timeout=60)
+    assert tail.returncode == 0 and "JobQueued" in out and "cli-followed" in out, (out, err)
     missing = ops(state, "job", "show", "no-such-job")
     assert missing.returncode == 4 and "no job" in missing.stderr
     untenanted = ops(state, "submit", "--gpus", "1")

@@ -51,12 +51,17 @@ OPS_VERBS = {
     "node": "one node: its GPUs, their jobs and health, its verdicts",
     "allocations": "live allocations: GPUs granted to jobs",
     "quota": "quotas: get, set, delete",
+    "events": "the bus's events, and with --follow each new one",
     "jobs": "jobs with where they run or why they wait",
     "job": "one job: show or cancel",
     "submit": "submit a job from flags or a job file",
     "drain": "drain a node, with a reason",
     "recover": "put back a failed or cordoned node or GPU",
 }
+
+
+# The other commands, for the shell completion.
+TOP_LEVEL = ("dev", "run", "topo", "predict", "sim", "services", "streams", "bench", "autoscale-sim", "completion")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         from .services import main as services_main
 
         return services_main(argv[1:])
+    if argv[:2] == ["completion", "bash"]:  # source <(ibpool completion bash)
+        from .ops import completion
+
+        print(completion([*TOP_LEVEL, *OPS_VERBS]), end="")
+        return 0
     if argv[:1] and argv[0] in OPS_VERBS:  # the operator's verbs against a running system (ops.py)
         from .ops import main as ops_main
 
@@ -132,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("predict", help="runtime prediction on traces: `ibpool predict eval --help`")
     sub.add_parser("sim", help="scheduling policies on job traces and fabrics (ibpool sim --help)")
     sub.add_parser("services", help="every running service instance, found from the bus (ibpool services --help)")
+    sub.add_parser("completion", help="bash completion: source <(ibpool completion bash)").add_argument(
+        "shell", choices=["bash"]
+    )
     for verb, what in OPS_VERBS.items():
         sub.add_parser(verb, help=f"{what} (ibpool {verb} --help)")
     sub.add_parser("streams", help="create or update the JetStream streams as the admin (ibpool streams --help)")

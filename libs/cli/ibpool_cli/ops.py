@@ -1,5 +1,5 @@
 """The operator's verbs: `ibpool nodes`, `node show`, `jobs`, `job show|cancel`, `submit`,
-`allocations`, `quota get|set|delete`, `drain`, `recover`.
+`allocations`, `quota get|set|delete`, `events [--follow]`, `drain`, `recover`.
 
 Each finds the services it needs from the bus alone (the NATS service API, as `ibpool services`
 does: the leader where replicas elect one) and calls their HTTP APIs: the pool allocator for
@@ -21,6 +21,8 @@ Examples:
     ibpool quota set ml --gpu-model H100 --gpus 64 --cohort research
     ibpool quota get ml
     ibpool quota delete ml --gpu-model H100
+    ibpool events --follow --type NodeFailed,RequeueRequested
+    source <(ibpool completion bash)               # completion of commands, options and choices
     ibpool drain node-007 --reason "fan replaced, ticket 1234"
     ibpool recover node-007 --gpu 3 --reason "GPU reseated"
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
@@ -41,11 +44,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import yaml
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from ibpool_proto import ALL_MESSAGES, decode
+from ibpool_proto.message import Message
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus, BusUnavailable
 from ibpool_runtime.discovery import ServiceView, services
+from ibpool_runtime.streams import STREAMS, stream_for_subject
 
 # Which instance answers for a service: a leader first, then one that does not elect, then any.
 ROLE_ORDER = {"leader": 0, "active": 1}
@@ -400,6 +408,83 @@ async def recover(c: Cluster, args: argparse.Namespace) -> None:
     emit(answer, args.output, lambda a: f"{args.node}: {a.get('outcome', '')}: {a.get('detail', '')}")
 
 
+async def events(args: argparse.Namespace, url: str) -> None:
+    """The bus's stored events, oldest first per stream: the last `--last` of each stream, then, with
+    `--follow`, each new one as it comes, until Ctrl-C or `--max` events. Read as the stack's
+    `subscriber` user through ephemeral consumers that are gone a minute after the command."""
+    wanted = _event_types(args.type)
+    bus = await Bus.connect(url, name="ibpool-events", attempts=2, tls_ca=args.tls_ca)
+    shown = 0
+    try:
+        subs = []
+        for spec in STREAMS:
+            subjects = sorted(
+                {t.subject_pattern() for t in wanted if stream_for_subject(t.subject_pattern()) == spec.name}
+            )
+            if wanted and not subjects:
+                continue
+            last = (await bus.js.stream_info(spec.name)).state.last_seq
+            config = ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=max(1, last - args.last + 1),
+                ack_policy=AckPolicy.NONE,
+                inactive_threshold=60.0,
+                filter_subjects=subjects or list(spec.subjects),
+            )
+            subs.append(await bus.js.pull_subscribe("", stream=spec.name, config=config))
+        if args.follow:
+            print(f"following {len(subs)} streams (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        while args.max is None or shown < args.max:
+            got = 0
+            for sub in subs:
+                try:
+                    msgs = await sub.fetch(batch=100, timeout=0.5 if args.follow else 0.2)
+                except TimeoutError:
+                    continue
+                for msg in msgs:
+                    if args.max is not None and shown >= args.max:
+                        break
+                    got += 1
+                    shown += 1
+                    print(_event_line(msg.data, args.output), flush=True)
+            if not got and not args.follow:
+                break
+    finally:
+        await bus.close()
+
+
+def _event_types(names: Sequence[str] | None) -> list[type[Message]]:
+    """The message types `--type` names (a class name, JobScheduled, or a CloudEvents type)."""
+    if not names:
+        return []
+    by_name = {m.__name__.lower(): m for m in ALL_MESSAGES} | {m.ce_type(): m for m in ALL_MESSAGES}
+    out = []
+    for n in names:
+        for one in n.split(","):
+            found = by_name.get(one.strip().lower()) or by_name.get(one.strip())
+            if found is None:
+                raise OpsError(f"no event type {one!r} (for instance: JobScheduled, NodeFailed, AllocationGranted)", 2)
+            if not found.stored:
+                raise OpsError(f"{found.__name__} is not stored (core NATS only): it cannot be listed", 2)
+            out.append(found)
+    return out
+
+
+def _event_line(data: bytes, output: str) -> str:
+    try:
+        ev = decode(data)
+    except msgspec.DecodeError as e:
+        return f"(not an ibpool event: {e})"
+    if output in ("json", "yaml"):
+        return json.dumps(msgspec.to_builtins(ev))
+    fields = {
+        k: v for k, v in msgspec.to_builtins(ev).items() if k not in ("id", "source", "key", "occurred_at", "type")
+    }
+    text = json.dumps(fields, separators=(",", ":"))
+    when = ev.occurred_at.isoformat(timespec="seconds") if ev.occurred_at else "-"
+    return f"{when}  {type(ev).__name__:<22} {ev.key:<24} {text[:160]}"
+
+
 # -- wiring ----------------------------------------------------------------------------------------
 
 VERBS = {
@@ -413,6 +498,7 @@ VERBS = {
     "jobs": (jobs, "live jobs (or --all, --state) with where they run or why they wait (squeue-like)"),
     "job": (None, "one job: `ibpool job show ID`, `ibpool job cancel ID`"),
     "submit": (submit, "submit a job from flags or a YAML/JSON job file"),
+    "events": (None, "the bus's stored events: the last of each stream, and with --follow each new one"),
     "drain": (drain, "cordon a node and requeue its work, with a reason (an operator's drain)"),
     "recover": (recover, "put back a node (or one GPU, --gpu) the failover controller failed or cordoned"),
 }
@@ -471,6 +557,13 @@ def parser(verb: str) -> argparse.ArgumentParser:
         p.add_argument("--gpu-model")
         p.add_argument("--time-limit", type=float, help="seconds")
         p.add_argument("--runtime", type=float, help="simulated work, seconds (the simulated node agents)")
+    elif verb == "events":
+        p.add_argument(
+            "--type", action="append", help="only these (JobScheduled, NodeFailed,...; repeat or comma-separate)"
+        )
+        p.add_argument("--last", type=int, default=10, help="how many stored events of each stream first (default 10)")
+        p.add_argument("--follow", "-f", action="store_true", help="then each new event as it comes, until Ctrl-C")
+        p.add_argument("--max", type=int, help="stop after this many events")
     elif verb in ("drain", "recover"):
         p.add_argument("node")
         p.add_argument("--reason", required=True, help="why (a ticket, what was done); it goes into the events")
@@ -479,25 +572,61 @@ def parser(verb: str) -> argparse.ArgumentParser:
     return p
 
 
+def completion(top_level: Sequence[str]) -> str:
+    """A bash completion function for `ibpool`: its commands, and each operator verb's options and
+    choices (taken from the verbs' own parsers). `source <(ibpool completion bash)`."""
+    cases = []
+    for verb in VERBS:
+        words: list[str] = []
+        for action in parser(verb)._actions:
+            words += action.option_strings
+            if not action.option_strings and action.choices:
+                words += [str(c) for c in action.choices]
+        cases.append(f'        {verb}) words="{" ".join(sorted(set(words)))}" ;;')
+    body = "\n".join(cases)
+    return f"""_ibpool() {{
+    local cur="${{COMP_WORDS[COMP_CWORD]}}" words=""
+    if [ "$COMP_CWORD" -eq 1 ]; then
+        words="{" ".join(sorted(top_level))}"
+    else
+        case "${{COMP_WORDS[1]}}" in
+{body}
+        esac
+    fi
+    COMPREPLY=($(compgen -W "$words" -- "$cur"))
+}}
+complete -o default -F _ibpool ibpool
+"""
+
+
 def main(verb: str, argv: list[str]) -> int:
     args = parser(verb).parse_args(argv)
-    run = job_show if verb == "job" and args.action == "show" else job_cancel if verb == "job" else VERBS[verb][0]
-    assert run is not None
     try:
+        if verb == "events":
+            with contextlib.suppress(KeyboardInterrupt):
+                asyncio.run(events(args, _nats_url(args, "subscriber")))
+            return 0
+        run = job_show if verb == "job" and args.action == "show" else job_cancel if verb == "job" else VERBS[verb][0]
+        assert run is not None
         return asyncio.run(_main(run, args))
     except OpsError as e:
         print(f"ibpool {verb}: {e}", file=sys.stderr)
         return e.code
 
 
+def _nats_url(args: argparse.Namespace, user: str) -> str:
+    """--nats-url (or IBPOOL_NATS_URL), else the stack's in --state-dir as `user`."""
+    if args.nats_url:
+        return str(args.nats_url)
+    info = devstack.read_info(Path(args.state_dir))
+    if info is None:
+        raise OpsError(f"no stack in {args.state_dir} and no --nats-url (or IBPOOL_NATS_URL)")
+    return devstack.nats_url_as(info, user)
+
+
 async def _main(run: Any, args: argparse.Namespace) -> int:
-    url, token = args.nats_url, args.token or None
-    info = devstack.read_info(Path(args.state_dir)) if not url or not token else None
-    if not url:
-        if info is None:
-            raise OpsError(f"no stack in {args.state_dir} and no --nats-url (or IBPOOL_NATS_URL)")
-        url = devstack.nats_url_as(info, "operator")
-    if token is None and info is not None:
+    url, token = _nats_url(args, "operator"), args.token or None
+    if token is None and (info := devstack.read_info(Path(args.state_dir))) is not None:
         token = devstack.api_token(info, "operator")
     try:
         bus = await Bus.connect(url, name="ibpool-ops", attempts=2, tls_ca=args.tls_ca)

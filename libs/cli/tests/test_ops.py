@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,18 @@ def test_a_job_body_from_a_file_and_flags_the_flags_winning(tmp_path: Path) -> N
 
 def test_a_table_pads_each_column_to_its_widest_cell() -> None:
     assert table(("A", "BB"), [("xxx", "y"), ("z", "")]) == "A    BB\nxxx  y\nz"
+
+
+def test_bash_completes_commands_verbs_options_and_choices() -> None:
+    """The completion script run by bash itself: what it offers after `ibpool jo`, `ibpool quota s`
+    and `ibpool submit --to`."""
+    script = subprocess.run([sys.executable, "-m", "ibpool_cli", "completion", "bash"], capture_output=True, text=True)
+    assert script.returncode == 0, script.stderr
+    probe = (
+        script.stdout
+        + "for line in 'ibpool jo' 'ibpool quota s' 'ibpool submit --to' 'ibpool ev'; do\n"
+        + '  read -ra COMP_WORDS <<< "$line"; COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _ibpool; echo "${COMPREPLY[*]}"\n'
+        + "done\n"
+    )
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["job jobs", "set", "--token --topology --topology-level", "events"]
