@@ -131,10 +131,15 @@ def emit(data: Any, output: str, render: Any) -> None:
 # -- the verbs -------------------------------------------------------------------------------------
 
 
+async def _owners(c: Cluster) -> dict[str, str]:
+    """Allocation id -> the job holding it (what the pool shows as a GPU's holders)."""
+    return {a["allocation_id"]: a["owner"] for a in await c.call("GET", "pool_allocator", "/v1/allocations")}
+
+
 async def nodes(c: Cluster, args: argparse.Namespace) -> None:
     pool = await c.call("GET", "pool_allocator", "/v1/pool")
     health = {n["node_id"]: n for n in await c.call("GET", "failover_controller", "/health/nodes")}
-    owners = {a["allocation_id"]: a["owner"] for a in await c.call("GET", "pool_allocator", "/v1/allocations")}
+    owners = await _owners(c)
     out = []
     for n in pool["nodes"]:
         h = health.get(n["node_id"], {})
@@ -193,7 +198,7 @@ async def node_show(c: Cluster, args: argparse.Namespace) -> None:
     if found is None:
         raise OpsError(f"no node {args.node!r} in the pool", NOT_FOUND)
     health = await c.call("GET", "failover_controller", f"/health/nodes/{args.node}")
-    owners = {a["allocation_id"]: a["owner"] for a in await c.call("GET", "pool_allocator", "/v1/allocations")}
+    owners = await _owners(c)
     verdicts = await c.call("GET", "failover_controller", "/health/verdicts", key=args.node, limit="10")
     gpus = [
         {
@@ -614,19 +619,20 @@ def main(verb: str, argv: list[str]) -> int:
         return e.code
 
 
-def _nats_url(args: argparse.Namespace, user: str) -> str:
-    """--nats-url (or IBPOOL_NATS_URL), else the stack's in --state-dir as `user`."""
+def _nats_url(args: argparse.Namespace, user: str, info: devstack.StackInfo | None = None) -> str:
+    """--nats-url (or IBPOOL_NATS_URL), else the stack's in --state-dir (`info`, read when not given) as `user`."""
     if args.nats_url:
         return str(args.nats_url)
-    info = devstack.read_info(Path(args.state_dir))
+    info = info or devstack.read_info(Path(args.state_dir))
     if info is None:
         raise OpsError(f"no stack in {args.state_dir} and no --nats-url (or IBPOOL_NATS_URL)")
     return devstack.nats_url_as(info, user)
 
 
 async def _main(run: Any, args: argparse.Namespace) -> int:
-    url, token = _nats_url(args, "operator"), args.token or None
-    if token is None and (info := devstack.read_info(Path(args.state_dir))) is not None:
+    info = devstack.read_info(Path(args.state_dir)) if not (args.nats_url and args.token) else None
+    url, token = _nats_url(args, "operator", info), args.token or None
+    if token is None and info is not None:
         token = devstack.api_token(info, "operator")
     try:
         bus = await Bus.connect(url, name="ibpool-ops", attempts=2, tls_ca=args.tls_ca)
