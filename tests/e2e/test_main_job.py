@@ -169,8 +169,20 @@ def operate_from_the_cli(state: Path) -> None:
     drained = ops(state, "drain", "node-002", "--reason", "e2e: fan replaced")
     assert drained.returncode == 0 and "cordoned and drained" in drained.stdout, drained.stderr
     assert next(n for n in ops_json(state, "nodes") if n["node"] == "node-002")["drained"] == "e2e: fan replaced"
-    back = ops(state, "recover", "node-002", "--reason", "e2e: back")
+    back = ops(state, "resume", "node-002", "--reason", "e2e: back")
     assert back.returncode == 0 and "put back" in back.stdout, back.stderr
+    cordoned = ops_json(state, "cordon", "node-003", "--gpu", "2", "--reason", "e2e: fan noise")
+    assert (cordoned["outcome"], cordoned["events"]) == ("done", ["Cordoned"]), cordoned
+    gpu2 = next(g for g in ops_json(state, "node", "show", "node-003")["health"]["gpus"] if g["index"] == 2)
+    assert (gpu2["cordoned"], gpu2["operator_cordon"]) == (True, "e2e: fan noise"), gpu2
+    assert ops_json(state, "uncordon", "node-003", "--gpu", "2", "--reason", "e2e: fine")["events"] == ["Uncordoned"]
+    assert ops_json(state, "cordon", "node-004", "--reason", "e2e: watch")["events"] == ["Cordoned"]
+    deadline = time.monotonic() + 30
+    while (n4 := next(n for n in ops_json(state, "nodes") if n["node"] == "node-004"))["state"] != "cordoned":
+        assert time.monotonic() < deadline, f"the pool did not cordon node-004 within 30 s: {n4}"
+        time.sleep(0.5)
+    assert n4["cordoned_by_operator"] == "e2e: watch" and n4["health"] == "healthy", n4
+    assert ops_json(state, "uncordon", "node-004", "--reason", "e2e: fine")["events"] == ["Uncordoned"]
     shown = ops_json(state, "node", "show", "node-002")
     verdicts = [v["type"] for v in shown["history"]]  # newest first
     assert len(shown["gpus"]) == 8 and verdicts[0] == "Uncordoned" and "DrainRequested" in verdicts, verdicts
@@ -194,6 +206,11 @@ def operate_from_the_cli(state: Path) -> None:
     ops_json(state, "submit", "--tenant", "ops", "--gpus", "1", "--runtime", "1", "--id", "cli-followed")
     out, err = tail.communicate(timeout=60)
     assert tail.returncode == 0 and "JobQueued" in out and "cli-followed" in out, (out, err)
+    used = ops_json(state, "usage", "--since", "1h", "--by", "tenant")
+    [mine] = [r for r in used["rows"] if r["tenant"] == "ops"]
+    assert mine["queue"] is None and mine["jobs"] >= 1 and mine["gpu_hours"] > 0, used
+    report = ops(state, "usage", "--since", "1h")
+    assert report.returncode == 0 and "GPU-HOURS" in report.stdout and "ops" in report.stdout, report.stderr
     missing = ops(state, "job", "show", "no-such-job")
     assert missing.returncode == 4 and "no job" in missing.stderr
     untenanted = ops(state, "submit", "--gpus", "1")

@@ -286,3 +286,51 @@ async def test_an_operator_drain_holds_until_an_operator_recovers_and_a_standby_
             return await grant_all(allocator, node, model) is not None
 
         await eventually(granted_again, what="the pool granting the drained node again")
+
+
+async def test_an_operator_cordon_stops_new_grants_keeps_the_allocation_there_and_uncordon_lifts_it(
+    stack: StackInfo, bus: Bus, store: Store
+) -> None:
+    async with setup(stack, bus, store) as (allocator, controller, node, model):
+        base = f"{controller.http_url}/health/nodes/{node}"
+        body = {"job_id": f"op-{uuid.uuid4().hex[:8]}", "tenant": "t", "queue": "q",
+                "request": {"kind": "whole", "gpus": 1, "gpu_model": model}}  # fmt: skip
+        status, held = await post(f"{allocator.http_url}/v1/allocations", body)
+        assert status == 201, held
+
+        status, answer = await post(f"{base}/cordon", {"reason": "suspect fan", "by": "carol"})
+        assert (status, answer["outcome"], answer["events"]) == (200, "done", ["Cordoned"]), answer
+        status, again = await post(f"{base}/cordon", {"reason": "suspect fan"})
+        assert (status, again["outcome"]) == (200, "nothing_to_do"), again
+
+        async def cordoned_in_pool() -> bool:
+            return (await pool_node(allocator, node))["state"] == "cordoned"
+
+        await eventually(cordoned_in_pool, what="the pool's node cordoned")
+        status, refused = await post(f"{allocator.http_url}/v1/allocations", {**body, "job_id": "op-new"})
+        assert status != 201, refused
+        # The work there stays: the allocation is still live, nothing was requeued.
+        status, alloc = await get_json(f"{allocator.http_url}/v1/allocations/{held['allocation_id']}")
+        assert status == 200 and alloc["nodes"] == [node], alloc
+        _, view = await get_json(base)
+        assert (view["cordoned"], view["operator_cordon"], view["operator_drain"]) == (
+            True,
+            "suspect fan (by carol)",
+            "",
+        ), view
+
+        status, gpu = await post(f"{base}/gpus/9/cordon", {"reason": "x"})
+        assert status == 404, gpu
+
+        status, lifted = await post(f"{base}/uncordon", {"reason": "fan fine"})
+        assert (status, lifted["outcome"], lifted["events"]) == (200, "done", ["Uncordoned"]), lifted
+
+        async def ready_again() -> bool:
+            return (await pool_node(allocator, node))["state"] == "ready"
+
+        await eventually(ready_again, what="the pool's node ready again")
+        async with (
+            aiohttp.ClientSession() as http,
+            http.delete(f"{allocator.http_url}/v1/allocations/" + held["allocation_id"]) as r,
+        ):
+            assert r.status == 200

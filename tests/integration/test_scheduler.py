@@ -4,6 +4,8 @@ requeue after a node failure; leader failover between two replicas; a deposed le
 
 from __future__ import annotations
 
+import datetime as dt
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -198,9 +200,9 @@ async def cluster(
 async def test_submitted_job_runs_to_completion_as_one_trace(bus: Bus, store: Store, stack: StackInfo) -> None:
     async with cluster(bus, store, stack, nodes=2) as (service, sched, allocator, node_ids):
         j = job_id()
-        status, view = await call(
-            service, "POST", "/v1/jobs", {"id": j, "tenant": "t", "gpus": 2, "workload": {"simulated_runtime_s": 0.3}}
-        )
+        tenant = f"t-{j}"  # its own, so that the usage below is this job's alone
+        body = {"id": j, "tenant": tenant, "gpus": 2, "workload": {"simulated_runtime_s": 0.3}}
+        status, view = await call(service, "POST", "/v1/jobs", body)
         assert status == 201 and view["state"] == "queued", view
 
         async def completed() -> bool:
@@ -221,6 +223,14 @@ async def test_submitted_job_runs_to_completion_as_one_trace(bus: Bus, store: St
             return len(finished) == 1 and held == []
 
         await eventually(finished_and_released, what="JobFinished and the allocation released")
+        # Accounting: its 2 GPUs from the grant to the end, in GPU-hours, under its tenant and queue.
+        held_s = dt.datetime.fromisoformat(done["finished_at"]) - dt.datetime.fromisoformat(done["scheduled_at"])
+        since = urllib.parse.quote(done["submitted_at"])
+        status, used = await call(service, "GET", f"/v1/usage?since={since}&by=tenant")
+        assert status == 200, used
+        [row] = [r for r in used["rows"] if r["tenant"] == tenant]
+        assert row["queue"] is None and row["jobs"] == 1
+        assert row["gpu_hours"] == pytest.approx(2 * held_s.total_seconds() / 3600) and row["gpu_hours"] > 0
         status, err = await call(service, "DELETE", f"/v1/jobs/{j}")
         assert status == 409 and "completed" in err["detail"], err
         (proposal,) = [
@@ -364,6 +374,10 @@ async def test_bad_bodies_get_400_with_the_path(bus: Bus, store: Store, stack: S
         assert (await call(service, "GET", "/v1/jobs/nope"))[0] == 404
         status, listed = await call(service, "GET", "/v1/jobs?state=bogus")
         assert status == 400 and listed["error"] == "invalid query parameter" and listed["path"] == "?state", listed
+        for query, path in [("since=yesterday", "?since"), ("until=2026-01-01T00:00:00", "?until"), ("by=site", "?by"),
+                            ("since=2026-02-01T00:00:00Z&until=2026-01-01T00:00:00Z", "?since")]:  # fmt: skip
+            status, err = await call(service, "GET", f"/v1/usage?{query}")
+            assert status == 400 and err["path"] == path, (query, err)
 
 
 async def test_a_job_id_again_is_the_same_job_or_a_409_naming_what_differs(

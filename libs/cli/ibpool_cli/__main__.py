@@ -55,8 +55,12 @@ OPS_VERBS = {
     "jobs": "jobs with where they run or why they wait",
     "job": "one job: show or cancel",
     "submit": "submit a job from flags or a job file",
-    "drain": "drain a node, with a reason",
-    "recover": "put back a failed or cordoned node or GPU",
+    "usage": "GPU-hours by tenant and queue over a window",
+    "cordon": "no new work on a node or GPU; its work stays",
+    "uncordon": "lift an operator's cordon",
+    "drain": "drain a node: cordon it and requeue its work",
+    "resume": "put back a drained, cordoned or failed node or GPU",
+    "recover": "the same as resume",
 }
 
 

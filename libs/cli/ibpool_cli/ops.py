@@ -1,5 +1,6 @@
-"""The operator's verbs: `ibpool nodes`, `node show`, `jobs`, `job show|cancel`, `submit`,
-`allocations`, `quota get|set|delete`, `events [--follow]`, `drain`, `recover`.
+"""The operator's verbs: `ibpool nodes`, `node show`, `jobs`, `job show|cancel`, `submit`, `usage`,
+`allocations`, `quota get|set|delete`, `events [--follow]`, `cordon`, `uncordon`, `drain`,
+`resume` (or `recover`).
 
 Each finds the services it needs from the bus alone (the NATS service API, as `ibpool services`
 does: the leader where replicas elect one) and calls their HTTP APIs: the pool allocator for
@@ -23,8 +24,11 @@ Examples:
     ibpool quota delete ml --gpu-model H100
     ibpool events --follow --type NodeFailed,RequeueRequested
     source <(ibpool completion bash)               # completion of commands, options and choices
-    ibpool drain node-007 --reason "fan replaced, ticket 1234"
-    ibpool recover node-007 --gpu 3 --reason "GPU reseated"
+    ibpool usage --since 7d --by tenant            # GPU-hours per tenant over the last week
+    ibpool cordon node-007 --reason "fan noisy"    # no new work there; its work stays
+    ibpool uncordon node-007 --reason "fan fine"
+    ibpool drain node-007 --reason "fan replaced, ticket 1234"   # cordon and requeue its work
+    ibpool resume node-007 --gpu 3 --reason "GPU reseated"       # (or recover) put back what was failed/drained
 
 Exit codes: 0 done; 1 a service could not be reached or refused the request (its error is
 printed); 2 a usage error; 4 the job or node named is not known.
@@ -152,6 +156,7 @@ async def nodes(c: Cluster, args: argparse.Namespace) -> None:
                 "health": h.get("status", "unknown"),
                 "cordoned": bool(h.get("cordoned")),
                 "drained": h.get("operator_drain", ""),
+                "cordoned_by_operator": h.get("operator_cordon", ""),
                 "gpus": len(n["gpus"]),
                 "free_gpus": n["free_milli"] / 1000,
                 "models": models,
@@ -170,7 +175,7 @@ async def nodes(c: Cluster, args: argparse.Namespace) -> None:
                 f"{r['free_gpus']:g}/{r['gpus']}",
                 ",".join(r["models"]),
                 ",".join(r["jobs"]) or "-",
-                r["reason"] or r["drained"],
+                r["reason"] or r["drained"] or r["cordoned_by_operator"],
             )
             for r in rows
         ]
@@ -224,6 +229,7 @@ async def node_show(c: Cluster, args: argparse.Namespace) -> None:
             ("health", h["status"] + (f" ({h['reason']})" if h["reason"] else "")),
             ("cordoned", "yes" if h["cordoned"] else "no"),
             ("drained by an operator", h["operator_drain"] or "no"),
+            ("cordoned by an operator", h.get("operator_cordon") or "no"),
             ("last heartbeat", h["last_beat"] or "-"),
         ]
         gpu_rows = [
@@ -339,6 +345,35 @@ async def jobs(c: Cluster, args: argparse.Namespace) -> None:
     emit(found, args.output, render)
 
 
+def when(text: str, now: dt.datetime) -> str:
+    """`--since`/`--until`: an ISO 8601 time (UTC when it names no zone), or a time ago: 30m, 24h, 7d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
+        return (now - dt.timedelta(seconds=float(text[:-1]) * units[text[-1]])).isoformat()
+    try:
+        at = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise OpsError(f"{text!r} is neither an ISO 8601 time nor a time ago (30m, 24h, 7d)", 2) from None
+    return (at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)).isoformat()
+
+
+async def usage(c: Cluster, args: argparse.Namespace) -> None:
+    now = dt.datetime.now(dt.UTC)
+    query = {"since": when(args.since, now), "by": args.by}
+    if args.until:
+        query["until"] = when(args.until, now)
+    report = await c.call("GET", "scheduler", "/v1/usage", **query)
+
+    def render(r: dict[str, Any]) -> str:
+        keys = [k for k in ("tenant", "queue") if k in r["by"]]
+        cols = (*(k.upper() for k in keys), "GPU-HOURS", "JOBS")
+        lines = [(*(row[k] for k in keys), f"{row['gpu_hours']:.2f}", str(row["jobs"])) for row in r["rows"]]
+        lines.append((*(["total"] + [""] * (len(keys) - 1)), f"{r['gpu_hours']:.2f}", str(r["jobs"])))
+        return f"GPU-hours from {r['since']} to {r['until']}\n" + table(cols, lines)
+
+    emit(report, args.output, render)
+
+
 async def job_show(c: Cluster, args: argparse.Namespace) -> None:
     j = await c.call("GET", "scheduler", f"/v1/jobs/{args.job_id}")
 
@@ -401,16 +436,28 @@ async def submit(c: Cluster, args: argparse.Namespace) -> None:
     emit(j, args.output, lambda j: f"{j['job_id']}: {j['state']} ({_shape(j)} GPUs, tenant {j['tenant']})")
 
 
-async def drain(c: Cluster, args: argparse.Namespace) -> None:
-    body = {"reason": args.reason}
-    answer = await c.call("POST", "failover_controller", f"/health/nodes/{args.node}/drain", body)
+async def _operator_action(c: Cluster, args: argparse.Namespace, action: str) -> None:
+    """POST the failover controller's operator action on the node (or its GPU, --gpu) with the reason."""
+    gpu = getattr(args, "gpu", None)
+    path = f"/health/nodes/{args.node}" + (f"/gpus/{gpu}" if gpu is not None else "") + f"/{action}"
+    answer = await c.call("POST", "failover_controller", path, {"reason": args.reason})
     emit(answer, args.output, lambda a: f"{args.node}: {a.get('outcome', '')}: {a.get('detail', '')}")
+
+
+async def drain(c: Cluster, args: argparse.Namespace) -> None:
+    await _operator_action(c, args, "drain")
+
+
+async def cordon(c: Cluster, args: argparse.Namespace) -> None:
+    await _operator_action(c, args, "cordon")
+
+
+async def uncordon(c: Cluster, args: argparse.Namespace) -> None:
+    await _operator_action(c, args, "uncordon")
 
 
 async def recover(c: Cluster, args: argparse.Namespace) -> None:
-    path = f"/health/nodes/{args.node}" + (f"/gpus/{args.gpu}" if args.gpu is not None else "") + "/recover"
-    answer = await c.call("POST", "failover_controller", path, {"reason": args.reason})
-    emit(answer, args.output, lambda a: f"{args.node}: {a.get('outcome', '')}: {a.get('detail', '')}")
+    await _operator_action(c, args, "recover")
 
 
 async def events(args: argparse.Namespace, url: str) -> None:
@@ -503,9 +550,13 @@ VERBS = {
     "jobs": (jobs, "live jobs (or --all, --state) with where they run or why they wait (squeue-like)"),
     "job": (None, "one job: `ibpool job show ID`, `ibpool job cancel ID`"),
     "submit": (submit, "submit a job from flags or a YAML/JSON job file"),
+    "usage": (usage, "GPU-hours held by jobs in a window, by tenant and queue (sreport-like)"),
     "events": (None, "the bus's stored events: the last of each stream, and with --follow each new one"),
+    "cordon": (cordon, "no new work on a node (or one GPU, --gpu); its work stays, with a reason"),
+    "uncordon": (uncordon, "lift an operator's cordon of a node (or one GPU, --gpu)"),
     "drain": (drain, "cordon a node and requeue its work, with a reason (an operator's drain)"),
-    "recover": (recover, "put back a node (or one GPU, --gpu) the failover controller failed or cordoned"),
+    "resume": (recover, "put back a drained, cordoned or failed node (or one GPU, --gpu): scontrol's resume"),
+    "recover": (recover, "the same as resume"),
 }
 
 
@@ -529,6 +580,10 @@ def parser(verb: str) -> argparse.ArgumentParser:
         p.add_argument("--tenant")
         p.add_argument("--queue")
         p.add_argument("--limit", type=int, default=100)
+    elif verb == "usage":
+        p.add_argument("--since", default="24h", help="from: an ISO 8601 time or a time ago (30m, 24h, 7d)")
+        p.add_argument("--until", help="to: an ISO 8601 time or a time ago (default now)")
+        p.add_argument("--by", choices=["tenant", "queue", "tenant,queue"], default="tenant,queue")
     elif verb == "job":
         p.add_argument("action", choices=["show", "cancel"])
         p.add_argument("job_id")
@@ -569,11 +624,11 @@ def parser(verb: str) -> argparse.ArgumentParser:
         p.add_argument("--last", type=int, default=10, help="how many stored events of each stream first (default 10)")
         p.add_argument("--follow", "-f", action="store_true", help="then each new event as it comes, until Ctrl-C")
         p.add_argument("--max", type=int, help="stop after this many events")
-    elif verb in ("drain", "recover"):
+    elif verb in ("drain", "cordon", "uncordon", "resume", "recover"):
         p.add_argument("node")
         p.add_argument("--reason", required=True, help="why (a ticket, what was done); it goes into the events")
-        if verb == "recover":
-            p.add_argument("--gpu", type=int, help="recover this GPU only")
+        if verb != "drain":
+            p.add_argument("--gpu", type=int, help=f"{verb} this GPU only")
     return p
 
 

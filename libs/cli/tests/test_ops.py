@@ -65,3 +65,26 @@ def test_bash_completes_commands_verbs_options_and_choices() -> None:
     )
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out == ["job jobs", "set", "--token --topology --topology-level", "events"]
+
+
+def test_usage_windows_are_iso_times_or_times_ago() -> None:
+    import datetime as dt
+
+    from ibpool_cli.ops import when
+
+    now = dt.datetime(2026, 12, 5, 12, tzinfo=dt.UTC)
+    assert when("24h", now) == "2026-12-04T12:00:00+00:00"
+    assert when("1.5d", now) == "2026-12-04T00:00:00+00:00"
+    assert when("2026-12-01T00:00:00", now) == "2026-12-01T00:00:00+00:00"  # no zone: UTC
+    assert when("2026-12-01T00:00:00+02:00", now) == "2026-12-01T00:00:00+02:00"
+    with pytest.raises(OpsError, match="neither an ISO 8601 time nor a time ago") as e:
+        when("yesterday", now)
+    assert e.value.code == 2
+
+
+def test_cordon_uncordon_and_resume_take_a_gpu_drain_takes_the_node() -> None:
+    args = parser("cordon").parse_args(["n1", "--gpu", "3", "--reason", "fan"])
+    assert (args.node, args.gpu, args.reason) == ("n1", 3, "fan")
+    assert parser("resume").parse_args(["n1", "--reason", "ok"]).gpu is None
+    with pytest.raises(SystemExit):
+        parser("drain").parse_args(["n1", "--gpu", "1", "--reason", "x"])

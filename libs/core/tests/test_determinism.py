@@ -37,7 +37,16 @@ from ibpool_core.health.decide import (
 from ibpool_core.health.heartbeat import HeartbeatRules
 from ibpool_core.health.job_exits import RetryRules
 from ibpool_core.health.link_signals import LinkTarget
-from ibpool_core.health.operator import DrainNode, OperatorAction, OperatorRequest, RecoverGpu, RecoverNode, act
+from ibpool_core.health.operator import (
+    CordonNode,
+    DrainNode,
+    OperatorAction,
+    OperatorRequest,
+    RecoverGpu,
+    RecoverNode,
+    UncordonNode,
+    act,
+)
 from ibpool_core.pool import allocate as al
 from ibpool_core.pool.ledger import Ledger, apply
 from ibpool_core.sched import lifecycle, records
@@ -282,6 +291,7 @@ gpu_healths = st.builds(
     failed=st.booleans(),
     cordoned=st.booleans(),
     reason=st.sampled_from(["", "XID 48", "hot"]),
+    operator_cordon=st.sampled_from(["", "ops: fan"]),
 )
 node_healths = st.builds(
     NodeHealth,
@@ -295,12 +305,15 @@ node_healths = st.builds(
     gpus=st.lists(gpu_healths, max_size=3).map(lambda gs: {g.index: g for g in gs}),
     gpu_count=st.just(GPUS),
     operator_drain=st.sampled_from(["", "ops: bios update"]),
+    operator_cordon=st.sampled_from(["", "ops: watch"]),
 )
 node_ids = st.sampled_from([*NODES[:2], *NODES[:2], *NODES[:2], NODES[2]])  # mostly a node the state has
 actions: st.SearchStrategy[OperatorAction] = st.one_of(
     st.builds(RecoverGpu, node_id=node_ids, gpu_index=st.integers(-1, GPUS), reason=st.just("ops")),
     st.builds(RecoverNode, node_id=node_ids, reason=st.sampled_from(["ops", "ops: reseated"])),
     st.builds(DrainNode, node_id=node_ids, reason=st.sampled_from(["ops", "ops: bios"])),
+    st.builds(CordonNode, node_id=node_ids, gpu_index=st.none() | st.integers(-1, GPUS), reason=st.just("ops")),
+    st.builds(UncordonNode, node_id=node_ids, gpu_index=st.none() | st.integers(-1, GPUS), reason=st.just("ops")),
 )
 holdings = st.lists(
     st.tuples(st.integers(0, 3), st.sampled_from(NODES[:2]), st.lists(st.integers(0, GPUS - 1), max_size=2)),

@@ -19,11 +19,13 @@ from ibpool_core.health.decide import (
 )
 from ibpool_core.health.heartbeat import HeartbeatRules
 from ibpool_core.health.operator import (
+    CordonNode,
     DrainNode,
     OperatorAction,
     OperatorRequest,
     RecoverGpu,
     RecoverNode,
+    UncordonNode,
     act,
 )
 from ibpool_proto.health import (
@@ -61,6 +63,8 @@ FAILED_NODE = node(
 )
 SUSPECT_NODE = node(status="suspect", reason="late")
 DRAINED_NODE = node(cordoned=True, operator_drain="ops: bios update")
+CORDONED_NODE = node(cordoned=True, operator_cordon="ops: watch it")
+CORDONED_GPU = GpuHealth(index=3, cordoned=True, operator_cordon="ops: fan noise")
 HOLDINGS = {
     "a1/n1": Holding(allocation_id="a1", job_id="j1", node_id="n1", gpu_indices=[0, 1]),
     "a2/n1": Holding(allocation_id="a2", job_id="j2", node_id="n1", gpu_indices=[2]),
@@ -137,7 +141,29 @@ CASES: list[tuple[str, NodeHealth, OperatorAction, str, list[tuple[str, ...]]]] 
     ),
     ("drained node: nothing to do", DRAINED_NODE, DrainNode(node_id="n1", reason=WHY), "nothing_to_do", []),
     ("drain unknown node", node(), DrainNode(node_id="n9", reason=WHY), "not_found", []),
-]
+    ("healthy node: cordoned, work stays", node(), CordonNode(node_id="n1", reason=WHY), "done", [("Cordoned", "node")]),
+    ("failed node: cordon taken over quietly", FAILED_NODE, CordonNode(node_id="n1", reason=WHY), "done", []),
+    ("cordoned node: nothing to do", CORDONED_NODE, CordonNode(node_id="n1", reason=WHY), "nothing_to_do", []),
+    ("GPU: cordoned, work stays", node(), CordonNode(node_id="n1", gpu_index=0, reason=WHY), "done", [("Cordoned", "gpu")]),
+    ("hot GPU: cordon kept by the operator", node(gpus={2: HOT_GPU}), CordonNode(node_id="n1", gpu_index=2, reason=WHY),
+     "done", []),
+    ("cordon GPU past the inventory", node(), CordonNode(node_id="n1", gpu_index=4, reason=WHY), "not_found", []),
+    ("cordon unknown node", node(), CordonNode(node_id="n9", reason=WHY), "not_found", []),
+    ("cordoned node: uncordoned", CORDONED_NODE, UncordonNode(node_id="n1", reason=WHY), "done", [("Uncordoned", "node")]),
+    ("cordoned and failed node: operator's cordon lifted, failure's stays",
+     msgspec.structs.replace(FAILED_NODE, operator_cordon="ops"), UncordonNode(node_id="n1", reason=WHY), "done", []),
+    ("drained node: uncordon has nothing to do", DRAINED_NODE, UncordonNode(node_id="n1", reason=WHY),
+     "nothing_to_do", []),
+    ("node not cordoned: nothing to do", node(), UncordonNode(node_id="n1", reason=WHY), "nothing_to_do", []),
+    ("cordoned GPU: uncordoned", node(gpus={3: CORDONED_GPU}), UncordonNode(node_id="n1", gpu_index=3, reason=WHY),
+     "done", [("Uncordoned", "gpu3")]),
+    ("hot GPU: uncordon has nothing of the operator's to lift", node(gpus={2: HOT_GPU}),
+     UncordonNode(node_id="n1", gpu_index=2, reason=WHY), "nothing_to_do", []),
+    ("operator-cordoned GPU: recovered clears it", node(gpus={3: CORDONED_GPU}),
+     RecoverGpu(node_id="n1", gpu_index=3, reason=WHY), "done", [("Uncordoned", "gpu3")]),
+    ("operator-cordoned node: resumed", CORDONED_NODE, RecoverNode(node_id="n1", reason=WHY), "done",
+     [("Uncordoned", "node")]),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "before", "action", "outcome", "events"), CASES, ids=[c[0] for c in CASES])
@@ -245,3 +271,50 @@ def test_a_replayed_sample_does_not_fail_what_an_operator_recovered() -> None:
     assert any("judged already" in note for note in replay.notes)
     fresh = decide(FailoverRequest(state=replay.state, now=later, observations=[sample(later, 48)], config=CONFIG))
     assert any(isinstance(e, GpuFailed) for e in fresh.events), "a new XID after the recovery fails it again"
+
+
+def test_an_operator_cordon_keeps_the_work_there_and_outlives_a_failure_and_its_recovery() -> None:
+    state = HealthState(nodes={"n1": node(last_beat=NOW)}, holdings=HOLDINGS)
+    cordoned = act(OperatorRequest(state=state, now=NOW, action=CordonNode(node_id="n1", reason=WHY), config=CONFIG))
+    assert not [e for e in cordoned.events if isinstance(e, RequeueRequested | DrainRequested)]
+    assert cordoned.state.holdings == HOLDINGS
+    t = NOW + dt.timedelta(seconds=5)  # silent: failed
+    s = decide(FailoverRequest(state=cordoned.state, now=t, config=CONFIG))
+    assert any(isinstance(e, NodeFailed) for e in s.events)
+    state2, events = s.state, []
+    for k in range(1, 40):
+        now = t + dt.timedelta(seconds=k)
+        beat = NodeHeartbeat(source="n1", key="n1", node_id="n1", occurred_at=now, seq=k, interval_s=1.0)
+        r = decide(FailoverRequest(state=state2, now=now, observations=[beat], config=CONFIG))
+        state2, events = r.state, [*events, *r.events]
+    assert any(isinstance(e, NodeRecovered) for e in events)
+    assert not any(isinstance(e, Uncordoned) for e in events)
+    assert (state2.nodes["n1"].cordoned, state2.nodes["n1"].operator_cordon) == (True, WHY)
+    back = act(OperatorRequest(state=state2, now=now, action=UncordonNode(node_id="n1", reason=WHY), config=CONFIG))
+    assert summary(back.events) == [("Uncordoned", "node")]
+    assert not back.state.nodes["n1"].cordoned
+
+
+def test_an_operator_gpu_cordon_outlives_good_samples_and_a_re_registration() -> None:
+    state = HealthState(nodes={"n1": node()})
+    c = act(
+        OperatorRequest(state=state, now=NOW, action=CordonNode(node_id="n1", gpu_index=1, reason=WHY), config=CONFIG)
+    )
+    gpus = [GpuInfo(index=i, uuid=f"G{i}", model="H100", memory_mib=80_000) for i in range(4)]
+    reg = NodeRegistered(
+        source="n1", key="n1", node_id="n1", hostname="n1", cpu_milli=1, memory_mib=1, gpus=gpus,
+        occurred_at=NOW + dt.timedelta(seconds=1), backend="test",
+    )  # fmt: skip
+    state2, events = c.state, []
+    for k in range(1, 30):
+        at = NOW + dt.timedelta(seconds=k)
+        samples = [
+            GpuSample(index=i, uuid=f"G{i}", utilization_pct=0, memory_used_mib=0, temperature_c=40, power_w=1)
+            for i in range(4)
+        ]
+        obs = [TelemetryReported(source="n1", key="n1", node_id="n1", gpus=samples, occurred_at=at)]
+        r = decide(FailoverRequest(state=state2, now=at, observations=[reg, *obs] if k == 1 else obs, config=CONFIG))
+        state2, events = r.state, [*events, *r.events]
+    assert not any(isinstance(e, Uncordoned) for e in events), events
+    assert state2.nodes["n1"].gpus[1].operator_cordon == WHY
+    assert state2.nodes["n1"].gpus[1].cordoned

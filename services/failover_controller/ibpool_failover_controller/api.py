@@ -10,7 +10,15 @@ import msgspec
 from aiohttp import web
 
 from ibpool_core.health.decide import NodeHealth, NodeStatus, max_failed_nodes
-from ibpool_core.health.operator import DrainNode, OperatorAction, Outcome, RecoverGpu, RecoverNode
+from ibpool_core.health.operator import (
+    CordonNode,
+    DrainNode,
+    OperatorAction,
+    Outcome,
+    RecoverGpu,
+    RecoverNode,
+    UncordonNode,
+)
 from ibpool_runtime.http import BadBody, ErrorBody, GpuIndex, Unprocessable, documented, json_response, read_body
 
 from . import state
@@ -26,6 +34,8 @@ class GpuView(msgspec.Struct, frozen=True, kw_only=True):
     cordoned: bool
     reason: str
     xid: int | None
+    # Who cordoned it and why; empty when no operator did.
+    operator_cordon: str = ""
 
 
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,6 +53,8 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     leaf_cordoned: bool
     # Who drained it and why; empty when no operator did.
     operator_drain: str
+    # Who cordoned it (no new work, its work stays) and why; empty when no operator did.
+    operator_cordon: str = ""
 
 
 class OperatorBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -83,12 +95,20 @@ def node_view(n: NodeHealth) -> NodeView:
         failures=n.failures,
         hold_s=n.hold_s,
         gpus=[
-            GpuView(index=g.index, failed=g.failed, cordoned=g.cordoned, reason=g.reason, xid=g.xid)
+            GpuView(
+                index=g.index,
+                failed=g.failed,
+                cordoned=g.cordoned,
+                reason=g.reason,
+                xid=g.xid,
+                operator_cordon=g.operator_cordon,
+            )
             for _, g in sorted(n.gpus.items())
         ],
         rails_cordoned=sorted(n.rail_cordons),
         leaf_cordoned=bool(n.leaf_cordons),
         operator_drain=n.operator_drain,
+        operator_cordon=n.operator_cordon,
     )
 
 
@@ -182,6 +202,58 @@ def routes(controller: FailoverController) -> web.RouteTableDef:
     async def drain_node(request: web.Request) -> web.Response:
         reason = await _reason(request)
         return await _operate(controller, DrainNode(node_id=request.match_info["node_id"], reason=reason))
+
+    @r.post("/health/nodes/{node_id}/cordon")
+    @documented(
+        "Cordon a node: no new work there, its work stays (Cordoned); held through every verdict until an"
+        " operator uncordons or recovers it; 409 on a replica that does not decide",
+        OPERATOR_RESPONSES,
+        body=OperatorBody,
+    )
+    async def cordon_node(request: web.Request) -> web.Response:
+        reason = await _reason(request)
+        return await _operate(controller, CordonNode(node_id=request.match_info["node_id"], reason=reason))
+
+    @r.post("/health/nodes/{node_id}/uncordon")
+    @documented(
+        "Lift an operator's cordon (Uncordoned); a failure's or a drain's cordon stays (recover lifts those);"
+        " 200 with outcome nothing_to_do when no operator cordoned it; 409 on a replica that does not decide",
+        OPERATOR_RESPONSES,
+        body=OperatorBody,
+    )
+    async def uncordon_node(request: web.Request) -> web.Response:
+        reason = await _reason(request)
+        return await _operate(controller, UncordonNode(node_id=request.match_info["node_id"], reason=reason))
+
+    @r.post("/health/nodes/{node_id}/gpus/{index}/cordon")
+    @documented(
+        "Cordon one GPU: no new work on it, its work stays (Cordoned gpu); held until an operator lifts it;"
+        " 409 on a replica that does not decide",
+        OPERATOR_RESPONSES,
+        body=OperatorBody,
+        path={"index": GpuIndex},
+    )
+    async def cordon_gpu(request: web.Request) -> web.Response:
+        index = _gpu_index(request)
+        reason = await _reason(request)
+        return await _operate(
+            controller, CordonNode(node_id=request.match_info["node_id"], gpu_index=index, reason=reason)
+        )
+
+    @r.post("/health/nodes/{node_id}/gpus/{index}/uncordon")
+    @documented(
+        "Lift an operator's cordon of one GPU (Uncordoned gpu); a failed GPU stays cordoned;"
+        " 409 on a replica that does not decide",
+        OPERATOR_RESPONSES,
+        body=OperatorBody,
+        path={"index": GpuIndex},
+    )
+    async def uncordon_gpu(request: web.Request) -> web.Response:
+        index = _gpu_index(request)
+        reason = await _reason(request)
+        return await _operate(
+            controller, UncordonNode(node_id=request.match_info["node_id"], gpu_index=index, reason=reason)
+        )
 
     @r.get("/health/nodes")
     @documented("Every node's verdict", {200: list[NodeView]}, query={"status": NodeStatus})

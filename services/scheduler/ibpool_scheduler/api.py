@@ -11,6 +11,7 @@ from aiohttp import web
 
 from ibpool_core.fabric.view import FabricAbout
 from ibpool_core.sched.records import LIVE, JobPlacement, JobRecord, JobState, RuntimePrediction, env_problem
+from ibpool_core.sched.usage import UsageKey, UsageReply, UsageRequest, usage
 from ibpool_core.sched.waits import WaitCode
 from ibpool_proto import new_id
 from ibpool_proto.job import JobSpec, TopologyConstraint
@@ -304,6 +305,45 @@ def _query_int(request: web.Request, name: str, default: int, low: int, high: in
     return int(text)
 
 
+# `?by=`: what a usage row is.
+UsageBy = Literal["tenant", "queue", "tenant,queue", "queue,tenant"]
+USAGE_BY: dict[str, tuple[UsageKey, ...]] = {
+    "tenant": ("tenant",),
+    "queue": ("queue",),
+    "tenant,queue": ("tenant", "queue"),
+    "queue,tenant": ("tenant", "queue"),
+}
+# The longest usage window one request reads (every job that ended in it is read).
+MAX_USAGE_WINDOW = dt.timedelta(days=366)
+
+
+def _query_time(request: web.Request, name: str, default: dt.datetime) -> dt.datetime:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    try:
+        at = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise BadBody(f"query parameter `{name}` must be an ISO 8601 time, got {text!r}", f"?{name}") from None
+    if at.tzinfo is None:
+        raise BadBody(f"query parameter `{name}` must name its time zone (Z or +00:00), got {text!r}", f"?{name}")
+    return at
+
+
+def usage_request(request: web.Request, jobs: list[JobRecord], now: dt.datetime) -> UsageRequest:
+    """The window and grouping of GET /v1/usage (default: the last 24 hours by tenant and queue)."""
+    until = _query_time(request, "until", now)
+    since = _query_time(request, "since", until - dt.timedelta(days=1))
+    if since > until:
+        raise BadBody(f"`since` ({since.isoformat()}) is after `until` ({until.isoformat()})", "?since")
+    if until - since > MAX_USAGE_WINDOW:
+        raise BadBody(f"the window may be at most {MAX_USAGE_WINDOW.days} days", "?since")
+    by = request.query.get("by", "tenant,queue")
+    if by not in USAGE_BY:
+        raise BadBody(f"`by` must be one of {', '.join(USAGE_BY)}, got {by!r}", "?by")
+    return UsageRequest(jobs=jobs, since=since, until=until, now=now, by=USAGE_BY[by])
+
+
 def routes(scheduler: Scheduler) -> list[web.RouteDef]:
     store = scheduler.kit.store
 
@@ -420,6 +460,18 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
         merged.update({k: sorted(v) for k, v in stored.items() if k not in merged})
         return json_response(merged)
 
+    @documented(
+        "GPU-hours held by jobs in a window, by tenant and/or queue (ibpool_core.sched.usage):"
+        " `since`/`until` ISO 8601 with a zone (default the last 24 h), `by` tenant, queue or tenant,queue",
+        {200: UsageReply},
+        query={"since": str, "until": str, "by": UsageBy},
+    )
+    async def get_usage(request: web.Request) -> web.Response:
+        now = scheduler.clock.now()
+        asked = usage_request(request, [], now)  # the query checked before anything is read
+        jobs = await state.jobs_for_usage(store.pool, asked.since)
+        return json_response(usage(msgspec.structs.replace(asked, jobs=jobs)))
+
     return [
         web.put("/v1/datasets/{name}", put_dataset),
         web.get("/v1/datasets", get_datasets),
@@ -430,4 +482,5 @@ def routes(scheduler: Scheduler) -> list[web.RouteDef]:
         web.get("/v1/queues", queues),
         web.get("/v1/scheduler", about),
         web.get("/v1/model", model),
+        web.get("/v1/usage", get_usage),
     ]

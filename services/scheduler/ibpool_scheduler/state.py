@@ -292,6 +292,11 @@ class LiveJobs:
         return self._by_id
 
     @property
+    def current(self) -> bool:
+        """Whether a read was made since the last `reset()` (before one, nothing is known)."""
+        return self._xmin is not None
+
+    @property
     def queued(self) -> int:
         """How many of the last read's jobs are queued."""
         return self._counts.queued
@@ -428,6 +433,19 @@ async def usage_history(conn: asyncpg.Connection, since: dt.datetime) -> list[tu
     starts from when a replica begins to lead."""
     rows = await conn.fetch(USAGE_SINCE, since)
     return [(r["tenant"], int(r["g"] or 1) * int(r["h"] or 1), float(r["r"] or 0.0), r["updated_at"]) for r in rows]
+
+
+# Written out, not parameters, so that the planner uses the partial indexes `jobs_live` and `jobs_ended_by_end`.
+HELD_SINCE = (
+    "SELECT body FROM jobs WHERE state IN ('queued', 'proposed', 'scheduled', 'running')"
+    " UNION ALL SELECT body FROM jobs WHERE state IN ('completed', 'failed', 'cancelled', 'killed') AND updated_at > $1"
+)
+
+
+async def jobs_for_usage(conn: asyncpg.Connection | asyncpg.Pool, since: dt.datetime) -> list[JobRecord]:
+    """Every job that may have held GPUs after `since`: the live ones and those that ended after it."""
+    rows = await conn.fetch(HELD_SINCE, since)
+    return [_record.decode(r["body"]) for r in rows]
 
 
 # The ended states the runtime model learns from (ibpool_scheduler.predictor: never `cancelled`).

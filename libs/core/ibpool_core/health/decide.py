@@ -14,12 +14,13 @@ Verdicts and their actions:
   failed one after the stable window (NodeRecovered, Uncordoned), which doubles with each failure
   inside `flap_memory_s` (up to `max_hold_s`), so a flapping node is held longer each time. A node
   failed by an XID waits for a re-registration (a reboot) before its window starts. A node an
-  operator drained (`operator_drain`) keeps its node cordon through all of this; only the operator
-  lifts it (`ibpool_core.health.operator`).
+  operator drained (`operator_drain`) or cordoned (`operator_cordon`) keeps its node cordon through
+  all of this; only the operator lifts it (`ibpool_core.health.operator`).
 - GPU: an XID that needs a reset, retired pages or lifetime ECC errors at their limit -> GpuFailed
   and Cordoned gpu, and the work holding that GPU is requeued; the node's other GPUs keep working.
   Volatile ECC errors and heat -> Cordoned gpu only, lifted (Uncordoned) once the GPU looked fine
-  for the stable window. A re-registration (reboot, GPU reset) clears the GPU verdicts.
+  for the stable window. A re-registration (reboot, GPU reset) clears the GPU verdicts; an
+  operator's GPU cordon (`GpuHealth.operator_cordon`) stays through both.
 - Link: a host's cable down/flapping (or degraded, by config) -> Cordoned rail of that host; a leaf
   uplink -> Cordoned leaf for each host under the leaf (multi-node work only). Lifted when the fabric
   monitor reports the problem gone (it applies its own hysteresis).
@@ -139,6 +140,9 @@ class GpuHealth(msgspec.Struct, frozen=True, kw_only=True):
     xid: int | None = None
     # Since when the GPU has looked fine while cordoned (the cordon lifts after the stable window).
     fine_since: dt.datetime | None = None
+    # Cordoned by an operator (who and why): the cordon stays, whatever the GPU's samples or a
+    # re-registration say, until an operator lifts it (uncordon or recover).
+    operator_cordon: str = ""
 
 
 class NodeHealth(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,6 +170,9 @@ class NodeHealth(msgspec.Struct, frozen=True, kw_only=True):
     gpu_count: int | None = None
     # Drained by an operator (who and why): the node cordon stays until an operator puts it back.
     operator_drain: str = ""
+    # Cordoned by an operator without draining (who and why): no new work, the work there stays;
+    # like a drain, the cordon outlives every verdict until an operator lifts it.
+    operator_cordon: str = ""
     # When the newest telemetry judged was taken (no later than the controller's clock then): one not
     # newer is a replay (a consumer that started again at the newest sample of every node), not judged twice.
     telemetry_at: dt.datetime | None = None
@@ -706,6 +713,9 @@ class _Decision:
         gpus = dict(n.gpus)
         # A registration follows a restart of the agent or a reboot: GPU verdicts start afresh.
         for index, g in sorted(n.gpus.items()):
+            if g.operator_cordon:  # an operator's cordon outlives a restart; the verdict does not
+                gpus[index] = GpuHealth(index=index, cordoned=True, operator_cordon=g.operator_cordon)
+                continue
             if g.cordoned or g.failed:
                 self.emit(Uncordoned(**self.env(n.node_id), node_id=n.node_id, scope="gpu", gpu_index=index))
             gpus.pop(index)
@@ -751,7 +761,14 @@ class _Decision:
                     )
                     if not g.cordoned:
                         self.emit(self.cordoned(n.node_id, "gpu", j.reason, gpu_index=g.index))
-                    g = GpuHealth(index=g.index, failed=True, cordoned=True, reason=j.reason, xid=j.xid)
+                    g = GpuHealth(
+                        index=g.index,
+                        failed=True,
+                        cordoned=True,
+                        reason=j.reason,
+                        xid=j.xid,
+                        operator_cordon=g.operator_cordon,
+                    )
                     self.requeue([h for h in self.on_node(n.node_id) if g.index in h.gpu_indices], j.reason)
                 case "cordon" if not g.cordoned:
                     self.emit(self.cordoned(n.node_id, "gpu", j.reason, gpu_index=g.index))
@@ -762,7 +779,7 @@ class _Decision:
                 case "ok" | "application":
                     if j.verdict == "application":
                         self.notes.append(f"{n.node_id} GPU {g.index}: {j.reason} is the application's")
-                    if g.cordoned and not g.failed and j.cool and g.fine_since is None:
+                    if g.cordoned and not g.failed and not g.operator_cordon and j.cool and g.fine_since is None:
                         g = msgspec.structs.replace(g, fine_since=at)
             if g != n.gpus.get(sample.index) and (g.cordoned or g.failed or sample.index in n.gpus):
                 n = self.put(msgspec.structs.replace(n, gpus={**n.gpus, g.index: g}))
@@ -923,8 +940,8 @@ class _Decision:
     def recover(self, n: NodeHealth) -> None:
         if not (n.status == "suspect" and n.suspected_quietly):  # its suspicion was never sent
             self.emit(NodeRecovered(**self.env(n.node_id), node_id=n.node_id))
-        # An operator's drain outlives the verdict: only an operator lifts it.
-        held = bool(n.operator_drain)
+        # An operator's drain or cordon outlives the verdict: only an operator lifts it.
+        held = bool(n.operator_drain or n.operator_cordon)
         if n.cordoned and not held:
             self.emit(Uncordoned(**self.env(n.node_id), node_id=n.node_id, scope="node"))
         self.put(
@@ -1021,7 +1038,7 @@ class _Decision:
     def lift_gpu_cordons(self, n: NodeHealth) -> NodeHealth:
         gpus = dict(n.gpus)
         for index, g in sorted(n.gpus.items()):
-            if g.cordoned and not g.failed and g.fine_since is not None:
+            if g.cordoned and not g.failed and not g.operator_cordon and g.fine_since is not None:
                 if (self.now - g.fine_since).total_seconds() >= self.cfg.stable_window_s:
                     self.emit(Uncordoned(**self.env(n.node_id), node_id=n.node_id, scope="gpu", gpu_index=index))
                     del gpus[index]

@@ -54,6 +54,13 @@ class RuntimePrediction(msgspec.Struct, frozen=True, kw_only=True):
     model_version: int = 0
 
 
+class HeldSpan(msgspec.Struct, frozen=True, array_like=True):
+    """An earlier attempt's allocation: granted at `start`, lost (requeued) at `end`."""
+
+    start: dt.datetime
+    end: dt.datetime
+
+
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What the scheduler knows of one job.
 
@@ -121,6 +128,9 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     replacements: int = 0
     predicted: RuntimePrediction | None = None
     placement: JobPlacement | None = None
+    # The allocations its earlier attempts held (grant to requeue), oldest first: what accounting
+    # (`ibpool_core.sched.usage`) charges beside the current attempt's `scheduled_at` to its end.
+    held: list[HeldSpan] = []
 
     @property
     def gpus(self) -> int:
@@ -267,10 +277,12 @@ def requeued(
 ) -> JobRecord:
     """Its allocation is gone (failure, lost lease, preemption): waiting again, in its old place.
     `avoid`: (the node a failure took it from, until when it is not placed there again)."""
+    held = [*job.held, HeldSpan(start=job.scheduled_at, end=at)] if job.scheduled_at is not None else job.held
     return msgspec.structs.replace(
         job,
         state="queued",
         attempt=job.attempt + 1,
+        held=held,
         queued_at=at,
         not_before=not_before,
         avoid=[avoid[0]] if avoid is not None else [],
