@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+Role = Callable[[], str]
 
 
 class ServiceMetrics:
@@ -64,10 +70,40 @@ class ServiceMetrics:
         )
         self.info = Gauge("ibpool_service_info", "Service identity", ["service"], registry=self.registry)
         self.info.labels(**labels).set(1)
+        # "active" until the service says who it is (`follow_role`): one without leader election leads.
+        self.role: Role = _active
+        self.registry.register(_LeaderCollector(service, self))
+
+    def follow_role(self, role: Role) -> None:
+        """Read `role()` at every scrape for `ibpool_service_leader`: "standby" is 0, anything else
+        ("leader", "active") 1."""
+        self.role = role
 
     def loop_failed(self, loop: str, error: BaseException) -> None:
         """Count one failure that `loop` survived (`ibpool_loop_failures{loop, error}`)."""
         self.loop_failures.labels(loop, type(error).__name__).inc()
+
+
+def _active() -> str:
+    return "active"
+
+
+class _LeaderCollector(Collector):
+    """`ibpool_service_leader{service}`: 1 while this instance leads (or elects no leader), 0 on a standby,
+    read at scrape time, so that dashboards can count only the replica whose picture is current."""
+
+    def __init__(self, service: str, metrics: ServiceMetrics) -> None:
+        self.service = service
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        leader = GaugeMetricFamily(
+            "ibpool_service_leader",
+            "1 while this instance is the active leader (or its service elects none), 0 while it stands by",
+            labels=["service"],
+        )
+        leader.add_metric([self.service], 0.0 if self.metrics.role() == "standby" else 1.0)
+        yield leader
 
 
 def count_failure(metrics: ServiceMetrics | None, loop: str, error: BaseException) -> None:

@@ -90,6 +90,8 @@ class Service(Generic[C]):
     def __init__(self, kit: Kit[C], spec: ServiceSpec) -> None:
         self.kit = kit
         self.spec = spec
+        if spec.role is not None:
+            kit.metrics.follow_role(spec.role)
         cfg = kit.config
         settings = ConsumerSettings(
             batch=cfg.consumer_batch,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import msgspec
 from prometheus_client import Counter
@@ -21,6 +21,7 @@ from ibpool_runtime.service import Kit, repeat_until_stopped, sleep_unless_stopp
 
 from . import state
 from .config import FabricMonitorConfig
+from .link_metrics import LinkGauges, LinksCollector, PortRates, link_gauges, link_tiers, port_rates
 from .sources import AgentsSource, CounterSource
 from .topology_source import TopologySourceError
 
@@ -56,6 +57,11 @@ class FabricMonitor:
         self.expected: dict[str, Expected] = {}
         self.source: CounterSource | None = None
         self.healths: dict[str, LinkHealth] = {}
+        # For /metrics (link_metrics.py): each link's tier, its rates at the last poll (while up), and
+        # the gauges the last poll made of them.
+        self.tiers: dict[str, str] = {}
+        self.rates: dict[str, PortRates] = {}
+        self.gauges = LinkGauges()
         self.polls = 0
         self.link_writes = Counter(
             "ibpool_fabric_monitor_link_writes",
@@ -63,6 +69,13 @@ class FabricMonitor:
             ["kind"],
             registry=kit.metrics.registry,
         )
+        self.state_changes = Counter(
+            "ibpool_fabric_link_state_changes",
+            "Ports that went down or came up (logical state), by link tier",
+            ["tier"],
+            registry=kit.metrics.registry,
+        )
+        kit.metrics.registry.register(LinksCollector(lambda: self.gauges))
 
     def subscriptions(self) -> list[Subscription]:
         if self.cfg.counter_source != "agents":
@@ -91,6 +104,7 @@ class FabricMonitor:
         self.healths = {
             k: msgspec.structs.replace(h, last=None) for k, h in (await state.link_healths(self.kit.store.pool)).items()
         }
+        self.gauges = link_gauges(self.tiers, self.healths, self.rates)
 
     async def publish_topology(self, topology: Topology) -> int:
         """Store `topology` as a new version and announce it, unless its content is the current one."""
@@ -131,6 +145,9 @@ class FabricMonitor:
         self.version, self.topology = version, topology
         self.index = await asyncio.to_thread(FabricIndex, topology)
         self.expected = {ln.link_id: Expected(width=ln.width, lane_gbps=LANE_GBPS[ln.speed]) for ln in topology.links}
+        self.tiers = link_tiers(topology, self.index.tiers)
+        for tier in set(self.tiers.values()):
+            self.state_changes.labels(tier)  # every tier's series from the start, at 0
         return version
 
     async def poll_once(self) -> int:
@@ -146,6 +163,7 @@ class FabricMonitor:
         # Judging every link takes seconds of CPU on a large fabric: off the event loop, so the
         # service's API, consumers and outbox relay go on meanwhile.
         updated, events, changed, kept = await asyncio.to_thread(self.judge, samples, self.healths)
+        rates, state_changes, gauges = await asyncio.to_thread(self.measure, samples, self.healths, updated)
         async with self.kit.store.transaction() as tx:
             await state.save_health(tx.conn, list(changed.values()), now)
             await state.record_samples(tx.conn, kept, self.cfg.history_per_link, self.cfg.poll_interval_s)
@@ -153,6 +171,9 @@ class FabricMonitor:
         self.link_writes.labels("verdict").inc(len(changed))
         self.link_writes.labels("sample").inc(len(kept))
         self.healths.update(updated)
+        self.rates, self.gauges = rates, gauges
+        for tier, n in state_changes.items():
+            self.state_changes.labels(tier).inc(n)
         self.polls += 1
         return len(events)
 
@@ -179,6 +200,26 @@ class FabricMonitor:
             s for s in samples if updated[s.link_id].state != "up" or (s.link_id in changed and s.link_id in healths)
         ]
         return updated, events, changed, kept
+
+    def measure(
+        self, samples: list[PortSample], healths: Mapping[str, LinkHealth], updated: Mapping[str, LinkHealth]
+    ) -> tuple[dict[str, PortRates], dict[str, int], LinkGauges]:
+        """What /metrics shows after a poll: every link's rates (`port_rates` against its previous
+        sample), the ports that went down or came up per tier, and the gauges of the healths after it."""
+        rates = dict(self.rates)
+        changes: dict[str, int] = {}
+        for s in samples:
+            before = healths.get(s.link_id)
+            prev = before.last if before is not None else None
+            r = port_rates(prev, s)
+            if r is None:
+                rates.pop(s.link_id, None)
+            else:
+                rates[s.link_id] = r
+            if prev is not None and prev.up != s.up:
+                tier = self.tiers.get(s.link_id, "0")
+                changes[tier] = changes.get(tier, 0) + 1
+        return rates, changes, link_gauges(self.tiers, {**healths, **updated}, rates)
 
     async def poll_loop(self, stop: asyncio.Event) -> None:
         await repeat_until_stopped(stop, self.cfg.poll_interval_s, self.poll_once, "poll", metrics=self.kit.metrics)

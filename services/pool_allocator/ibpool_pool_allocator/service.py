@@ -61,6 +61,7 @@ from ibpool_runtime.streams import stream_for_subject
 from . import state
 from .config import PoolAllocatorConfig
 from .fragmentation_measure import FragmentationReader
+from .gpu_states import gpu_states, schedulable
 
 log = get_logger(__name__)
 
@@ -332,7 +333,9 @@ class PoolAllocator:
 
 
 class _PoolCollector(Collector):
-    """Capacity and allocated GPU-milli per model, read from the cache at scrape time."""
+    """Capacity and allocated GPU-milli per model, GPUs per model and state, read from the cache at
+    scrape time. Every replica reports the whole pool: its cache is brought up to the ledger's log
+    by each change it makes, lease expiry included (every `expiry_interval_s`)."""
 
     def __init__(self, allocator: PoolAllocator) -> None:
         self.allocator = allocator
@@ -365,7 +368,30 @@ class _PoolCollector(Collector):
         )
         for model, milli in sorted(measured.milli.items()):
             fragmented.add_metric([model, measured.measure], milli)
+        gpus = GaugeMetricFamily(
+            "ibpool_pool_gpus",
+            "GPUs per model and state (free, allocated, cordoned, draining, failed); fractions and MIG slices"
+            " count as their share. Every replica reports the whole pool: aggregate replicas with max, not sum",
+            labels=["model", "state"],
+        )
+        schedulable_gpus = GaugeMetricFamily(
+            "ibpool_pool_capacity_gpus",
+            "Schedulable GPUs per model (allocated + free: without failed, draining and cordoned GPUs)."
+            " Every replica reports the whole pool: aggregate replicas with max, not sum",
+            labels=["model"],
+        )
+        for model, states in gpu_states(self.allocator.ledger).items():
+            for gpu_state, n in states.items():
+                gpus.add_metric([model, gpu_state], n)
+            schedulable_gpus.add_metric([model], schedulable(states))
+        version = GaugeMetricFamily(
+            "ibpool_pool_ledger_version", "Ledger version of this replica's cache (the pool gauges are as of it)"
+        )
+        version.add_metric([], self.allocator.ledger.version)
         yield capacity
         yield allocated
         yield partial
         yield fragmented
+        yield gpus
+        yield schedulable_gpus
+        yield version

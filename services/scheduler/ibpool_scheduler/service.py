@@ -56,6 +56,7 @@ from ibpool_proto.job import (
     CancelJob,
     JobExited,
     JobQueued,
+    JobScheduled,
     JobSpec,
     JobStarted,
     SubmitJob,
@@ -82,6 +83,7 @@ from ibpool_runtime.store import Transaction
 
 from . import members, state
 from .config import SchedulerConfig
+from .job_metrics import WAIT_BUCKETS, JobCounts, JobsCollector, count_jobs
 from .node_feed import NodeFeed, telemetry_of
 from .predictor import RuntimePredictor, estimates_of, settings_of
 
@@ -239,6 +241,15 @@ class Scheduler:
             registry=registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
         )
+        self.wait_seconds = Histogram(
+            "ibpool_scheduler_wait_seconds",
+            "How long a job waited from entering the queue (its submission or requeue) to its grant,"
+            " observed at the grant",
+            ["queue"],
+            registry=registry,
+            buckets=WAIT_BUCKETS,
+        )
+        registry.register(JobsCollector(self.job_counts))
         # The learned runtime model (predictor.py): predictions for the cycle, history for gittins-learned.
         self.predictor: RuntimePredictor | None = None
         if cfg.predict_runtime:
@@ -311,6 +322,9 @@ class Scheduler:
             await tx.outbox(*t.events)
         for counter, label in t.counts:
             (self.answers if counter == "answers" else self.requeues).labels(label).inc()
+        for e in t.events:
+            if isinstance(e, JobScheduled):  # granted: its wait as the core measured it, once committed
+                tx.after_commit(functools.partial(self.wait_seconds.labels(e.queue).observe, e.waited_s))
         if t.note:
             log.info(t.note, job_id=job_id)
         if t.wake:
@@ -393,6 +407,14 @@ class Scheduler:
     @property
     def is_leader(self) -> bool:
         return self.leadership is None or self.leadership.is_leader
+
+    def job_counts(self) -> JobCounts | None:
+        """The live jobs as the last cycle read them, summarised for /metrics; None unless this replica
+        leads and has read them since (a standby's cycles read nothing, so its picture goes stale)."""
+        if not self.is_leader or not self.live.current:
+            return None
+        queues = {*self.cfg.queues, *self.cfg.queue_policies}
+        return count_jobs(self.live.by_id.values(), self.clock.now(), queues)
 
     async def cycle_once(self) -> CyclePlan | None:
         """One scheduling decision, committed; None when not leading, not caught up, or fenced."""
