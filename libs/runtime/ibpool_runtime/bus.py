@@ -160,6 +160,10 @@ class Bus:
         self._reconnect_listeners = reconnect_listeners if reconnect_listeners is not None else []
         # Streams whose config, as the server reported it in `ensure_streams`, allows atomic batches.
         self.atomic_streams: set[str] = set()
+        # How `connect` reached the servers, for `connect_again` (empty: not made by `connect`).
+        self.url = ""
+        self.tls_ca = ""
+        self.metrics: ServiceMetrics | None = None
 
     def on_reconnect(self, listener: Listener) -> None:
         """Call `listener` after every reconnect (e.g. to re-announce state others may have missed)."""
@@ -229,7 +233,9 @@ class Bus:
                     ),
                     timeout=3,
                 )
-                return cls(nc, nc.jetstream(publish_async_max_pending=window), listeners)
+                bus = cls(nc, nc.jetstream(publish_async_max_pending=window), listeners)
+                bus.url, bus.tls_ca, bus.metrics = url, tls_ca, metrics
+                return bus
             except OUTAGES as e:  # nats-py raises OSError, TimeoutError and its own errors (a bad URL too)
                 count_failure(metrics, "nats connect", e)
                 last = seen[-1] if isinstance(e, TimeoutError) and seen else e
@@ -237,6 +243,12 @@ class Bus:
                 log.warning("nats connect failed", url=shown, attempt=attempt, error=error)
                 await asyncio.sleep(min(backoff_s * 2 ** (attempt - 1), 5.0))
         raise BusUnavailable(f"cannot reach NATS at {shown} after {attempts} attempts: {redact_url(str(last))}")
+
+    async def connect_again(self, name: str) -> Bus:
+        """Another connection to the same servers as the same user (a follower of its own, in a thread)."""
+        if not self.url:
+            raise BusUnavailable("this bus was not made by Bus.connect: no URL to connect again to")
+        return await Bus.connect(self.url, name=name, tls_ca=self.tls_ca, metrics=self.metrics)
 
     @property
     def connected(self) -> bool:

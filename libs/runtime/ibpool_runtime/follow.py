@@ -8,13 +8,16 @@ server dropped (a reconnect, inactivity) is made again; a message that does not 
 subject is not the one its type and key build (`ibpool_proto.misaddressed`), is logged and skipped.
 One loop for every such follower (the scheduler's node and fabric news, the failover controller's
 telemetry). Messages that are not stored at all (heartbeats, `ibpool_proto.Message.stored`) are
-followed live on core NATS by `follow_live`, with the same checks and the same progress reports.
+followed live on core NATS by `follow_live`, with the same checks and the same progress reports;
+`follow_live_in_thread` does it on a connection and a thread of its own, for a follower whose
+service's loop may be busy for longer than nats-server waits for a reader.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 
@@ -22,7 +25,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from .bus import BAD_METADATA, Bus, Rejected, decode_delivered
+from .bus import BAD_METADATA, Bus, BusUnavailable, Rejected, decode_delivered
 from .logs import get_logger
 from .metrics import ServiceMetrics, count_failure
 from .outages import OUTAGES
@@ -192,3 +195,63 @@ async def follow_live(
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+async def follow_live_in_thread(
+    bus: Bus,
+    pattern: str,
+    stop: asyncio.Event,
+    handle: Callable[[object], None],
+    *,
+    name: str,
+    every_s: float = 0.25,
+    progress: Callable[[float, float], None] | None = None,
+) -> None:
+    """`follow_live` on a connection of its own to `bus`'s servers (`Bus.connect_again`, named
+    `name`) and an event loop of its own, in a thread of its own, until `stop`: the messages are read
+    off the socket however long the caller's loop is busy, so nats-server never drops the follower
+    as a slow consumer because its service was deciding. `handle` and `progress` are called IN THAT
+    THREAD: they must guard what they share. A connection that cannot be made is tried again every 2 s."""
+    wanted = threading.Event()  # set by the caller's loop: the thread's loop stops its follower
+    failed: list[BaseException] = []
+
+    async def main() -> None:
+        inner = asyncio.Event()
+
+        async def watch_wanted() -> None:
+            await asyncio.to_thread(wanted.wait)
+            inner.set()
+
+        watcher = asyncio.create_task(watch_wanted())
+        try:
+            while not inner.is_set():
+                try:
+                    own = await bus.connect_again(name)
+                except BusUnavailable as e:
+                    log.warning("live follower cannot connect", pattern=pattern, error=str(e))
+                    await sleep_unless_stopped(inner, 2.0)
+                    continue
+                try:
+                    await follow_live(own, pattern, inner, handle, every_s=every_s, progress=progress)
+                finally:
+                    await own.close()
+        finally:
+            wanted.set()  # ends the watcher's wait, however this loop ends
+            await watcher
+
+    def run() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as e:  # handed to the caller's loop, which raises it
+            failed.append(e)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive() and not stop.is_set():
+            await sleep_unless_stopped(stop, 0.25)
+    finally:
+        wanted.set()
+        await asyncio.to_thread(thread.join)
+    if failed:
+        raise failed[0]
