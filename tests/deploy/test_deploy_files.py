@@ -1,4 +1,6 @@
-"""The deployment files agree with the code: images, compose services, scrape targets, dashboard metrics.
+"""The deployment files agree with the code: images, compose services, scrape targets, Prometheus.
+
+The dashboards and alert rules: test_grafana_dashboards.py and test_prometheus_alerts.py.
 
 No docker here: these read the files. Building and running them is `make images` and
 `docker-compose up` (deploy/README.md).
@@ -65,13 +67,27 @@ def test_prometheus_scrapes_every_compose_service_with_an_api() -> None:
     assert with_api and with_api <= targets, with_api - targets
 
 
-def test_every_metric_on_the_dashboard_is_exported_by_the_code() -> None:
-    dash = json.loads((ROOT / "deploy/grafana/dashboards/ibpool-overview.json").read_text())
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    names = {re.sub(r"_(total|bucket|sum|count)$", "", m) for e in exprs for m in re.findall(r"\bibpool_[a-z_]+", e)}
-    code = "\n".join(p.read_text() for d in ("libs", "services") for p in (ROOT / d).rglob("*.py"))
-    exported = set(re.findall(r'"(ibpool_[a-z_]+)"', code))
-    assert names and names <= exported, names - exported
+def test_compose_prometheus_runs_debians_package_with_our_config_and_rules() -> None:
+    """The `prometheus` service: its image is built on a base with Debian's prometheus package, reads the
+    deploy/prometheus folder that compose mounts where the image's command looks, and keeps its data in a
+    volume the image's user owns; prometheus.yml loads the alert rules beside it."""
+    svc = COMPOSE["services"]["prometheus"]
+    assert svc["image"] == "ibpool/prometheus:dev" and "prometheus" in TARGETS
+    block = DOCKERFILE.split(" AS prometheus\n", 1)[1]
+    assert re.search(r"^FROM \$\{PROMETHEUS_BASE\} AS prometheus$", DOCKERFILE, flags=re.M)
+    base_script = (ROOT / "deploy/docker/base-image.sh").read_text()
+    assert re.search(r"prometheus\) NAME=ibpool-prometheus-base PACKAGES=\$PACKAGES,prometheus ", base_script)
+    images = (ROOT / "deploy/docker/images.sh").read_text()
+    assert "base-image.sh prometheus" in images and '"PROMETHEUS_BASE=$prometheus_base"' in images
+    config = re.search(r"--config\.file=(\S+)/prometheus\.yml", block)
+    data = re.search(r"--storage\.tsdb\.path=([^\"]+)", block)
+    assert config and data
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in svc["volumes"]}
+    assert mounts[config.group(1)] == "./deploy/prometheus"
+    assert mounts[data.group(1)] in COMPOSE["volumes"] and f"chown ibpool {data.group(1)}" in block
+    assert "USER ibpool" in block and svc.get("read_only") is True
+    prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    assert all((ROOT / "deploy/prometheus" / f).is_file() for f in prom["rule_files"])
 
 
 def test_make_auth_enrols_the_agents_listed_and_refuses_a_broken_list(tmp_path: Path) -> None:
