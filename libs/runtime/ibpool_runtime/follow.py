@@ -8,9 +8,10 @@ server dropped (a reconnect, inactivity) is made again; a message that does not 
 subject is not the one its type and key build (`ibpool_proto.misaddressed`), is logged and skipped.
 One loop for every such follower (the scheduler's node and fabric news, the failover controller's
 telemetry). Messages that are not stored at all (heartbeats, `ibpool_proto.Message.stored`) are
-followed live on core NATS by `follow_live`, with the same checks and the same progress reports;
-`follow_live_in_thread` does it on a connection and a thread of its own, for a follower whose
-service's loop may be busy for longer than nats-server waits for a reader.
+followed live on core NATS by `follow_live_in_thread` on a connection and a thread of their own
+(a service's loop may be busy for longer than nats-server waits for a reader), into `Arrivals`,
+the newest of each subject, which the service takes and decodes (`decode_arrivals`, with the same
+checks) with the same progress reports.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
 
 from .bus import BAD_METADATA, Bus, BusUnavailable, Rejected, decode_delivered
 from .logs import get_logger
@@ -134,20 +136,16 @@ async def follow_live(
     bus: Bus,
     pattern: str,
     stop: asyncio.Event,
-    handle: Callable[[object], None],
+    arrived: Callable[[Msg], None],
     *,
     every_s: float = 0.25,
-    progress: Callable[[float, float], None] | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> None:
-    """Call `handle` with every decoded message of `pattern` published on core NATS from now on (for
-    messages that are not stored, `ibpool_proto.Message.stored`), until `stop`; what does not
-    decode, or is not what its subject says, is logged and skipped, as in `follow_latest`.
+    """Call `arrived` with every message of `pattern` published on core NATS from now on (for
+    messages that are not stored, `ibpool_proto.Message.stored`), as it came, until `stop`.
 
-    `progress(t, late_s)`, every `every_s`: every message the server had sent this subscriber by `t`
-    (POSIX seconds, wall clock; a PING answered after them proves it) has been handed to `handle`,
-    and the messages handed over since the last call arrived up to `late_s` after their
-    `occurred_at` (the delay of the publisher, the server and this reader's own queue)."""
-    late = 0.0
+    `progress(t)`, every `every_s`: every message the server had sent this subscriber by `t` (POSIX
+    seconds, wall clock; a PING answered after them proves it) has been handed to `arrived`."""
     # (how many arrivals must be handled, set once they are) while a progress report waits.
     waiting: tuple[int, asyncio.Event] | None = None
 
@@ -156,15 +154,8 @@ async def follow_live(
         return sub.delivered - sub.pending_msgs
 
     async def on_message(m: Msg) -> None:
-        nonlocal late
         try:
-            message = decode_delivered(m)
-            if isinstance(message, Rejected):
-                log.warning("message dropped", subject=m.subject, why=message.why, error=message.error)
-                return
-            if progress is not None:
-                late = max(late, time.time() - message.occurred_at.timestamp())
-            handle(message)
+            arrived(m)
         finally:
             if waiting is not None and handled_up_to() >= waiting[0]:
                 waiting[1].set()
@@ -190,28 +181,71 @@ async def follow_live(
                     continue  # far behind: no progress to report yet
                 finally:
                     waiting = None
-            progress(asked, max(0.0, late))
-            late = 0.0
+            progress(asked)
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+class Arrivals:
+    """The newest message of every subject as it arrived (not decoded) and when, and up to when
+    every message sent has arrived: filled by `follow_live_in_thread`'s thread, taken by the
+    service's loop (`take`), under a lock. Reading a message off the socket costs the reading thread
+    a dict store; decoding and judging are the taker's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[str, tuple[float, Msg]] = {}
+        self._heard_at = time.time()
+
+    def arrived(self, m: Msg) -> None:
+        at = time.time()
+        with self._lock:
+            self._latest[m.subject] = (at, m)
+
+    def heard(self, until: float) -> None:
+        with self._lock:
+            self._heard_at = max(self._heard_at, until)
+
+    def take(self) -> tuple[list[tuple[float, Msg]], float]:
+        """(when it arrived, the message) of each subject since the last take, and the time every
+        message sent before has arrived by (what the messages taken are complete up to)."""
+        with self._lock:
+            taken, self._latest = self._latest, {}
+            return list(taken.values()), self._heard_at
+
+
+def decode_arrivals(taken: list[tuple[float, Msg]]) -> tuple[list[object], float]:
+    """The messages of `Arrivals.take` decoded, and how late the latest of them arrived after its
+    `occurred_at` (0 when none was); what does not decode, or is not what its subject says, is logged
+    and left out, as in `follow_latest`."""
+    out: list[object] = []
+    late = 0.0
+    for at, m in taken:
+        message = decode_delivered(m)
+        if isinstance(message, Rejected):
+            log.warning("message dropped", subject=m.subject, why=message.why, error=message.error)
+            continue
+        late = max(late, at - message.occurred_at.timestamp())
+        out.append(message)
+    return out, late
 
 
 async def follow_live_in_thread(
     bus: Bus,
     pattern: str,
     stop: asyncio.Event,
-    handle: Callable[[object], None],
+    arrivals: Arrivals,
     *,
     name: str,
     every_s: float = 0.25,
-    progress: Callable[[float, float], None] | None = None,
 ) -> None:
-    """`follow_live` on a connection of its own to `bus`'s servers (`Bus.connect_again`, named
-    `name`) and an event loop of its own, in a thread of its own, until `stop`: the messages are read
-    off the socket however long the caller's loop is busy, so nats-server never drops the follower
-    as a slow consumer because its service was deciding. `handle` and `progress` are called IN THAT
-    THREAD: they must guard what they share. A connection that cannot be made is tried again every 2 s."""
+    """`follow_live` into `arrivals` on a connection of its own to `bus`'s servers
+    (`Bus.connect_again`, named `name`) and an event loop of its own, in a thread of its own, until
+    `stop`: the messages are read off the socket however long the caller's loop is busy, so
+    nats-server never drops the follower as a slow consumer because its service was deciding, and
+    the thread does no more per message than keep it. A connection that cannot be made is tried
+    again every 2 s."""
     wanted = threading.Event()  # set by the caller's loop: the thread's loop stops its follower
     failed: list[BaseException] = []
 
@@ -232,7 +266,7 @@ async def follow_live_in_thread(
                     await sleep_unless_stopped(inner, 2.0)
                     continue
                 try:
-                    await follow_live(own, pattern, inner, handle, every_s=every_s, progress=progress)
+                    await follow_live(own, pattern, inner, arrivals.arrived, every_s=every_s, progress=arrivals.heard)
                 finally:
                     await own.close()
         finally:
@@ -255,3 +289,22 @@ async def follow_live_in_thread(
         await asyncio.to_thread(thread.join)
     if failed:
         raise failed[0]
+
+
+async def tail_subscription(
+    bus: Bus, stream: str, subjects: list[str], *, back: int = 0, start_seq: int | None = None
+) -> tuple[JetStreamContext.PullSubscription, int]:
+    """A reader's tail of `stream`: an ephemeral pull consumer of `subjects` without acks (gone a
+    minute after its reader stops, owning nothing on the bus) from `start_seq`, else from the newest
+    `back` messages on; with the sequence it starts at. `ibpool events` and the dashboard's feed."""
+    if start_seq is None:
+        last = (await bus.js.stream_info(stream)).state.last_seq
+        start_seq = max(1, last - back + 1)
+    config = ConsumerConfig(
+        deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=start_seq,
+        ack_policy=AckPolicy.NONE,
+        inactive_threshold=60.0,
+        filter_subjects=subjects,
+    )
+    return await bus.js.pull_subscribe("", stream=stream, config=config), start_seq

@@ -29,7 +29,6 @@ on the beats. The connection changes are buffered like beats and handed to the s
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import deque
 
@@ -74,7 +73,7 @@ from ibpool_runtime.bus import BusUnavailable
 from ibpool_runtime.config import ConfigError
 from ibpool_runtime.connection_events import follow_connections
 from ibpool_runtime.consumer import HandlerContext, Subscription
-from ibpool_runtime.follow import follow_latest, follow_live_in_thread
+from ibpool_runtime.follow import Arrivals, decode_arrivals, follow_latest, follow_live_in_thread
 from ibpool_runtime.leader import Leadership
 from ibpool_runtime.logs import get_logger
 from ibpool_runtime.outages import OUTAGES
@@ -113,10 +112,10 @@ class FailoverController:
         # What judging must look at, kept from tick to tick (built anew when the state comes from elsewhere).
         self.watch = Watch()
         self.beats: dict[str, NodeHeartbeat] = {}
-        # Heartbeats are read in a thread of their own (`beats_loop`): it and the ticks share
-        # `beats`, `beats_heard_at` and `beats_late` under this lock.
-        self.beats_guard = threading.Lock()
-        # Every heartbeat the server sent before this wall-clock time has been read (`follow_live`'s
+        # The heartbeats as they arrived, newest per node, read off the bus in a thread of their own
+        # (`beats_loop`); each tick takes and decodes them (`take_buffer`).
+        self.arrivals = Arrivals()
+        # Every heartbeat the server sent before this wall-clock time has been read (`Arrivals`'
         # progress), and beats arrive up to `beats_late` after they were sent: a tick judges silence
         # only up to what it has read, so neither its own lag nor a slow bus or publisher fails a node.
         self.beats_heard_at = self.buffer_heard_at = time.time()
@@ -188,23 +187,12 @@ class FailoverController:
             if isinstance(message, NodeHeartbeat | TelemetryReported):
                 self.on_beat(message)
 
-        def heard(until: float, late: float) -> None:
-            with self.beats_guard:
-                self.beats_heard_at = max(self.beats_heard_at, until)
-                if late > 0.0:
-                    self.beats_late.append((time.time(), late))
-
         await asyncio.gather(
             # Heartbeats are not stored: followed live on core NATS, on a connection and a thread of
             # their own, so that a long decision (a cluster starting: thousands of registrations)
             # never stops them being read and nats-server never drops the controller as a slow consumer.
             follow_live_in_thread(
-                self.kit.bus,
-                NodeHeartbeat.subject_pattern(),
-                stop,
-                on_message,
-                name=f"{self.kit.source}/beats",
-                progress=heard,
+                self.kit.bus, NodeHeartbeat.subject_pattern(), stop, self.arrivals, name=f"{self.kit.source}/beats"
             ),
             follow_latest(
                 self.kit.bus,
@@ -260,10 +248,9 @@ class FailoverController:
     def on_beat(self, message: NodeHeartbeat | TelemetryReported) -> None:
         match message:
             case NodeHeartbeat():
-                with self.beats_guard:
-                    old = self.beats.get(message.node_id)
-                    if old is None or message.occurred_at >= old.occurred_at:
-                        self.beats[message.node_id] = message
+                old = self.beats.get(message.node_id)
+                if old is None or message.occurred_at >= old.occurred_at:
+                    self.beats[message.node_id] = message
             case TelemetryReported():
                 self.samples.append(message)
 
@@ -291,25 +278,31 @@ class FailoverController:
     def take_buffer(self) -> list[Observation]:
         """The beats and samples read since the last take; `buffer_heard_at` is when they were
         complete up to (what `beats_lag_s` measures from)."""
-        with self.beats_guard:
-            heard, self.beats = self.beats, {}
-            self.buffer_heard_at = self.beats_heard_at
-            since = time.time() - LATE_WINDOW_S
-            while self.beats_late and self.beats_late[0][0] < since:
-                self.beats_late.popleft()
-            self.buffer_beats_late = max((late for _, late in self.beats_late), default=0.0)
-        beats: list[Observation] = [*self.samples, *heard.values(), *self.changes]
+        arrived, heard_at = self.arrivals.take()
+        decoded, late = decode_arrivals(arrived)
+        for message in decoded:
+            if isinstance(message, NodeHeartbeat):
+                self.on_beat(message)
+        self.beats_heard_at = max(self.beats_heard_at, heard_at)
+        now = time.time()
+        if late > 0.0:
+            self.beats_late.append((now, late))
+        beats: list[Observation] = [*self.samples, *self.beats.values(), *self.changes]
         self.samples.clear()
+        self.beats = {}
         self.changes.clear()
+        self.buffer_heard_at = self.beats_heard_at
+        while self.beats_late and self.beats_late[0][0] < now - LATE_WINDOW_S:
+            self.beats_late.popleft()
+        self.buffer_beats_late = max((late for _, late in self.beats_late), default=0.0)
         return beats
 
     def give_back(self, buffered: list[Observation]) -> None:
         for o in buffered:
             if isinstance(o, NodeHeartbeat):
-                with self.beats_guard:
-                    old = self.beats.get(o.node_id)
-                    if old is None or o.occurred_at > old.occurred_at:
-                        self.beats[o.node_id] = o
+                old = self.beats.get(o.node_id)
+                if old is None or o.occurred_at > old.occurred_at:
+                    self.beats[o.node_id] = o
             elif isinstance(o, TelemetryReported):
                 self.samples.appendleft(o)
         self.changes.extendleft(reversed([o for o in buffered if isinstance(o, ConnectionClosed | ConnectionOpened)]))
