@@ -30,8 +30,10 @@ lint: env
 	$(VENV)/bin/ruff format --check proto libs services tests examples
 	$(VENV)/bin/mypy --strict proto/ibpool_proto $(wildcard libs/*/ibpool_*) $(wildcard services/*/ibpool_*) examples tests/gpu tests/chaos
 
+# The event reference, and a screenshot of each dashboard page (a small system and headless chromium).
 docs: env
 	$(PY) -m ibpool_proto.docs docs/events
+	$(PY) -m ibpool_dashboard.screenshots docs
 
 unit: env
 	$(VENV)/bin/pytest -q proto libs services examples -m "not integration"

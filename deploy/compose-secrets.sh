@@ -15,7 +15,7 @@ deploy/tls/make-certs.sh "$S/tls" nats-1 nats-2 nats-3
 signers=$("$PY" -c 'import json, sys; from ibpool_runtime.grant_signing import public_key_of; print(json.dumps([public_key_of(sys.stdin.read())]))' < "$S/grant-signing.seed")
 mkdir -p "$S/env"
 pg=$(cat "$S/postgres.password")
-for user in admin node_agent fabric_monitor pool_allocator failover_controller scheduler autoscaler; do
+for user in admin node_agent fabric_monitor pool_allocator failover_controller scheduler autoscaler dashboard; do
     nats_pw=$(cat "$S/nats/$user.password")
     (umask 077; cat > "$S/env/$user.env" <<ENV
 IBPOOL_NATS_URL=tls://$user:$nats_pw@nats-1:4222,tls://$user:$nats_pw@nats-2:4222,tls://$user:$nats_pw@nats-3:4222

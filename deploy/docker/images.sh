@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 TAG=${TAG:-dev}
 TARGETS=("$@")
 if [[ ${#TARGETS[@]} -eq 0 ]]; then
-    TARGETS=(nats postgres fabric-monitor pool-allocator node-agent failover-controller scheduler autoscaler slurm-bridge prometheus)
+    TARGETS=(nats postgres fabric-monitor pool-allocator node-agent failover-controller scheduler autoscaler slurm-bridge dashboard prometheus)
 fi
 docker info >/dev/null 2>&1 || { echo "images: no docker daemon (start dockerd, see deploy/README.md)" >&2; exit 2; }
 base=$(deploy/docker/base-image.sh)

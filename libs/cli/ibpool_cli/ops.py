@@ -50,13 +50,13 @@ from typing import Any
 import aiohttp
 import msgspec
 import yaml
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from ibpool_proto import ALL_MESSAGES, decode
 from ibpool_proto.message import Message
 from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus, BusUnavailable
 from ibpool_runtime.discovery import ServiceView, services
+from ibpool_runtime.follow import tail_subscription
 from ibpool_runtime.streams import STREAMS, stream_for_subject
 
 # Which instance answers for a service: a leader first, then one that does not elect, then any.
@@ -65,11 +65,13 @@ NOT_FOUND = 4
 
 
 class OpsError(Exception):
-    """What stops a verb, said to the operator; `code` is the exit code."""
+    """What stops a verb, said to the operator; `code` is the exit code, `status` the HTTP status of
+    the service's answer when it answered with an error (None: it could not be reached, or no call)."""
 
-    def __init__(self, text: str, code: int = 1) -> None:
+    def __init__(self, text: str, code: int = 1, status: int | None = None) -> None:
         super().__init__(text)
         self.code = code
+        self.status = status
 
 
 class Cluster:
@@ -92,9 +94,10 @@ class Cluster:
                 text = await r.text()
                 answer = json.loads(text) if text else None
                 if r.status == 404:
-                    raise OpsError(_error_text(answer, f"{method} {path}: not found"), NOT_FOUND)
+                    raise OpsError(_error_text(answer, f"{method} {path}: not found"), NOT_FOUND, r.status)
                 if r.status >= 400:
-                    raise OpsError(f"{service} refused {method} {path} ({r.status}): {_error_text(answer, text)}")
+                    why = _error_text(answer, text)
+                    raise OpsError(f"{service} refused {method} {path} ({r.status}): {why}", status=r.status)
                 return answer
         except (aiohttp.ClientError, TimeoutError) as e:
             raise OpsError(f"{service} at {url} cannot be reached: {e or type(e).__name__}") from None
@@ -475,15 +478,8 @@ async def events(args: argparse.Namespace, url: str) -> None:
             )
             if wanted and not subjects:
                 continue
-            last = (await bus.js.stream_info(spec.name)).state.last_seq
-            config = ConsumerConfig(
-                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                opt_start_seq=max(1, last - args.last + 1),
-                ack_policy=AckPolicy.NONE,
-                inactive_threshold=60.0,
-                filter_subjects=subjects or list(spec.subjects),
-            )
-            subs.append(await bus.js.pull_subscribe("", stream=spec.name, config=config))
+            sub, _ = await tail_subscription(bus, spec.name, subjects or list(spec.subjects), back=args.last)
+            subs.append(sub)
         if args.follow:
             print(f"following {len(subs)} streams (Ctrl-C to stop)", file=sys.stderr, flush=True)
         while args.max is None or shown < args.max:

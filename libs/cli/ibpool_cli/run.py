@@ -727,6 +727,7 @@ def _services(
         ),
         # A stable window short enough to see a node come back within the scenario.
         ServiceProcess.of("failover_controller", base, state, STABLE_WINDOW_S="3"),
+        ServiceProcess.of("dashboard", base, state),
         ServiceProcess.of("scheduler", base, state),
         ServiceProcess.of("autoscaler", base, state, INTERVAL_S="1"),
         *(
@@ -976,7 +977,8 @@ async def _scenario(
             if args.serve and not served_printed and obs.all_heartbeating_after is not None:
                 for s in services:
                     api = "/health" if s.name == "failover_controller" else "/v1"
-                    console.print(f"{s.name:<16} {s.url}  pid {s.pid}  (/healthz /readyz /metrics, API under {api})")
+                    what = "the web UI at /" if s.name == "dashboard" else f"API under {api}"
+                    console.print(f"{s.name:<16} {s.url}  pid {s.pid}  (/healthz /readyz /metrics, {what})")
                 console.print(f"{'nats':<16} {info.nats_url}  monitor {info.nats_monitor_url}")
                 console.print(f"{'postgres':<16} {redact_url(info.postgres_dsn)}")
                 served_printed = True

@@ -109,6 +109,9 @@ PUBLISHES: dict[str, tuple[type[Message], ...]] = {
     ),
     # Other systems that only subscribe to ibpool's events.
     "subscriber": (),
+    # The web dashboard (services/dashboard): reads, publishes nothing; its actions go through the
+    # services' HTTP APIs with the operator's token.
+    "dashboard": (),
 }
 
 # The streams each service reads with its consumers.
@@ -130,6 +133,15 @@ CONSUMES: dict[str, tuple[str, ...]] = {
         "IBPOOL_HEALTH",
         "IBPOOL_SLURM",
     ),
+    "dashboard": (
+        "IBPOOL_NODE",
+        "IBPOOL_FABRIC",
+        "IBPOOL_POOL",
+        "IBPOOL_JOB",
+        "IBPOOL_SCALE",
+        "IBPOOL_HEALTH",
+        "IBPOOL_SLURM",
+    ),
 }
 
 # The messages sent on core NATS only (`Message.stored` is False) each user reads live, by subscribing.
@@ -137,7 +149,13 @@ LIVE_READS: dict[str, tuple[type[Message], ...]] = {
     "failover_controller": (node.NodeHeartbeat,),
     "operator": (node.NodeHeartbeat,),
     "subscriber": (node.NodeHeartbeat,),
+    "dashboard": (node.NodeHeartbeat,),
 }
+
+# Users that are not a service of the control plane: no dead letters, no service API to answer.
+CLIENTS = ("operator", "subscriber")
+# Users that list the services (`ibpool services`, the dashboard finding the APIs it reads).
+LISTS_SERVICES = (*CLIENTS, "dashboard")
 
 # Services that elect a leader over the NATS KV bucket.
 ELECTS_LEADER = ("failover_controller", "scheduler", "autoscaler")
@@ -220,13 +238,13 @@ def _not_their_durables(user: str) -> list[str]:
 
 
 def permissions(user: str) -> Permissions:
-    """What `user` (a service name, "operator" or "subscriber") may publish and subscribe to."""
+    """What `user` (a service name, "dashboard", "operator" or "subscriber") may publish and subscribe to."""
     if user not in PUBLISHES:
         raise KeyError(f"no bus permissions for {user!r}; known: {', '.join(sorted(PUBLISHES))}")
     publish = sorted({m.subject_pattern() for m in PUBLISHES[user]}) + _check_streams()
     for stream in CONSUMES[user]:
         publish += _read_stream(stream)
-    if user not in ("operator", "subscriber"):
+    if user not in LISTS_SERVICES:  # a service with durable consumers: it may dead-letter
         publish.append(f"{DLQ_SUBJECT_PREFIX}.>")
     if user in ELECTS_LEADER:
         kv = f"KV_{LEADER_BUCKET}"
@@ -241,8 +259,9 @@ def permissions(user: str) -> Permissions:
     if user == LEDGER_SNAPSHOT_WRITER or user in LEDGER_SNAPSHOT_READERS:
         publish += _ledger_snapshots(write=user == LEDGER_SNAPSHOT_WRITER)
     subscribe = [f"{inbox_prefix(user)}.>", *(m.subject_pattern() for m in LIVE_READS.get(user, ()))]
-    if user in ("operator", "subscriber"):  # they may list the services (`ibpool services`)
+    if user in LISTS_SERVICES:  # they may list the services (`ibpool services`)
         publish += ["$SRV.>", f"{ABOUT_PREFIX}.>"]
+    if user in CLIENTS:
         return Permissions(
             publish={"allow": publish, "deny": _not_their_durables(user)}, subscribe={"allow": subscribe}
         )

@@ -1,0 +1,1 @@
+"""ibpool web dashboard."""
