@@ -267,3 +267,5 @@ def test_run_serve_starts_a_service_that_died_again_and_serves_the_operator_cli(
             rest, _ = run.communicate()
         shutil.rmtree(root, ignore_errors=True)
     assert "stack stopped" in rest, "".join(seen) + rest
+    # The system's own checks judged, the demonstration's shown only (they depend on how long it served).
+    assert "shown, not judged" in rest and run.returncode == 0, "".join(seen) + rest
