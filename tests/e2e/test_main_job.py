@@ -164,6 +164,9 @@ def operate_from_the_cli(state: Path) -> None:
     job_file.write_text("id: cli-gang\ntenant: ops\nhosts: 2\ngpus_per_host: 1\ntopology: {constraint: required}\n")
     assert ops_json(state, "submit", "-f", str(job_file))["hosts"] == 2
     listed = {j["job_id"] for j in ops_json(state, "jobs", "--all")}
+    wide = ops(state, "jobs", "--all", "-o", "wide")
+    assert wide.returncode == 0 and "PRIORITY" in wide.stdout and "cli-one" in wide.stdout, wide.stderr
+    assert "CORDONED BY" in ops(state, "nodes", "-o", "wide").stdout
     assert {"cli-one", "cli-gang"} <= listed
     assert ops_json(state, "job", "cancel", "cli-gang")["state"] == "cancelled"
     drained = ops(state, "drain", "node-002", "--reason", "e2e: fan replaced")

@@ -30,6 +30,10 @@ Examples:
     ibpool drain node-007 --reason "fan replaced, ticket 1234"   # cordon and requeue its work
     ibpool resume node-007 --gpu 3 --reason "GPU reseated"       # (or recover) put back what was failed/drained
 
+Where to connect: flags, else the environment (IBPOOL_NATS_URL, IBPOOL_API_TOKEN, IBPOOL_NATS_TLS_CA),
+else the config file (IBPOOL_CONFIG, default ~/.config/ibpool/config.yaml: `nats_url`, `token`,
+`tls_ca`, `state_dir`), else the stack in `--state-dir`.
+
 Exit codes: 0 done; 1 a service could not be reached or refused the request (its error is
 printed); 2 a usage error; 4 the job or node named is not known.
 """
@@ -126,11 +130,14 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in all_rows)
 
 
-def emit(data: Any, output: str, render: Any) -> None:
+def emit(data: Any, output: str, render: Any, wide: Any = None) -> None:
+    """`data` as JSON, YAML, or a table (`render`; `wide`: the table with more columns, where a verb has one)."""
     if output == "json":
         print(json.dumps(data, indent=2))
     elif output == "yaml":
         print(yaml.safe_dump(data, sort_keys=False).rstrip())
+    elif output == "wide" and wide is not None:
+        print(wide(data))
     else:
         print(render(data))
 
@@ -168,8 +175,9 @@ async def nodes(c: Cluster, args: argparse.Namespace) -> None:
             }
         )
 
-    def render(rows: list[dict[str, Any]]) -> str:
+    def render(rows: list[dict[str, Any]], wide: bool = False) -> str:
         cols = ("NODE", "STATE", "HEALTH", "GPUS FREE/ALL", "MODEL", "JOBS", "REASON")
+        more = ("HEALTH REASON", "DRAINED BY", "CORDONED BY") if wide else ()
         lines = [
             (
                 r["node"],
@@ -179,12 +187,13 @@ async def nodes(c: Cluster, args: argparse.Namespace) -> None:
                 ",".join(r["models"]),
                 ",".join(r["jobs"]) or "-",
                 r["reason"] or r["drained"] or r["cordoned_by_operator"],
+                *((r["reason"] or "-", r["drained"] or "-", r["cordoned_by_operator"] or "-") if wide else ()),
             )
             for r in rows
         ]
-        return table(cols, lines)
+        return table((*cols, *more), lines)
 
-    emit(out, args.output, render)
+    emit(out, args.output, render, lambda rows: render(rows, wide=True))
 
 
 def _age(since: str | None, now: dt.datetime) -> str:
@@ -329,8 +338,9 @@ async def jobs(c: Cluster, args: argparse.Namespace) -> None:
     found = await c.call("GET", "scheduler", "/v1/jobs", **query)
     now = dt.datetime.now(dt.UTC)
 
-    def render(rows: list[dict[str, Any]]) -> str:
+    def render(rows: list[dict[str, Any]], wide: bool = False) -> str:
         cols = ("JOB", "TENANT", "QUEUE", "STATE", "GPUS", "AGE", "NODES / WHY IT WAITS")
+        more = ("PRIORITY", "ATTEMPT", "SUBMITTED", "TIER", "SHARP") if wide else ()
         lines = [
             (
                 j["job_id"],
@@ -340,12 +350,26 @@ async def jobs(c: Cluster, args: argparse.Namespace) -> None:
                 _shape(j),
                 _age(j.get("submitted_at"), now),
                 ",".join(j["nodes"]) if j["nodes"] else j["reason"],
+                *(_wide_job(j) if wide else ()),
             )
             for j in rows
         ]
-        return table(cols, lines) if lines else "no jobs"
+        return table((*cols, *more), lines) if lines else "no jobs"
 
-    emit(found, args.output, render)
+    emit(found, args.output, render, lambda rows: render(rows, wide=True))
+
+
+def _wide_job(j: dict[str, Any]) -> tuple[str, ...]:
+    """`ibpool jobs -o wide`'s more columns: priority, attempt, when submitted, its placement's tier and SHARP."""
+    placed = j.get("placement") or {}
+    tier = placed.get("tier")
+    return (
+        str(j["priority"]),
+        str(j["attempt"]),
+        str(j["submitted_at"])[:19],
+        "-" if tier is None else str(tier),
+        "yes" if placed.get("sharp") else "-",
+    )
 
 
 def when(text: str, now: dt.datetime) -> str:
@@ -556,19 +580,66 @@ VERBS = {
 }
 
 
-def parser(verb: str) -> argparse.ArgumentParser:
+# The keys of the operator's config file, and what each fills in when neither a flag nor the environment does.
+CONFIG_KEYS = {
+    "nats_url": "--nats-url (IBPOOL_NATS_URL)",
+    "token": "--token (IBPOOL_API_TOKEN)",
+    "tls_ca": "--tls-ca (IBPOOL_NATS_TLS_CA)",
+    "state_dir": "--state-dir",
+}
+
+
+def config_path() -> Path:
+    """IBPOOL_CONFIG, else $XDG_CONFIG_HOME/ibpool/config.yaml (~/.config/ibpool/config.yaml)."""
+    if os.environ.get("IBPOOL_CONFIG"):
+        return Path(os.environ["IBPOOL_CONFIG"])
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "ibpool" / "config.yaml"
+
+
+def file_defaults(path: Path) -> dict[str, str]:
+    """The operator's config file (YAML: `nats_url`, `token`, `tls_ca`, `state_dir`); {} when there is none.
+    Anything else in it, or a value that is not a string, is an error naming the file and the key."""
+    if not path.exists():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise OpsError(f"{path}: cannot read it as YAML: {e}", 2) from None
+    if not isinstance(data, dict):
+        raise OpsError(f"{path}: must be a mapping of {', '.join(CONFIG_KEYS)}", 2)
+    for key, value in data.items():
+        if key not in CONFIG_KEYS:
+            raise OpsError(f"{path}: unknown key {key!r} (known: {', '.join(CONFIG_KEYS)})", 2)
+        if not isinstance(value, str):
+            raise OpsError(f"{path}: {key} must be a string, got {type(value).__name__}", 2)
+    return dict(data)
+
+
+def parser(verb: str, conf: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    """`verb`'s options, their defaults from `conf` (the operator's config file when None)."""
     doc = __doc__ or ""
+    conf = file_defaults(config_path()) if conf is None else conf
     p = argparse.ArgumentParser(
         prog=f"ibpool {verb}",
         description=VERBS[verb][1],
         epilog=doc.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--nats-url", default=os.environ.get("IBPOOL_NATS_URL", ""))
-    p.add_argument("--state-dir", default=".ibpool/dev", help="the stack to use when no NATS URL is given")
-    p.add_argument("--token", default=os.environ.get("IBPOOL_API_TOKEN", ""), help="API bearer token")
-    p.add_argument("--tls-ca", default=os.environ.get("IBPOOL_NATS_TLS_CA", ""), help="CA (PEM) of the NATS servers")
-    p.add_argument("--output", "-o", choices=["table", "json", "yaml"], default="table")
+    p.add_argument("--nats-url", default=os.environ.get("IBPOOL_NATS_URL") or conf.get("nats_url", ""))
+    p.add_argument(
+        "--state-dir", default=conf.get("state_dir", ".ibpool/dev"), help="the stack to use when no NATS URL is given"
+    )
+    p.add_argument(
+        "--token", default=os.environ.get("IBPOOL_API_TOKEN") or conf.get("token", ""), help="API bearer token"
+    )
+    p.add_argument(
+        "--tls-ca",
+        default=os.environ.get("IBPOOL_NATS_TLS_CA") or conf.get("tls_ca", ""),
+        help="CA (PEM) of the NATS servers",
+    )
+    p.add_argument(
+        "--output", "-o", choices=["table", "wide", "json", "yaml"], default="table", help="wide: more columns"
+    )
     p.add_argument("--wait", type=float, default=1.0, help="seconds to wait for services to answer (default 1)")
     if verb == "jobs":
         p.add_argument("--state", help="comma-separated states (queued,proposed,scheduled,running,...)")
@@ -634,7 +705,7 @@ def completion(top_level: Sequence[str]) -> str:
     cases = []
     for verb in VERBS:
         words: list[str] = []
-        for action in parser(verb)._actions:
+        for action in parser(verb, {})._actions:  # the options only: no config file read
             words += action.option_strings
             if not action.option_strings and action.choices:
                 words += [str(c) for c in action.choices]
@@ -656,7 +727,11 @@ complete -o default -F _ibpool ibpool
 
 
 def main(verb: str, argv: list[str]) -> int:
-    args = parser(verb).parse_args(argv)
+    try:
+        args = parser(verb).parse_args(argv)
+    except OpsError as e:  # the config file
+        print(f"ibpool {verb}: {e}", file=sys.stderr)
+        return e.code
     try:
         if verb == "events":
             with contextlib.suppress(KeyboardInterrupt):

@@ -88,3 +88,35 @@ def test_cordon_uncordon_and_resume_take_a_gpu_drain_takes_the_node() -> None:
     assert parser("resume").parse_args(["n1", "--reason", "ok"]).gpu is None
     with pytest.raises(SystemExit):
         parser("drain").parse_args(["n1", "--gpu", "1", "--reason", "x"])
+
+
+def test_the_config_file_fills_what_flags_and_the_environment_leave(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ibpool_cli.ops import main
+
+    conf = tmp_path / "config.yaml"
+    conf.write_text("nats_url: nats://ops@10.0.0.5:4222\ntoken: t0k\nstate_dir: /srv/ibpool\n")
+    monkeypatch.setenv("IBPOOL_CONFIG", str(conf))
+    monkeypatch.delenv("IBPOOL_NATS_URL", raising=False)
+    monkeypatch.delenv("IBPOOL_API_TOKEN", raising=False)
+    args = parser("nodes").parse_args([])
+    assert (args.nats_url, args.token, args.state_dir) == ("nats://ops@10.0.0.5:4222", "t0k", "/srv/ibpool")
+    monkeypatch.setenv("IBPOOL_API_TOKEN", "from-env")
+    assert parser("nodes").parse_args(["--nats-url", "nats://flag:4222"]).token == "from-env"
+    assert parser("nodes").parse_args(["--nats-url", "nats://flag:4222"]).nats_url == "nats://flag:4222"
+    conf.write_text("nats_url: x\npassword: y\n")
+    with pytest.raises(OpsError, match="unknown key 'password'") as e:
+        parser("nodes")
+    assert e.value.code == 2 and str(conf) in str(e.value)
+    assert main("nodes", []) == 2  # said on stderr, with the file's path
+
+
+def test_wide_tables_add_columns_json_and_yaml_keep_the_data(capsys: pytest.CaptureFixture[str]) -> None:
+    from ibpool_cli.ops import emit
+
+    rows = [{"a": 1}]
+    emit(rows, "wide", lambda r: "narrow", lambda r: "wide table")
+    emit(rows, "table", lambda r: "narrow", lambda r: "wide table")
+    emit(rows, "wide", lambda r: "only one")  # a verb without a wide table: its table
+    assert capsys.readouterr().out.splitlines() == ["wide table", "narrow", "only one"]
