@@ -189,6 +189,17 @@ def operate_from_the_cli(state: Path) -> None:
     shown = ops_json(state, "node", "show", "node-002")
     verdicts = [v["type"] for v in shown["history"]]  # newest first
     assert len(shown["gpus"]) == 8 and verdicts[0] == "Uncordoned" and "DrainRequested" in verdicts, verdicts
+    # Its inventory and newest telemetry from the agent hosting it, its cables from the fabric monitor.
+    assert shown["inventory"]["hostname"] and len(shown["inventory"]["gpus"]) == 8, shown["inventory"]
+    assert len(shown["links"]) == 8 and {lk["rail"] for lk in shown["links"]} == set(range(8)), shown["links"]
+    assert all(lk["peer"].startswith("leaf") and lk["state"] in ("up", "unknown") for lk in shown["links"])
+    deadline = time.monotonic() + 30
+    while not all(g["telemetry"] for g in shown["gpus"]):
+        assert time.monotonic() < deadline, f"no telemetry of node-002's GPUs within 30 s: {shown['gpus']}"
+        time.sleep(1)
+        shown = ops_json(state, "node", "show", "node-002")
+    assert all(0 <= g["telemetry"]["utilization_pct"] <= 100 for g in shown["gpus"])
+    assert "UTIL%" in ops(state, "node", "show", "node-002").stdout
     held = ops_json(state, "allocations", "--job", "cli-one")
     assert [a["owner"] for a in held] in ([], ["cli-one"])  # held, or it already ran its 2 s
     set_q = ops_json(state, "quota", "set", "ops", "--gpu-model", "h100", "--gpus", "2")

@@ -118,6 +118,18 @@ async def test_each_injected_fault_is_detected_and_recovers(bus: Bus, store: Sto
             assert [v["link_id"] for v in await r.json()] == [links[0]]
         async with http.get(f"{url}/v1/links?state=sideways") as r:
             assert r.status == 400 and (await r.json())["path"] == "?state"
+        # One host's cables: its adapters' links, each with the other end and its state.
+        host = fabric.cas[0].host
+        guids = {ca.guid for ca in fabric.cas if ca.host == host}
+        mine = sorted(ln.link_id for ln in fabric.links if ln.a.guid in guids or ln.b.guid in guids)
+        switches = {sw.name for sw in fabric.switches}
+        async with http.get(f"{url}/v1/links", params={"host": host}) as r:
+            seen = await r.json()
+            assert r.status == 200 and [v["link_id"] for v in seen] == mine, seen
+            assert all(v["peer"] in switches and v["adapter"] for v in seen), seen
+            assert {v["link_id"]: v["state"] for v in seen}.get(links[0], "down") == "down"
+        async with http.get(f"{url}/v1/links", params={"host": "no-such-host"}) as r:
+            assert r.status == 404 and "no-such-host" in (await r.json())["detail"]
 
         for link_id in faults:
             async with http.delete(f"{url}/v1/sim/faults/{link_id}") as r:

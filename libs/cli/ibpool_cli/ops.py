@@ -81,8 +81,16 @@ class OpsError(Exception):
 class Cluster:
     """The running system as the verbs reach it: service URLs found from the bus, and the API token."""
 
-    def __init__(self, urls: dict[str, str], token: str | None, http: aiohttp.ClientSession) -> None:
+    def __init__(
+        self,
+        urls: dict[str, str],
+        token: str | None,
+        http: aiohttp.ClientSession,
+        every: dict[str, list[str]] | None = None,
+    ) -> None:
         self.urls, self.token, self.http = urls, token, http
+        # service -> the HTTP URL of every instance found (node agents: one per agent process).
+        self.every = every or {}
 
     def url(self, service: str) -> str:
         if service not in self.urls:
@@ -91,8 +99,12 @@ class Cluster:
         return self.urls[service]
 
     async def call(self, method: str, service: str, path: str, body: Any = None, **query: str) -> Any:
+        return await self.call_at(self.url(service), service, method, path, body, **query)
+
+    async def call_at(self, base: str, service: str, method: str, path: str, body: Any = None, **query: str) -> Any:
+        """`call` on one instance (`base`, its HTTP URL) of `service`."""
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        url = self.url(service) + path
+        url = base + path
         try:
             async with self.http.request(method, url, json=body, params=query or None, headers=headers) as r:
                 text = await r.text()
@@ -230,7 +242,24 @@ async def node_show(c: Cluster, args: argparse.Namespace) -> None:
         }
         for g in found["gpus"]
     ]
+    agent = await _hosting_agent(c, args.node)
+    samples = {s["index"]: s for s in (agent or {}).get("telemetry", [])}
+    for g in gpus:
+        g["telemetry"] = samples.get(g["index"])
+    try:
+        links = await c.call("GET", "fabric_monitor", "/v1/links", host=args.node)
+    except OpsError as e:  # no fabric monitor, or a host its topology does not have: said, not fatal
+        links, links_note = [], str(e)
+    else:
+        links_note = ""
     out = {"node": found["node_id"], "pool_state": found["state"], "health": health, "gpus": gpus}
+    out["inventory"] = (
+        {"hostname": agent["hostname"], "backend": agent["backend"], "gpus": agent["gpus"], "running": agent["running"]}
+        if agent is not None
+        else None
+    )
+    out["links"] = links
+    out["links_note"] = links_note
     out["history"] = [{"at": v["occurred_at"], "type": v["type"], "event": v["event"]} for v in verdicts]
 
     def render(o: dict[str, Any]) -> str:
@@ -244,17 +273,61 @@ async def node_show(c: Cluster, args: argparse.Namespace) -> None:
             ("cordoned by an operator", h.get("operator_cordon") or "no"),
             ("last heartbeat", h["last_beat"] or "-"),
         ]
+        inv = o["inventory"]
+        head += [
+            ("agent", f"{inv['hostname']} ({inv['backend']}), {len(inv['running'])} workloads" if inv else "not found"),
+        ]
         gpu_rows = [
-            (str(g["index"]), g["model"], g["state"], g["health"], f"{g['free']:g}", ",".join(g["jobs"]) or "-")
+            (
+                str(g["index"]),
+                g["model"],
+                g["state"],
+                g["health"],
+                f"{g['free']:g}",
+                ",".join(g["jobs"]) or "-",
+                *_telemetry_cells(g["telemetry"]),
+            )
             for g in o["gpus"]
         ]
         history = [(v["at"], v["type"], v["event"].get("reason", "")) for v in o["history"]]
-        parts = [table(("FIELD", "VALUE"), head), table(("GPU", "MODEL", "STATE", "HEALTH", "FREE", "JOBS"), gpu_rows)]
+        gpu_cols = ("GPU", "MODEL", "STATE", "HEALTH", "FREE", "JOBS", "UTIL%", "MEM MiB", "TEMP C", "POWER W", "XIDS")
+        parts = [table(("FIELD", "VALUE"), head), table(gpu_cols, gpu_rows)]
+        link_rows = [
+            (lk["adapter"] or "-", "-" if lk["rail"] is None else str(lk["rail"]), lk["peer"] or "-", lk["state"],
+             ",".join(lk["problems"]) or "-")
+            for lk in o["links"]
+        ]  # fmt: skip
+        if link_rows:
+            parts.append(table(("ADAPTER", "RAIL", "TO", "LINK", "PROBLEMS"), link_rows))
+        elif o["links_note"]:
+            parts.append(f"links: {o['links_note']}")
         if history:
             parts.append(table(("WHEN", "VERDICT", "REASON"), history))
         return "\n\n".join(parts)
 
     emit(out, args.output, render)
+
+
+async def _hosting_agent(c: Cluster, node: str) -> dict[str, Any] | None:
+    """The node as the agent hosting it sees it (`GET /v1/nodes/{node}` of each agent found, until one has it)."""
+    for base in c.every.get("node_agent", []):
+        with contextlib.suppress(OpsError):
+            found: dict[str, Any] = await c.call_at(base, "node_agent", "GET", f"/v1/nodes/{node}")
+            return found
+    return None
+
+
+def _telemetry_cells(sample: dict[str, Any] | None) -> tuple[str, ...]:
+    """A GPU's newest sample as `node show`'s columns: utilisation, memory used, temperature, power, XIDs."""
+    if sample is None:
+        return ("-",) * 5
+    return (
+        f"{sample['utilization_pct']:g}",
+        str(sample["memory_used_mib"]),
+        f"{sample['temperature_c']:g}",
+        f"{sample['power_w']:g}",
+        ",".join(map(str, sample.get("xids", []))) or "-",
+    )
 
 
 async def allocations(c: Cluster, args: argparse.Namespace) -> None:
@@ -765,9 +838,13 @@ async def _main(run: Any, args: argparse.Namespace) -> int:
     except BusUnavailable as e:
         raise OpsError(str(e)) from None
     try:
-        urls = choose(await services(bus, wait_s=args.wait))
+        found = await services(bus, wait_s=args.wait)
     finally:
         await bus.close()
+    every: dict[str, list[str]] = {}
+    for v in sorted(found, key=lambda v: (v.service, v.instance)):
+        if v.http_url:
+            every.setdefault(v.service, []).append(v.http_url)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        await run(Cluster(urls, token, http), args)
+        await run(Cluster(choose(found), token, http, every), args)
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Literal
 
 import msgspec
@@ -34,6 +35,34 @@ class LinkView(msgspec.Struct, frozen=True, kw_only=True):
     link_id: str
     state: str
     problems: list[str]
+    # With ?host=: the host's adapter on this link (its name, or GUID), its rail, and the other end.
+    adapter: str | None = None
+    rail: int | None = None
+    peer: str | None = None
+
+
+class HostLink(msgspec.Struct, frozen=True, kw_only=True):
+    adapter: str
+    rail: int | None
+    peer: str
+
+
+def links_of_host(topology: Topology, host: str) -> dict[str, HostLink]:
+    """link id -> the host's end and the other one, for every cable of `host`'s adapters."""
+    cas = {ca.guid: ca for ca in topology.cas if ca.host == host}
+    if not cas:
+        return {}
+    names = {sw.guid: sw.name for sw in topology.switches} | {r.guid: r.name for r in topology.routers}
+    names |= {ca.guid: f"{ca.host}/{ca.name or ca.guid}" for ca in topology.cas}
+    out: dict[str, HostLink] = {}
+    for link in topology.links:
+        mine, other = (link.a, link.b) if link.a.guid in cas else (link.b, link.a)
+        if mine.guid in cas:
+            ca = cas[mine.guid]
+            out[link.link_id] = HostLink(
+                adapter=ca.name or ca.guid, rail=ca.rail, peer=names.get(other.guid, other.guid)
+            )
+    return out
 
 
 class Cleared(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,12 +123,38 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
         return json_response(diff(old, new))
 
     @r.get("/v1/links")
-    @documented("Link health", {200: list[LinkView]}, query={"state": Literal["up", "down", "degraded", "flapping"]})
+    @documented(
+        "Link health; ?host=NAME: that host's cables only, with its adapter, rail and the other end"
+        " (404 for a host the published topology does not have)",
+        {200: list[LinkView], 404: ErrorBody},
+        query={"state": Literal["up", "down", "degraded", "flapping"], "host": str},
+    )
     async def list_links(request: web.Request) -> web.Response:
         wanted = request.query.get("state")
         if wanted is not None and wanted not in LINK_STATES:
             raise BadBody(f"state must be one of {', '.join(LINK_STATES)}, got {wanted!r}", "?state")
         healths: dict[str, LinkHealth] = monitor.healths
+        host = request.query.get("host")
+        if host is not None:
+            mine = await asyncio.to_thread(links_of_host, monitor.topology, host)
+            if not mine:
+                detail = f"no host {host!r} with adapters in topology version {monitor.version}"
+                return json_response(ErrorBody(error="not found", detail=detail), status=404)
+            return json_response(
+                [
+                    LinkView(
+                        link_id=link_id,
+                        # Not judged yet (no sample since the topology was published): unknown.
+                        state=h.state if (h := healths.get(link_id)) is not None else "unknown",
+                        problems=sorted(h.active) if h is not None else [],
+                        adapter=end.adapter,
+                        rail=end.rail,
+                        peer=end.peer,
+                    )
+                    for link_id, end in sorted(mine.items())
+                    if wanted is None or (healths[link_id].state if link_id in healths else "unknown") == wanted
+                ]
+            )
         return json_response(
             [
                 LinkView(link_id=h.link_id, state=h.state, problems=sorted(h.active))

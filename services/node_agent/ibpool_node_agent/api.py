@@ -10,7 +10,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ibpool_core.workload import Workload
-from ibpool_proto.node import GpuInfo
+from ibpool_proto.node import GpuInfo, GpuSample
 from ibpool_runtime.http import ErrorBody, GpuIndex, documented, json_response, read_body
 
 from . import state
@@ -26,6 +26,8 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     running: list[Workload]
     # The grants' limits in force on the node (MIG instances, environment), by allocation.
     enforcement: list[Applied] = []
+    # The GPUs of its newest telemetry sample (the one last published); empty before the first.
+    telemetry: list[GpuSample] = []
 
 
 class XidBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -103,6 +105,7 @@ def routes(agent: NodeAgent) -> web.RouteTableDef:
                         gpus=n.gpus,
                         running=work,
                         enforcement=agent.backends[node_id].enforcer.in_force(),
+                        telemetry=list(agent.latest_gpus.get(node_id, [])),
                     )
                 )
         return json_response({"error": "not found", "detail": f"node {node_id!r} is not hosted here"}, status=404)
