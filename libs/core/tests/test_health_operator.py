@@ -212,6 +212,18 @@ def test_a_recovered_node_gets_a_fresh_window_keeps_its_failure_count_and_fails_
     assert silent.state.nodes["n1"].hold_s == 4 * CONFIG.stable_window_s
 
 
+def beating_again(state: HealthState, t: dt.datetime) -> tuple[HealthState, list[Event], dt.datetime]:
+    """n1 beating every second after `t`, longer than the stable window: the state, the events, the time."""
+    events: list[Event] = []
+    now = t
+    for k in range(1, 40):
+        now = t + dt.timedelta(seconds=k)
+        beat = NodeHeartbeat(source="n1", key="n1", node_id="n1", occurred_at=now, seq=k, interval_s=1.0)
+        r = decide(FailoverRequest(state=state, now=now, observations=[beat], config=CONFIG))
+        state, events = r.state, [*events, *r.events]
+    return state, events, now
+
+
 def test_an_operator_drain_outlives_a_failure_and_its_automatic_recovery() -> None:
     state = HealthState(nodes={"n1": node(last_beat=NOW)})
     drained = act(OperatorRequest(state=state, now=NOW, action=DrainNode(node_id="n1", reason=WHY), config=CONFIG))
@@ -220,12 +232,7 @@ def test_an_operator_drain_outlives_a_failure_and_its_automatic_recovery() -> No
     assert any(isinstance(e, NodeFailed) for e in s.events)
     assert not any(isinstance(e, Cordoned) for e in s.events), "already cordoned by the operator"
     # Beats again, for longer than the stable window: NodeRecovered, but the node cordon stays.
-    state2, events = s.state, []
-    for k in range(1, 40):
-        now = t + dt.timedelta(seconds=k)
-        beat = NodeHeartbeat(source="n1", key="n1", node_id="n1", occurred_at=now, seq=k, interval_s=1.0)
-        r = decide(FailoverRequest(state=state2, now=now, observations=[beat], config=CONFIG))
-        state2, events = r.state, [*events, *r.events]
+    state2, events, now = beating_again(s.state, t)
     assert any(isinstance(e, NodeRecovered) for e in events)
     assert not any(isinstance(e, Uncordoned) for e in events)
     n = state2.nodes["n1"]
@@ -284,12 +291,7 @@ def test_an_operator_cordon_keeps_the_work_there_and_outlives_a_failure_and_its_
     t = NOW + dt.timedelta(seconds=5)  # silent: failed
     s = decide(FailoverRequest(state=cordoned.state, now=t, config=CONFIG))
     assert any(isinstance(e, NodeFailed) for e in s.events)
-    state2, events = s.state, []
-    for k in range(1, 40):
-        now = t + dt.timedelta(seconds=k)
-        beat = NodeHeartbeat(source="n1", key="n1", node_id="n1", occurred_at=now, seq=k, interval_s=1.0)
-        r = decide(FailoverRequest(state=state2, now=now, observations=[beat], config=CONFIG))
-        state2, events = r.state, [*events, *r.events]
+    state2, events, now = beating_again(s.state, t)
     assert any(isinstance(e, NodeRecovered) for e in events)
     assert not any(isinstance(e, Uncordoned) for e in events)
     assert (state2.nodes["n1"].cordoned, state2.nodes["n1"].operator_cordon) == (True, WHY)

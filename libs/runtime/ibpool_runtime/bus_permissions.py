@@ -114,6 +114,17 @@ PUBLISHES: dict[str, tuple[type[Message], ...]] = {
     "dashboard": (),
 }
 
+# Every stream of events, which a reader of all of them (an outside subscriber, the dashboard) reads.
+EVENT_STREAMS = (
+    "IBPOOL_NODE",
+    "IBPOOL_FABRIC",
+    "IBPOOL_POOL",
+    "IBPOOL_JOB",
+    "IBPOOL_SCALE",
+    "IBPOOL_HEALTH",
+    "IBPOOL_SLURM",
+)
+
 # The streams each service reads with its consumers.
 CONSUMES: dict[str, tuple[str, ...]] = {
     "node_agent": ("IBPOOL_POOL",),
@@ -124,24 +135,8 @@ CONSUMES: dict[str, tuple[str, ...]] = {
     "autoscaler": ("IBPOOL_JOB", "IBPOOL_POOL", "IBPOOL_SCALE"),
     "slurm_bridge": ("IBPOOL_HEALTH", "IBPOOL_FABRIC"),
     "operator": (),
-    "subscriber": (
-        "IBPOOL_NODE",
-        "IBPOOL_FABRIC",
-        "IBPOOL_POOL",
-        "IBPOOL_JOB",
-        "IBPOOL_SCALE",
-        "IBPOOL_HEALTH",
-        "IBPOOL_SLURM",
-    ),
-    "dashboard": (
-        "IBPOOL_NODE",
-        "IBPOOL_FABRIC",
-        "IBPOOL_POOL",
-        "IBPOOL_JOB",
-        "IBPOOL_SCALE",
-        "IBPOOL_HEALTH",
-        "IBPOOL_SLURM",
-    ),
+    "subscriber": EVENT_STREAMS,
+    "dashboard": EVENT_STREAMS,
 }
 
 # The messages sent on core NATS only (`Message.stored` is False) each user reads live, by subscribing.
