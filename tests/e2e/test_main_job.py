@@ -160,6 +160,13 @@ def operate_from_the_cli(state: Path) -> None:
     while ops_json(state, "job", "show", "cli-one")["state"] not in ("scheduled", "running", "completed"):
         assert time.monotonic() < deadline, "cli-one was not scheduled within 60 s"
         time.sleep(0.5)
+    sliced = ops_json(state, "submit", "--tenant", "ops", "--mig", "1g.10gb", "--runtime", "1", "--id", "cli-mig")
+    assert (sliced["mig_profile"], sliced["gpus"]) == ("1g.10gb", 1), sliced
+    deadline = time.monotonic() + 60
+    while (mig_job := ops_json(state, "job", "show", "cli-mig"))["state"] != "completed":
+        assert time.monotonic() < deadline, f"cli-mig did not complete within 60 s: {mig_job}"
+        time.sleep(0.5)
+    assert [a["mig_profile"] for a in mig_job["assignments"]] == ["1g.10gb"], mig_job
     job_file = state / "gang.yaml"
     job_file.write_text("id: cli-gang\ntenant: ops\nhosts: 2\ngpus_per_host: 1\ntopology: {constraint: required}\n")
     assert ops_json(state, "submit", "-f", str(job_file))["hosts"] == 2

@@ -702,3 +702,27 @@ async def test_a_proposal_whose_cycle_postgres_lost_is_granted_and_given_back(
         view = await job_state(service, j)
         assert view["state"] == "queued" and view["allocation_id"] is None
         assert not await job_events(bus, j, JobScheduled)
+
+
+async def test_a_mig_job_is_queued_placed_on_a_mig_capable_gpu_granted_its_instance_and_runs(
+    bus: Bus, store: Store, stack: StackInfo
+) -> None:
+    async with cluster(bus, store, stack, nodes=1) as (service, _sched, _allocator, node_ids):
+        j = job_id()
+        body = {"id": j, "tenant": "t", "mig": "1g.10gb", "workload": {"simulated_runtime_s": 0.3}}
+        status, view = await call(service, "POST", "/v1/jobs", body)
+        assert status == 201 and view["mig_profile"] == "1g.10gb" and view["gpus"] == 1, view
+
+        async def completed() -> bool:
+            return (await job_state(service, j))["state"] == "completed"
+
+        await eventually(completed, what="the MIG job completed")
+        done = await job_state(service, j)
+        assert [(a["node_id"], a["mig_profile"]) for a in done["assignments"]] == [(node_ids[0], "1g.10gb")], done
+        on_node = await stream_messages(bus.js, "IBPOOL_POOL", AllocationGranted.subject(node_ids[0]))
+        [granted] = [e for m in on_node if isinstance(e := decode(m.data), AllocationGranted) and e.job_id == j]
+        # The allocator carved the instance and the agent was told to run the job inside it.
+        assert (granted.kind, [a.mig_profile for a in granted.assignments]) == ("mig", ["1g.10gb"]), granted
+        assert len(granted.enforcement.mig_instances) == 1, granted.enforcement
+        status, err = await call(service, "POST", "/v1/jobs", {"tenant": "t", "mig": "1g.10gb", "hosts": 2})
+        assert status == 422 and err["path"] == "$.mig", err

@@ -15,6 +15,7 @@ Examples:
     ibpool jobs --state queued,running
     ibpool submit --tenant ml --hosts 2 --gpus-per-host 8 --topology required --time-limit 3600
     ibpool submit -f job.yaml                      # the body of POST /v1/jobs, as YAML or JSON
+    ibpool submit --tenant ml --mig 1g.10gb --runtime 600   # one MIG instance
     ibpool job show train-42 --output json
     ibpool job cancel train-42
     ibpool node show node-007
@@ -216,6 +217,8 @@ def _age(since: str | None, now: dt.datetime) -> str:
 
 
 def _shape(j: dict[str, Any]) -> str:
+    if j.get("mig_profile"):
+        return f"MIG {j['mig_profile']}"
     if j["milli"] < 1000:
         return f"{j['milli'] / 1000:g} GPU"
     return f"{j['hosts']}x{j['gpus_per_host']}" if j["hosts"] > 1 else str(j["gpus"])
@@ -517,6 +520,7 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
         "hosts": args.hosts,
         "gpus_per_host": args.gpus_per_host,
         "fraction": args.fraction,
+        "mig": args.mig,
         "dataset": args.dataset,
         "gpu_model": args.gpu_model,
         "time_limit_s": args.time_limit,
@@ -533,7 +537,7 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
 
 async def submit(c: Cluster, args: argparse.Namespace) -> None:
     j = await c.call("POST", "scheduler", "/v1/jobs", job_body(args))
-    emit(j, args.output, lambda j: f"{j['job_id']}: {j['state']} ({_shape(j)} GPUs, tenant {j['tenant']})")
+    emit(j, args.output, lambda j: f"{j['job_id']}: {j['state']} (GPUs: {_shape(j)}, tenant {j['tenant']})")
 
 
 async def _operator_action(c: Cluster, args: argparse.Namespace, action: str) -> None:
@@ -751,6 +755,7 @@ def parser(verb: str, conf: dict[str, str] | None = None) -> argparse.ArgumentPa
         p.add_argument("--hosts", type=int, help="a gang of this many hosts")
         p.add_argument("--gpus-per-host", type=int)
         p.add_argument("--fraction", type=float, help="a share of one GPU (0 < f < 1)")
+        p.add_argument("--mig", metavar="PROFILE", help="one MIG instance of this profile (1g.10gb, 3g.40gb, ...)")
         p.add_argument("--topology", choices=["required", "preferred"], help="keep a gang under one fabric tier")
         p.add_argument("--topology-level", type=int, default=1, help="1: one leaf group (default)")
         p.add_argument("--dataset")

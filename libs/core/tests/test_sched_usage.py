@@ -68,3 +68,8 @@ def test_the_same_jobs_give_the_same_bytes_whatever_their_order() -> None:
 def test_an_empty_window_charges_nothing() -> None:
     reply = usage(UsageRequest(jobs=[ran(job("x"), 1, 3)], since=h(5), until=h(5), now=h(6)))
     assert (reply.rows, reply.gpu_hours, reply.jobs) == ([], 0.0, 0)
+
+
+def test_a_mig_instance_is_charged_its_compute_share() -> None:
+    reply = usage(UsageRequest(jobs=[ran(job("m", mig_profile="3g.40gb"), 0, 7)], since=h(0), until=h(7), now=h(7)))
+    assert [round(r.gpu_hours, 6) for r in reply.rows] == [round(7 * 428 / 1000, 6)]  # 3 of 7 slices, 7 hours

@@ -10,6 +10,7 @@ import msgspec
 from aiohttp import web
 
 from ibpool_core.fabric.view import FabricAbout
+from ibpool_core.pool.mig import MIG_PROFILES
 from ibpool_core.sched.records import LIVE, JobPlacement, JobRecord, JobState, RuntimePrediction, env_problem
 from ibpool_core.sched.usage import UsageKey, UsageReply, UsageRequest, usage
 from ibpool_core.sched.waits import WaitCode
@@ -44,7 +45,8 @@ SiteName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
 class JobBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """POST /v1/jobs. Either `gpus` on one host (`hosts` 1), or `hosts` x `gpus_per_host` (a gang;
-    `gpus`, the job's total, must be their product when given too), or `fraction` of one GPU."""
+    `gpus`, the job's total, must be their product when given too), or `fraction` of one GPU, or
+    one `mig` instance (a profile such as "1g.10gb")."""
 
     id: JobId | None = None
     name: Annotated[str, msgspec.Meta(max_length=256)] = ""
@@ -55,6 +57,8 @@ class JobBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     hosts: Annotated[int, msgspec.Meta(ge=1, le=8192)] = 1
     gpus_per_host: Annotated[int, msgspec.Meta(ge=1, le=64)] | None = None
     fraction: Annotated[float, msgspec.Meta(gt=0.0, lt=1.0)] | None = None
+    # One MIG instance of this profile (e.g. "1g.10gb"), on a GPU model that has it.
+    mig: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
     memory_mib: Annotated[int, msgspec.Meta(ge=1)] | None = None
     topology: TopologyBody = TopologyBody()
     dataset: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] | None = None
@@ -80,6 +84,8 @@ class JobView(msgspec.Struct, frozen=True, kw_only=True):
     hosts: int
     gpus_per_host: int
     milli: int
+    # One MIG instance of this profile instead (null: whole GPUs or a share).
+    mig_profile: str | None = None
     topology: TopologyConstraint
     # The fabric tier the gang's hosts must (required) or should (preferred) sit under: 1 = one leaf group.
     topology_level: int
@@ -176,6 +182,7 @@ def job_view(job: JobRecord) -> JobView:
         hosts=job.hosts,
         gpus_per_host=job.gpus_per_host,
         milli=job.milli,
+        mig_profile=job.mig_profile,
         topology=job.topology,
         topology_level=job.topology_level,
         dataset=job.dataset,
@@ -208,7 +215,17 @@ def spec_of(body: JobBody) -> JobSpec:
     """The JobSpec of a valid body; BadBody naming the field when the shape does not add up."""
     if body.workload is not None and (bad := env_problem(body.workload.env)) is not None:
         raise Unprocessable(bad[1], f"$.workload.env.{bad[0]}" if bad[0] else "$.workload.env")
-    if body.fraction is not None:
+    if body.mig is not None:
+        if body.fraction is not None or body.hosts != 1 or (body.gpus or 1) != 1 or (body.gpus_per_host or 1) != 1:
+            why = "a MIG instance is one slice of one GPU on one host (no fraction, gang or gpus)"
+            raise Unprocessable(why, "$.mig")
+        models = sorted(m for m, profiles in MIG_PROFILES.items() if body.mig in profiles)
+        if not models or (body.gpu_model is not None and body.gpu_model not in models):
+            known = sorted({p for profiles in MIG_PROFILES.values() for p in profiles})
+            where = f" on {body.gpu_model}" if body.gpu_model is not None and models else ""
+            raise Unprocessable(f"no GPU model has MIG profile {body.mig!r}{where}; known: {', '.join(known)}", "$.mig")
+        request = ResourceRequest(kind="mig", gpus_per_host=1, mig_profile=body.mig, gpu_model=body.gpu_model)
+    elif body.fraction is not None:
         if body.hosts != 1 or (body.gpus or 1) != 1 or (body.gpus_per_host or 1) != 1:
             raise Unprocessable("a fraction is a share of one GPU on one host", "$.fraction")
         request = ResourceRequest(

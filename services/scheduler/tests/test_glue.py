@@ -91,6 +91,7 @@ def plan(ledger: Ledger, live: list[JobRecord], at: float = 10.0, policy: str = 
             ResourceRequest(kind="gang", gpus_per_host=8, hosts=4),
         ),
         ("fraction", {"tenant": "a", "fraction": 0.25}, ResourceRequest(kind="fraction", gpus_per_host=1, milli=250)),
+        ("MIG", {"tenant": "a", "mig": "1g.10gb"}, ResourceRequest(kind="mig", gpus_per_host=1, mig_profile="1g.10gb")),
     ],
 )
 def test_body_becomes_the_request(name: str, body: dict[str, object], want: ResourceRequest) -> None:
@@ -104,6 +105,9 @@ def test_body_becomes_the_request(name: str, body: dict[str, object], want: Reso
         ({"tenant": "a", "hosts": 2, "gpus_per_host": 8, "gpus": 8}, "$.gpus"),
         ({"tenant": "a", "fraction": 0.5, "gpus": 2}, "$.fraction"),
         ({"tenant": "a", "gpus": 2, "memory_mib": 100}, "$.memory_mib"),
+        ({"tenant": "a", "mig": "1g.10gb", "fraction": 0.5}, "$.mig"),
+        ({"tenant": "a", "mig": "9g.99gb"}, "$.mig"),
+        ({"tenant": "a", "mig": "7g.80gb", "gpu_model": "NVIDIA A100-SXM4-40GB"}, "$.mig"),  # its is 7g.40gb
     ],
 )
 def test_inconsistent_shapes_name_the_field(body: dict[str, object], path: str) -> None:
@@ -136,7 +140,10 @@ def test_invalid_bodies_carry_the_msgspec_path(raw: bytes, path: str | None) -> 
 @pytest.mark.parametrize(
     ("request_", "problem"),
     [
-        (ResourceRequest(kind="mig", mig_profile="1g.10gb"), "not scheduled here"),
+        (ResourceRequest(kind="remote"), "not scheduled here"),
+        (ResourceRequest(kind="mig"), "with its mig_profile"),
+        (ResourceRequest(kind="whole", mig_profile="1g.10gb"), "with its mig_profile"),
+        (ResourceRequest(kind="mig", mig_profile="1g.10gb", gpus_per_host=2), "one instance of one GPU"),
         (ResourceRequest(kind="whole", gpus_per_host=0), "gpus (per host) >= 1"),
         (ResourceRequest(kind="fraction", gpus_per_host=2, milli=500), "one share of one GPU"),
     ],
@@ -376,3 +383,9 @@ def test_only_a_cycle_that_preempts_kills_or_replaces_waits_for_the_disk(
     plan: CyclePlan, replacing: bool, durable: bool
 ) -> None:
     assert plan.commits_durably(replacing) is durable
+
+
+def test_a_mig_spec_becomes_a_record_of_one_instance() -> None:
+    spec = JobSpec(name="n", tenant="t", request=ResourceRequest(kind="mig", mig_profile="1g.10gb"))
+    got = record_from_spec("j", spec, T0)
+    assert isinstance(got, JobRecord) and (got.mig_profile, got.gpus, got.milli) == ("1g.10gb", 1, 1000)

@@ -291,3 +291,26 @@ def test_a_published_fabric_that_names_none_of_the_nodes_is_not_used_and_one_tha
     s.fabric.replace(fabric_state(named, version=2, origin="t"))
     in_force = s.fabric_in_force()
     assert in_force is not None and in_force.about.version == 2 and s.leaf_source().fabric is in_force
+
+
+def test_a_mig_job_goes_to_a_host_whose_gpus_have_its_profile_and_the_leaf_placer_leaves_it_waiting() -> None:
+    plain, capable = node("n1", 8), node("n2", 8)
+    capable = msgspec.structs.replace(
+        capable, gpus=[msgspec.structs.replace(g, mig_capable=True) for g in capable.gpus]
+    )
+    ledger = ledger_of(plain, capable)
+    slice_job = job("s", 1, at=1, mig_profile="1g.10gb")
+    plan = plan_cycle(
+        ledger, [slice_job], T0, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf",
+        placement=PlacementInputs(framework()),
+    )  # fmt: skip
+    [proposal] = plan.proposals
+    assert [(a.node_id, a.mig_profile, a.milli) for a in proposal.assignments] == [("n2", "1g.10gb", 1000)]
+    none_capable = ledger_of(node("n1", 8))
+    waits = plan_cycle(
+        none_capable, [slice_job], T0, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf",
+        placement=PlacementInputs(framework()),
+    )  # fmt: skip
+    assert waits.proposals == [] and "s" in waits.waiting
+    leaf = plan_cycle(ledger, [slice_job], T0, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf")
+    assert leaf.proposals == []

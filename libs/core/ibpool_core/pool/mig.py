@@ -73,6 +73,15 @@ def profile_of(model: str, name: str) -> MigProfile:
         raise MigError(f"no MIG profile {name!r} on {model}; known: {known}") from None
 
 
+def compute_milli(name: str) -> int | None:
+    """The compute share (`MigProfile.milli`) of profile `name`, the same on every model that has it
+    (its compute slices are the name's first number); None when no model has it."""
+    for profiles in MIG_PROFILES.values():
+        if name in profiles:
+            return profiles[name].milli
+    return None
+
+
 def occupied(model: str, layout: list[MigInstance]) -> tuple[set[int], int]:
     """Memory slices used and compute slices used by a layout."""
     memory: set[int] = set()

@@ -25,6 +25,7 @@ from ibpool_core.fabric.index import FabricIndex
 from ibpool_core.fabric.link_health import LinkState
 from ibpool_core.fabric.view import FabricState
 from ibpool_core.ids import event_id
+from ibpool_core.pool import mig
 from ibpool_core.pool.ledger import Allocation, Ledger, Node
 from ibpool_core.sched import framework as fw
 from ibpool_core.sched import lifecycle, records
@@ -427,6 +428,21 @@ def allowed_hosts(job: JobRecord, sites: SitePlan, node_ids: Sequence[str], now:
     return (frozenset(node_ids) if hosts is None else hosts) - avoid
 
 
+def mig_hosts(ledger: Ledger, profile: str) -> frozenset[str]:
+    """The nodes whose every GPU can run MIG `profile`: a MIG job's GPU is the lowest free one of its
+    host (`assign`), so each of them must be able to."""
+    return frozenset(
+        n.node_id
+        for n in ledger.nodes.values()
+        if n.gpus and all(g.mig_capable and profile in mig.MIG_PROFILES.get(g.model, {}) for g in n.gpus)
+    )
+
+
+def _and(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
+    """Both host limits (None: no limit)."""
+    return b if a is None else a if b is None else a & b
+
+
 def hints_of(job: JobRecord, hosts: frozenset[str] | None = None) -> AskHints:
     """What placement reads of a job beyond its GPUs: a fraction (an inference share) is not
     compute-heavy; every whole-GPU job is. `hosts`: the only hosts it may take (its site's)."""
@@ -814,14 +830,17 @@ def plan_cycle(
     if placement.framework is None:
         # Only the framework's placement keeps a job to its site's hosts, or off the node a failure
         # took it from: the leaf placer leaves those waiting (the latter until `avoid_until`).
-        waiting = [j for j in waiting if not j.sites and not avoided(j, now)]
+        waiting = [j for j in waiting if not j.sites and not avoided(j, now) and j.mig_profile is None]
     elif view.node_ids:
         sites = plan_sites(ledger, view, waiting, running, placement, now.timestamp(), config.safety_margin)
         fw_view = placement_view(ledger, view, placement, cache)
+        mig_capable = {p: mig_hosts(ledger, p) for p in sorted({j.mig_profile for j in waiting if j.mig_profile})}
         hints = {
-            j.job_id: hints_of(j, allowed_hosts(j, sites, view.node_ids, now))
+            j.job_id: hints_of(
+                j, _and(allowed_hosts(j, sites, view.node_ids, now), mig_capable.get(j.mig_profile or ""))
+            )
             for j in waiting
-            if j.dataset or j.gpu_model or j.milli < 1000 or j.sites or avoided(j, now)
+            if j.dataset or j.gpu_model or j.milli < 1000 or j.sites or avoided(j, now) or j.mig_profile
         }
         placer = framework_placer(placement, fw_view, view.node_ids, hints, now, cache)
     groups: dict[str, list[Job]] = {}
@@ -901,6 +920,7 @@ def assign(
                 gpu_index=g,
                 milli=job.milli,
                 memory_mib=job.memory_mib if fraction else None,
+                mig_profile=job.mig_profile,
             )
             for node_id in start.placement.ranks
             for g in picked[node_id]

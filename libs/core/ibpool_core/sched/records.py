@@ -64,7 +64,8 @@ class HeldSpan(msgspec.Struct, frozen=True, array_like=True):
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What the scheduler knows of one job.
 
-    `gpus_per_host` x `hosts` whole GPUs, or with `milli` < 1000 one share of one GPU. `submitted_at`
+    `gpus_per_host` x `hosts` whole GPUs, or with `milli` < 1000 one share of one GPU, or with
+    `mig_profile` one MIG instance of that profile (on a GPU the scheduler counts as taken). `submitted_at`
     never changes (a requeued job keeps its place); `queued_at` is when it last entered the queue.
     `reason` says why it waits (from the last cycle that examined it) or how it ended.
     `proposal_id`/`proposal`: the placement in flight (also the allocation id if granted).
@@ -81,6 +82,7 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     hosts: int = 1
     milli: int = 1000
     memory_mib: int | None = None
+    mig_profile: str | None = None
     topology: TopologyConstraint = "preferred"
     topology_level: int = 1
     dataset: str | None = None
@@ -317,8 +319,12 @@ def finished(
 def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord | str:
     """The new job's record, or what is wrong with the spec."""
     r = spec.request
-    if r.kind in ("mig", "remote") or r.mig_profile:
-        return f"request kind {r.kind!r} is not scheduled here; ask the pool allocator"
+    if r.kind == "remote":
+        return "request kind 'remote' is not scheduled here; ask the pool allocator"
+    if (r.kind == "mig") != (r.mig_profile is not None):
+        return "a MIG request is kind 'mig' with its mig_profile"
+    if r.mig_profile is not None and (r.hosts != 1 or r.gpus_per_host != 1 or r.milli != 1000):
+        return "a MIG request is one instance of one GPU on one host"
     if r.hosts < 1 or r.gpus_per_host < 1 or not 1 <= r.milli <= 1000:
         return "request needs hosts >= 1, gpus (per host) >= 1 and milli in 1..1000"
     if r.milli < 1000 and (r.gpus_per_host != 1 or r.hosts != 1):
@@ -339,6 +345,7 @@ def record_from_spec(job_id: str, spec: JobSpec, now: dt.datetime) -> JobRecord 
         hosts=r.hosts,
         milli=r.milli,
         memory_mib=r.memory_mib,
+        mig_profile=r.mig_profile,
         topology=spec.topology,
         topology_level=spec.topology_level,
         dataset=spec.dataset,

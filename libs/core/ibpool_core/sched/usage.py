@@ -4,7 +4,8 @@
 (`scheduled_at`) to its end (`finished_at`, or `now` while it still holds it), and for the
 allocations its earlier attempts held before they were requeued (`JobRecord.held`), each clipped to
 the window `[since, until)`. A job holds `gpus_per_host x hosts` GPUs, or `milli / 1000` of one GPU
-when it asked for a share: a half-GPU job running one hour is 0.5 GPU-hours. Time waiting in the
+when it asked for a share (a half-GPU job running one hour is 0.5 GPU-hours), or its MIG profile's
+compute share (1g: 1/7 of a GPU). Time waiting in the
 queue or in a proposal costs nothing. Rows are sorted by GPU-hours (most first), then by their keys,
 and the sums taken in job-id order, so the same jobs give the same bytes in any order.
 """
@@ -17,6 +18,7 @@ from typing import Literal
 
 import msgspec
 
+from ..pool.mig import compute_milli
 from .records import JobRecord
 
 UsageKey = Literal["tenant", "queue"]
@@ -50,7 +52,9 @@ class UsageReply(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def gpus_held(job: JobRecord) -> float:
-    """The GPUs the job's allocation holds: a share of one GPU counts as that share."""
+    """The GPUs the job's allocation holds: a share of one GPU, or a MIG instance, counts as its share."""
+    if job.mig_profile is not None and (milli := compute_milli(job.mig_profile)) is not None:
+        return milli / 1000
     return job.gpus_per_host * job.hosts * job.milli / 1000
 
 
