@@ -160,6 +160,10 @@ def operate_from_the_cli(state: Path) -> None:
     while ops_json(state, "job", "show", "cli-one")["state"] not in ("scheduled", "running", "completed"):
         assert time.monotonic() < deadline, "cli-one was not scheduled within 60 s"
         time.sleep(0.5)
+    share = ops_json(state, "submit", "--tenant", "ops", "--fraction", "0.25", "--runtime", "1", "--id", "cli-share")
+    assert (share["milli"], share["gpus"]) == (250, 1), share
+    found = ops_json(state, "services")
+    assert {"scheduler", "pool_allocator", "failover_controller", "dashboard"} <= {v["service"] for v in found}, found
     sliced = ops_json(state, "submit", "--tenant", "ops", "--mig", "1g.10gb", "--runtime", "1", "--id", "cli-mig")
     assert (sliced["mig_profile"], sliced["gpus"]) == ("1g.10gb", 1), sliced
     deadline = time.monotonic() + 60

@@ -31,7 +31,7 @@ from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus, BusUnavailable
 from ibpool_runtime.discovery import ServiceView, services
 
-from .ops import table
+from .ops import OpsError, config_path, emit, file_defaults, table
 
 COLUMNS = ("service", "instance", "role", "version", "http_url")
 
@@ -44,10 +44,21 @@ def main(argv: list[str]) -> int:
         epilog=doc.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--nats-url", default=os.environ.get("IBPOOL_NATS_URL", ""))
-    p.add_argument("--state-dir", default=".ibpool/dev", help="the stack to ask when no NATS URL is given")
-    p.add_argument("--tls-ca", default=os.environ.get("IBPOOL_NATS_TLS_CA", ""), help="CA (PEM) of the NATS servers")
-    p.add_argument("--output", choices=["table", "json"], default="table")
+    try:  # the operator's config file, as for the other verbs (ibpool_cli.ops)
+        conf = file_defaults(config_path())
+    except OpsError as e:
+        print(f"ibpool services: {e}", file=sys.stderr)
+        return e.code
+    p.add_argument("--nats-url", default=os.environ.get("IBPOOL_NATS_URL") or conf.get("nats_url", ""))
+    p.add_argument(
+        "--state-dir", default=conf.get("state_dir", ".ibpool/dev"), help="the stack to ask when no NATS URL is given"
+    )
+    p.add_argument(
+        "--tls-ca",
+        default=os.environ.get("IBPOOL_NATS_TLS_CA") or conf.get("tls_ca", ""),
+        help="CA (PEM) of the NATS servers",
+    )
+    p.add_argument("--output", "-o", choices=["table", "json", "yaml"], default="table")
     p.add_argument("--wait", type=float, default=1.0, help="seconds to wait for answers (default 1)")
     args = p.parse_args(argv)
     url = args.nats_url
@@ -62,10 +73,7 @@ def main(argv: list[str]) -> int:
     except BusUnavailable as e:
         print(f"ibpool services: {e}", file=sys.stderr)
         return 1
-    if args.output == "json":
-        print(msgspec.json.encode(found).decode())
-    else:
-        print(render(found))
+    emit(msgspec.to_builtins(found), args.output, lambda _: render(found))
     return 0 if found else 1
 
 
