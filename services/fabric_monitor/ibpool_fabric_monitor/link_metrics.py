@@ -7,9 +7,9 @@ A link's tier is the highest switch tier at its ends (`FabricIndex.tiers`: 1 = l
 cable to its leaf is tier "1", a leaf-spine cable "2", a spine-core cable "3"; "0" when neither end
 is a switch of a known tier (a router, a host-to-host cable).
 
-Rates are those `ibpool_core.fabric.link_health.observe` judges by, between a link's last two
-samples while it was up at both: errors per second summed over the error counters, and the share
-of time the port waited to send (PortXmitWait ticks, 0..1).
+Rates are those `ibpool_core.fabric.link_health.observe` judges by (`port_rates`), between a link's
+last two samples while it was up at both: errors per second summed over the error counters, and the
+share of time the port waited to send (PortXmitWait ticks), exported capped at 1.
 """
 
 from __future__ import annotations
@@ -20,45 +20,10 @@ import msgspec
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ibpool_core.fabric.link_health import (
-    CONGESTION_COUNTER,
-    ERROR_COUNTERS,
-    TICKS_PER_SECOND_AT_FULL_WAIT,
-    LinkHealth,
-    LinkState,
-    PortSample,
-    counter_delta,
-)
+from ibpool_core.fabric.link_health import LinkHealth, LinkState, PortRates
 from ibpool_core.fabric.model import Topology
 
 LINK_STATES: tuple[LinkState, ...] = ("up", "down", "degraded", "flapping")
-
-
-class PortRates(msgspec.Struct, frozen=True, kw_only=True):
-    errors_per_s: float
-    congestion_ratio: float | None  # None: the port reports no PortXmitWait
-
-
-def port_rates(prev: PortSample | None, sample: PortSample) -> PortRates | None:
-    """The rates between two samples of one port; None without a previous sample, when the port
-    was down at either, or when no time passed."""
-    if prev is None or not (prev.up and sample.up):
-        return None
-    seconds = (sample.at - prev.at).total_seconds()
-    if seconds <= 0:
-        return None
-    errors = sum(
-        counter_delta(prev.counters.get(c, 0), sample.counters.get(c, 0), sample.counter_bits)
-        for c in ERROR_COUNTERS
-        if c in sample.counters
-    )
-    congestion = None
-    if CONGESTION_COUNTER in sample.counters:
-        wait = counter_delta(
-            prev.counters.get(CONGESTION_COUNTER, 0), sample.counters[CONGESTION_COUNTER], sample.counter_bits
-        )
-        congestion = min(1.0, wait / seconds / TICKS_PER_SECOND_AT_FULL_WAIT)
-    return PortRates(errors_per_s=errors / seconds, congestion_ratio=congestion)
 
 
 def link_tiers(topology: Topology, switch_tiers: Mapping[str, int]) -> dict[str, str]:
@@ -110,7 +75,7 @@ def link_gauges(
         if r is not None:
             errors[tier] = max(errors[tier], r.errors_per_s)
             if r.congestion_ratio is not None:
-                congestion[tier] = max(congestion[tier], r.congestion_ratio)
+                congestion[tier] = max(congestion[tier], min(1.0, r.congestion_ratio))
         if state != "up":
             last = health.last
             unhealthy.append(
@@ -189,5 +154,5 @@ class LinksCollector(Collector):
             if u.rates is not None:
                 error_rate.add_metric(labels, u.rates.errors_per_s)
                 if u.rates.congestion_ratio is not None:
-                    congested.add_metric(labels, u.rates.congestion_ratio)
+                    congested.add_metric(labels, min(1.0, u.rates.congestion_ratio))
         yield from (links, errors, congestion, up, width, speed, error_rate, congested)

@@ -10,7 +10,16 @@ from prometheus_client import Counter
 
 from ibpool_core.clock import Clock
 from ibpool_core.fabric.index import FabricIndex
-from ibpool_core.fabric.link_health import Expected, LinkHealth, PortSample, Rules, link_events, observe
+from ibpool_core.fabric.link_health import (
+    Expected,
+    LinkHealth,
+    PortRates,
+    PortSample,
+    Rules,
+    link_events,
+    observe,
+    port_rates,
+)
 from ibpool_core.fabric.model import LANE_GBPS, FabricError, Topology, content_hash, diff
 from ibpool_proto.fabric import DiffSummary, TopologyPublished
 from ibpool_proto.message import Event
@@ -21,7 +30,7 @@ from ibpool_runtime.service import Kit, repeat_until_stopped, sleep_unless_stopp
 
 from . import state
 from .config import FabricMonitorConfig
-from .link_metrics import LinkGauges, LinksCollector, PortRates, link_gauges, link_tiers, port_rates
+from .link_metrics import LinkGauges, LinksCollector, link_gauges, link_tiers
 from .sources import AgentsSource, CounterSource
 from .topology_source import TopologySourceError
 

@@ -6,15 +6,9 @@ import datetime as dt
 
 from prometheus_client import CollectorRegistry
 
-from ibpool_core.fabric.link_health import TICKS_PER_SECOND_AT_FULL_WAIT, LinkHealth, PortSample
+from ibpool_core.fabric.link_health import TICKS_PER_SECOND_AT_FULL_WAIT, LinkHealth, PortRates, PortSample, port_rates
 from ibpool_core.fabric.model import Ca, Host, Link, PortRef, Switch, build_topology
-from ibpool_fabric_monitor.link_metrics import (
-    LinksCollector,
-    PortRates,
-    link_gauges,
-    link_tiers,
-    port_rates,
-)
+from ibpool_fabric_monitor.link_metrics import LinksCollector, link_gauges, link_tiers
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 SPINE, LEAF, HCA = "0x00000000000000a1", "0x00000000000000b1", "0x0000000000000101"
@@ -43,9 +37,11 @@ def test_no_rate_without_a_previous_sample_across_a_down_port_or_without_time() 
     assert port_rates(sample(1), sample(1)) is None
 
 
-def test_waiting_longer_than_the_interval_is_a_ratio_of_one() -> None:
+def test_waiting_longer_than_the_interval_is_exported_as_a_ratio_of_one() -> None:
     rates = port_rates(sample(0), sample(1, wait=int(3 * TICKS_PER_SECOND_AT_FULL_WAIT)))
-    assert rates is not None and rates.congestion_ratio == 1.0
+    assert rates is not None and rates.congestion_ratio == 3.0  # what the health rule judges by
+    g = link_gauges({"x": "1"}, {"x": LinkHealth(link_id="x")}, {"x": rates})
+    assert g.congestion_max == {"1": 1.0}
 
 
 def test_a_link_is_of_the_highest_switch_tier_at_its_ends() -> None:

@@ -97,6 +97,35 @@ def counter_delta(old: int, new: int, bits: int) -> int:
     return new  # it was reset (port reset or a counter clear): count from zero
 
 
+class PortRates(msgspec.Struct, frozen=True, kw_only=True):
+    """A port's rates between two samples while it was up at both."""
+
+    errors_per_s: float  # summed over ERROR_COUNTERS
+    congestion_ratio: float | None  # share of time it waited to send (PortXmitWait); None: not reported
+
+
+def port_rates(prev: PortSample | None, sample: PortSample) -> PortRates | None:
+    """The rates `observe` judges by; None without a previous sample, when the port was down at
+    either, or when no time passed."""
+    if prev is None or not (prev.up and sample.up):
+        return None
+    seconds = (sample.at - prev.at).total_seconds()
+    if seconds <= 0:
+        return None
+    errors = sum(
+        counter_delta(prev.counters.get(c, 0), sample.counters.get(c, 0), sample.counter_bits)
+        for c in ERROR_COUNTERS
+        if c in sample.counters
+    )
+    congestion = None
+    if CONGESTION_COUNTER in sample.counters:
+        wait = counter_delta(
+            prev.counters.get(CONGESTION_COUNTER, 0), sample.counters[CONGESTION_COUNTER], sample.counter_bits
+        )
+        congestion = wait / seconds / TICKS_PER_SECOND_AT_FULL_WAIT
+    return PortRates(errors_per_s=errors / seconds, congestion_ratio=congestion)
+
+
 def observe(
     health: LinkHealth, sample: PortSample, expected: Expected | None, rules: Rules
 ) -> tuple[LinkHealth, list[Finding]]:
@@ -124,26 +153,16 @@ def observe(
                 {"lane_gbps": sample.lane_gbps, "expected_lane_gbps": expected.lane_gbps},
                 f"running {sample.lane_gbps:g} Gb/s per lane, expected {expected.lane_gbps:g}",
             )
-    if prev is not None and sample.up and prev.up:
-        seconds = (now - prev.at).total_seconds()
-        if seconds > 0:
-            errors = sum(
-                counter_delta(prev.counters.get(c, 0), sample.counters.get(c, 0), sample.counter_bits)
-                for c in ERROR_COUNTERS
-                if c in sample.counters
+    rates = port_rates(prev, sample)
+    if rates is not None:
+        if rates.errors_per_s > rules.errors_per_s:
+            seen["errors"] = (
+                {"errors_per_s": rates.errors_per_s},
+                f"{rates.errors_per_s:.1f} errors/s (threshold {rules.errors_per_s:g})",
             )
-            if errors / seconds > rules.errors_per_s:
-                seen["errors"] = (
-                    {"errors_per_s": errors / seconds},
-                    f"{errors / seconds:.1f} errors/s (threshold {rules.errors_per_s:g})",
-                )
-            if CONGESTION_COUNTER in sample.counters:
-                wait = counter_delta(
-                    prev.counters.get(CONGESTION_COUNTER, 0), sample.counters[CONGESTION_COUNTER], sample.counter_bits
-                )
-                ratio = wait / seconds / TICKS_PER_SECOND_AT_FULL_WAIT
-                if ratio > rules.congestion_ratio:
-                    seen["congested"] = ({"xmit_wait_ratio": ratio}, f"waiting to send {ratio:.0%} of the time")
+        ratio = rates.congestion_ratio
+        if ratio is not None and ratio > rules.congestion_ratio:
+            seen["congested"] = ({"xmit_wait_ratio": ratio}, f"waiting to send {ratio:.0%} of the time")
     findings: list[Finding] = []
     active = dict(health.active)
     for problem, (evidence, reason) in seen.items():
