@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import os
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -60,7 +61,8 @@ class Chromium:
             raise BrowserMissing(
                 f"no Chromium found (looked for {', '.join(BINARIES)}; Debian: apt-get install chromium)"
             )
-        self._profile = tempfile.TemporaryDirectory(prefix="ibpool-chromium-")
+        # Its helper processes may still be writing the profile as they go: cleaned up after they are.
+        self._profile = tempfile.TemporaryDirectory(prefix="ibpool-chromium-", ignore_cleanup_errors=True)
         profile = Path(self._profile.name)
         argv = [
             binary,
@@ -77,8 +79,9 @@ class Chromium:
         ]
         if os.geteuid() == 0:
             argv.insert(1, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
+        # A session of its own: the browser and every helper process it starts end together (`__aexit__`).
         self._proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+            *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True
         )
         try:
             await self._connect(profile / "DevToolsActivePort")
@@ -123,13 +126,8 @@ class Chromium:
             await self._ws.close()
         if self._http is not None:
             await self._http.close()
-        if self._proc is not None and self._proc.returncode is None:
-            self._proc.terminate()
-            try:
-                await asyncio.wait_for(self._proc.wait(), timeout=10)
-            except TimeoutError:
-                self._proc.kill()
-                await self._proc.wait()
+        if self._proc is not None:
+            await _end_group(self._proc)
         if self._profile is not None:
             self._profile.cleanup()
 
@@ -222,3 +220,24 @@ def _devtools_port(port_file: Path) -> str | None:
     except FileNotFoundError:
         return None
     return lines[0].strip() if len(lines) >= 2 else None
+
+
+async def _end_group(proc: asyncio.subprocess.Process) -> None:
+    """End the browser and its helpers (its process group): SIGTERM, then SIGKILL after 10 s, and wait
+    until no process of the group is left (they write the profile until they are gone)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), timeout=10)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+    for _ in range(50):  # the helpers a moment after the browser
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        await asyncio.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
