@@ -692,6 +692,19 @@ def file_defaults(path: Path) -> dict[str, str]:
     return dict(data)
 
 
+def connection_options(p: argparse.ArgumentParser, conf: dict[str, str]) -> None:
+    """--nats-url, --state-dir and --tls-ca: each from the flag, else the environment, else the config file."""
+    p.add_argument("--nats-url", default=os.environ.get("IBPOOL_NATS_URL") or conf.get("nats_url", ""))
+    p.add_argument(
+        "--state-dir", default=conf.get("state_dir", ".ibpool/dev"), help="the stack to use when no NATS URL is given"
+    )
+    p.add_argument(
+        "--tls-ca",
+        default=os.environ.get("IBPOOL_NATS_TLS_CA") or conf.get("tls_ca", ""),
+        help="CA (PEM) of the NATS servers",
+    )
+
+
 def parser(verb: str, conf: dict[str, str] | None = None) -> argparse.ArgumentParser:
     """`verb`'s options, their defaults from `conf` (the operator's config file when None)."""
     doc = __doc__ or ""
@@ -702,17 +715,9 @@ def parser(verb: str, conf: dict[str, str] | None = None) -> argparse.ArgumentPa
         epilog=doc.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--nats-url", default=os.environ.get("IBPOOL_NATS_URL") or conf.get("nats_url", ""))
-    p.add_argument(
-        "--state-dir", default=conf.get("state_dir", ".ibpool/dev"), help="the stack to use when no NATS URL is given"
-    )
+    connection_options(p, conf)
     p.add_argument(
         "--token", default=os.environ.get("IBPOOL_API_TOKEN") or conf.get("token", ""), help="API bearer token"
-    )
-    p.add_argument(
-        "--tls-ca",
-        default=os.environ.get("IBPOOL_NATS_TLS_CA") or conf.get("tls_ca", ""),
-        help="CA (PEM) of the NATS servers",
     )
     p.add_argument(
         "--output", "-o", choices=["table", "wide", "json", "yaml"], default="table", help="wide: more columns"

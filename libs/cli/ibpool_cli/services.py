@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from ibpool_runtime import devstack
 from ibpool_runtime.bus import Bus, BusUnavailable
 from ibpool_runtime.discovery import ServiceView, services
 
-from .ops import OpsError, config_path, emit, file_defaults, table
+from .ops import OpsError, config_path, connection_options, emit, file_defaults, table
 
 COLUMNS = ("service", "instance", "role", "version", "http_url")
 
@@ -49,15 +48,7 @@ def main(argv: list[str]) -> int:
     except OpsError as e:
         print(f"ibpool services: {e}", file=sys.stderr)
         return e.code
-    p.add_argument("--nats-url", default=os.environ.get("IBPOOL_NATS_URL") or conf.get("nats_url", ""))
-    p.add_argument(
-        "--state-dir", default=conf.get("state_dir", ".ibpool/dev"), help="the stack to ask when no NATS URL is given"
-    )
-    p.add_argument(
-        "--tls-ca",
-        default=os.environ.get("IBPOOL_NATS_TLS_CA") or conf.get("tls_ca", ""),
-        help="CA (PEM) of the NATS servers",
-    )
+    connection_options(p, conf)
     p.add_argument("--output", "-o", choices=["table", "json", "yaml"], default="table")
     p.add_argument("--wait", type=float, default=1.0, help="seconds to wait for answers (default 1)")
     args = p.parse_args(argv)
