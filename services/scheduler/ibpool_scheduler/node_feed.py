@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import heapq
 from collections.abc import Mapping
 
 from ibpool_core.fabric.link_health import LinkState
+from ibpool_core.pool.ledger import Node
+from ibpool_core.sched.book import ChangedMap
 from ibpool_core.sched.framework import Telemetry
 from ibpool_proto.node import HcaPortsReported, TelemetryReported
 from ibpool_runtime.bus import Bus
@@ -50,12 +53,52 @@ def link_guids(link_id: str) -> tuple[str, ...]:
     return tuple(end.rsplit(":", 1)[0] for end in ends)
 
 
+class PlacementTelemetry:
+    """node id -> the placement view (`telemetry_of`) of its newest sample not older than `max_age_s`,
+    as a `ChangedMap` a cycle reads in the work of what changed: `update(feed, nodes, now)` takes the
+    samples that came since the last call (`NodeFeed.take_fresh`) and drops those that aged out
+    (a heap of sample times, one entry per node), not a walk over every node's sample."""
+
+    def __init__(self, max_age_s: float) -> None:
+        self.max_age = dt.timedelta(seconds=max_age_s)
+        self.view: ChangedMap[Telemetry] = ChangedMap()
+        self._due: list[tuple[dt.datetime, str]] = []  # (sampled at, node id), a heap
+        self._queued: set[str] = set()  # the nodes in `_due`
+
+    def update(self, feed: NodeFeed, nodes: Mapping[str, Node], now: dt.datetime) -> ChangedMap[Telemetry]:
+        view, due, queued = self.view, self._due, self._queued
+        samples = feed.samples
+        oldest = now - self.max_age  # a sample older than this is too old
+        for node_id in feed.take_fresh():
+            at, sample = samples[node_id]
+            if at < oldest:
+                view.drop(node_id)
+                continue
+            node = nodes.get(node_id)
+            memory = {g.index: g.memory_mib for g in node.gpus} if node is not None else {}
+            view.put(node_id, telemetry_of(sample, memory))
+            if node_id not in queued:
+                queued.add(node_id)
+                heapq.heappush(due, (at, node_id))
+        while due and due[0][0] < oldest:
+            at, node_id = heapq.heappop(due)
+            hit = samples.get(node_id)
+            if hit is not None and hit[0] > at:  # a newer sample came since: it ages in turn
+                heapq.heappush(due, (hit[0], node_id))
+                continue
+            queued.discard(node_id)
+            view.drop(node_id)
+        return view
+
+
 class NodeFeed:
     def __init__(self, bus: Bus, metrics: ServiceMetrics | None = None) -> None:
         self.bus = bus
         self.metrics = metrics  # where a failed follow is counted (`ibpool_loop_failures`)
         # node id -> (when sampled, the sample)
         self.samples: dict[str, tuple[dt.datetime, TelemetryReported]] = {}
+        # The nodes with a newer sample since the last `take_fresh()`.
+        self._fresh: dict[str, None] = {}
         self.guid_node: dict[str, str] = {}
         # Bumped on every change of `guid_node`, so a caller rebuilds `node_links` only when it moved.
         self.adapters_version = 0
@@ -68,11 +111,17 @@ class NodeFeed:
                 old = self.samples.get(message.node_id)
                 if old is None or message.occurred_at >= old[0]:
                     self.samples[message.node_id] = (message.occurred_at, message)
+                    self._fresh[message.node_id] = None
             case HcaPortsReported():
                 for port in message.ports:
                     if self.guid_node.get(port.node_guid) != message.node_id:
                         self.guid_node[port.node_guid] = message.node_id
                         self.adapters_version += 1
+
+    def take_fresh(self) -> list[str]:
+        """The nodes with a newer sample since the last call."""
+        fresh, self._fresh = self._fresh, {}
+        return list(fresh)
 
     def telemetry(self, node_id: str, now: dt.datetime, max_age_s: float) -> TelemetryReported | None:
         """The node's newest sample if it is at most `max_age_s` old."""

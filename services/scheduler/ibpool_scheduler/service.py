@@ -33,6 +33,7 @@ from ibpool_core.clock import Clock
 from ibpool_core.fabric.view import FabricState, FabricView
 from ibpool_core.sched import lifecycle
 from ibpool_core.sched import records as jobs
+from ibpool_core.sched.book import LiveBook
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.fairshare import FairShareState, accrue, fairshare_factors, seeded_usage
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
@@ -84,7 +85,7 @@ from ibpool_runtime.store import Transaction
 from . import members, state
 from .config import SchedulerConfig
 from .job_metrics import WAIT_BUCKETS, JobCounts, JobsCollector, count_jobs
-from .node_feed import NodeFeed, telemetry_of
+from .node_feed import NodeFeed, PlacementTelemetry
 from .predictor import RuntimePredictor, estimates_of, settings_of
 
 log = get_logger(__name__)
@@ -94,8 +95,6 @@ POOL_NEWS = (AllocationGranted, AllocationRejected, AllocationRevoked, Allocatio
 HEALTH_NEWS = (RequeueRequested,)
 # The scheduler's consumers (durable `<durable_prefix>-<name>`) and what each takes.
 NEWS: dict[str, tuple[type[Message], ...]] = {"jobs": JOB_NEWS, "pool": POOL_NEWS, "health": HEALTH_NEWS}
-# A job holds its SHARP trees from its proposal until it ends or goes back to the queue.
-HOLDS_SHARP = ("proposed", "scheduled", "running")
 # `Transaction.scratch` key: this transaction is a cycle's, handling job news before it plans.
 IN_CYCLE = "scheduler.in_cycle"
 
@@ -183,7 +182,7 @@ class Scheduler:
         self.fabric_feed = FabricFeed(
             kit, self.fabric, fetch_timeout_s=cfg.fabric_fetch_timeout_s, durable_prefix=cfg.durable_prefix
         )
-        self._telemetry: dict[str, tuple[object, Telemetry]] = {}
+        self._telemetry = PlacementTelemetry(cfg.telemetry_max_age_s)
         self.feed = LedgerReplica(kit.bus, pool_from_seq, metrics=kit.metrics)
         # Terms are only comparable within one election, so the fencing group defaults to its key.
         self.group = cfg.scheduler_group or cfg.leader_key
@@ -507,7 +506,7 @@ class Scheduler:
                 self.plan_cache,
                 placement=self.placement_inputs(self.live.tally(), now, live),
                 queue_rules=self.queue_rules,
-                predictions=estimates_of(self.predictor, live),
+                predictions=estimates_of(self.predictor, live.queued()),
                 in_flight=self.live.in_flight(ledger),
             )
             self.backlog = self.live.queued - len(plan.proposals)
@@ -522,7 +521,7 @@ class Scheduler:
         self._fenced_term = term
         return plan
 
-    def placement_inputs(self, tally: state.Tally, now: dt.datetime, live: Sequence[JobRecord] = ()) -> PlacementInputs:
+    def placement_inputs(self, tally: state.Tally, now: dt.datetime, live: LiveBook | None = None) -> PlacementInputs:
         """Fair share brought to `now` (usage of the jobs holding GPUs, `tally`), and what the plugins
         read; the SHARP trees the `live` jobs hold."""
         if self.fairshare.updated_at == 0.0:
@@ -551,11 +550,7 @@ class Scheduler:
             sample=self.cfg.placement_sample,
             fairshare=self.fairshare_factors,
             sharp_limits=self.cfg.sharp_limits,
-            sharp_held={
-                j.job_id: j.placement.sharp_tree
-                for j in live
-                if j.placement is not None and j.placement.sharp_tree is not None and j.state in HOLDS_SHARP
-            },
+            sharp_held=live.sharp_held() if live is not None else {},
         )
 
     def fabric_in_force(self) -> FabricState | None:
@@ -583,21 +578,10 @@ class Scheduler:
         """Where leaf groups come from now: the published fabric in force, else the `leaf_label` label."""
         return LeafSource(self.cfg.leaf_label, self.fabric_in_force() if self.framework is not None else None)
 
-    def telemetry(self, now: dt.datetime) -> dict[str, Telemetry]:
-        """node id -> the placement view of its newest telemetry not older than `telemetry_max_age_s`."""
-        out: dict[str, Telemetry] = {}
-        nodes = self.feed.ledger.nodes
-        max_age = self.cfg.telemetry_max_age_s
-        for node_id, (at, sample) in self.nodes.samples.items():
-            if (now - at).total_seconds() > max_age:
-                continue
-            hit = self._telemetry.get(node_id)
-            if hit is None or hit[0] is not sample:
-                node = nodes.get(node_id)
-                memory = {g.index: g.memory_mib for g in node.gpus} if node is not None else {}
-                hit = self._telemetry[node_id] = (sample, telemetry_of(sample, memory))
-            out[node_id] = hit[1]
-        return out
+    def telemetry(self, now: dt.datetime) -> Mapping[str, Telemetry]:
+        """node id -> the placement view of its newest telemetry not older than `telemetry_max_age_s`
+        (`PlacementTelemetry`: kept by the samples that came and aged out since the last call)."""
+        return self._telemetry.update(self.nodes, self.feed.ledger.nodes, now)
 
     async def refresh_datasets(self, tx: Transaction) -> None:
         """The dataset registry: the config's entries plus the stored ones (PUT /v1/datasets), when
@@ -681,7 +665,7 @@ class Scheduler:
             ],
         )
 
-    def renewals(self, live: list[JobRecord], now: dt.datetime) -> list[RenewLease]:
+    def renewals(self, live: Sequence[JobRecord], now: dt.datetime) -> list[RenewLease]:
         """Renew the leases the core finds due (`leases_due`), each at most once per quarter of `lease_s`."""
         out: list[RenewLease] = []
         clock = time.monotonic()

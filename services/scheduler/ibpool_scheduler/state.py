@@ -11,6 +11,7 @@ import asyncpg
 import msgspec
 
 from ibpool_core.pool.ledger import Ledger
+from ibpool_core.sched.book import LiveBook
 from ibpool_core.sched.pool_cycle import InFlight
 from ibpool_core.sched.records import LIVE, JobRecord
 from ibpool_runtime.store import Transaction
@@ -271,25 +272,25 @@ class LiveJobs:
     def __init__(self) -> None:
         self._xmin: int | None = None
         self._started: object = None  # pg_postmaster_start_time() at the previous read
-        self._rows: dict[str, tuple[int, str]] = {}  # job id -> (seq, body), by seq
-        self._records: list[JobRecord] | None = []
+        self._rows: dict[str, tuple[int, str]] = {}  # job id -> (seq, body)
+        self._book = LiveBook()  # the records of `_rows`, by seq
         self._clear()
 
     def _clear(self) -> None:
         # Kept as rows come and go, so that a cycle needs no walk over every live job for them.
-        self._by_id: dict[str, JobRecord] = {}  # the record of each row of `_rows`, in the same order
+        self._book.clear()
         self._counts = _Counts()
         self._replacing: dict[str, JobRecord] = {}  # job id -> a job with `member_to_replace`
         self._in_flight = InFlight()
 
     def reset(self) -> None:
-        self._xmin, self._started, self._rows, self._records = None, None, {}, []
+        self._xmin, self._started, self._rows = None, None, {}
         self._clear()
 
     @property
     def by_id(self) -> Mapping[str, JobRecord]:
         """Job id -> record of every live job as of the last read. Not to be changed."""
-        return self._by_id
+        return self._book.records
 
     @property
     def current(self) -> bool:
@@ -332,26 +333,26 @@ class LiveJobs:
         has gained a field)."""
         return self._rows[job_id][1]
 
-    async def read(self, conn: asyncpg.Connection) -> list[JobRecord]:
-        """The live jobs in submission order, as of this read's snapshot. Not to be changed."""
+    async def read(self, conn: asyncpg.Connection) -> LiveBook:
+        """The live jobs in submission order, as of this read's snapshot: the book kept from read to
+        read, changed only by the rows that changed (a cycle reads what changed from it). Not to be
+        changed."""
         last = self._xmin
         rows = None if last is None else await conn.fetch(_CHANGED_SINCE, last)
         if rows is None or last is None or int(rows[0]["xmin"]) < last or rows[0]["started"] != self._started:
             rows = await conn.fetch(_LIVE_ALL, list(LIVE))  # ids went back, or the server restarted
-            self._rows, self._records = {}, None
+            self._rows = {}
             self._clear()
-        known, by_id = self._rows, self._by_id
-        last_seq = next(reversed(known.values()))[0] if known else -1
-        unordered = False
+        known, book = self._rows, self._book
         for r in rows:
             job_id = r["job_id"]
             if job_id is None:
                 continue
             if r["state"] not in LIVE:
-                gone = known.pop(job_id, None)
-                if gone is not None:
-                    self._count(by_id.pop(job_id), -1)
-                    self._records = None
+                if known.pop(job_id, None) is not None:
+                    gone = book.drop(job_id)
+                    assert gone is not None
+                    self._count(gone, -1)
                 continue
             body: str = r["body"]
             had = known.get(job_id)
@@ -361,20 +362,11 @@ class LiveJobs:
             record = record_of(body)
             known[job_id] = (seq, body)
             if had is not None:
-                self._count(by_id[job_id], -1)
+                self._count(book.records[job_id], -1)
             self._count(record, 1)
-            by_id[job_id] = record
-            self._records = None
-            if had is None:
-                unordered = unordered or seq < last_seq
-                last_seq = max(last_seq, seq)
-        if unordered:  # a transaction that took an earlier seq committed after a later one
-            self._rows = dict(sorted(known.items(), key=lambda kv: kv[1][0]))
-            self._by_id = {job_id: by_id[job_id] for job_id in self._rows}
+            book.put(seq, record)
         self._xmin, self._started = int(rows[0]["xmin"]), rows[0]["started"]
-        if self._records is None:
-            self._records = list(self._by_id.values())
-        return self._records
+        return book
 
 
 async def list_jobs(

@@ -4,6 +4,7 @@ bus or database: config errors, per-queue policy rules, and the exact placements
 from __future__ import annotations
 
 import datetime as dt
+import random
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from ibpool_runtime.metrics import ServiceMetrics
 from ibpool_runtime.service import Kit
 from ibpool_scheduler.api import queue_views
 from ibpool_scheduler.config import SchedulerConfig
-from ibpool_scheduler.node_feed import NodeFeed, link_guids, telemetry_of
+from ibpool_scheduler.node_feed import NodeFeed, PlacementTelemetry, link_guids, telemetry_of
 from ibpool_scheduler.service import DEFAULT_PROFILE, Scheduler
 
 from .test_glue import T0, job, ledger_of, node
@@ -314,3 +315,35 @@ def test_a_mig_job_goes_to_a_host_whose_gpus_have_its_profile_and_the_leaf_place
     assert waits.proposals == [] and "s" in waits.waiting
     leaf = plan_cycle(ledger, [slice_job], T0, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf")
     assert leaf.proposals == []
+
+
+def test_the_placement_telemetry_kept_by_changes_is_what_a_walk_over_every_sample_finds() -> None:
+    """`PlacementTelemetry` against its definition (every node's newest sample not older than the
+    limit, through `telemetry_of`), through samples that come late, out of order and age out."""
+    rng = random.Random(3)
+    feed = NodeFeed(bus=None)  # type: ignore[arg-type]
+    kept = PlacementTelemetry(max_age_s=20.0)
+    names = [f"n{i}" for i in range(12)]
+    nodes = ledger_of(*(node(n, 2) for n in names[:9])).nodes  # three nodes the ledger does not know
+    now = T0
+    changed = 0
+    for step in range(300):
+        now += dt.timedelta(seconds=rng.choice((0.5, 1.0, 3.0)))
+        for n in rng.sample(names, rng.randint(0, 3)):
+            at = now - dt.timedelta(seconds=rng.choice((0.0, 0.0, 5.0, 25.0)))  # some late, some too old
+            gpus = [
+                GpuSample(index=g, uuid=f"{n}-{g}", utilization_pct=rng.choice((0.0, 90.0)), memory_used_mib=1000,
+                          temperature_c=50.0, power_w=1)
+                for g in range(2)
+            ]  # fmt: skip
+            feed.on_message(TelemetryReported(source="t", key=n, node_id=n, gpus=gpus, occurred_at=at))
+        before = kept.view.log.version
+        got = kept.update(feed, nodes, now)
+        changed += got.log.version - before
+        walk = {}
+        for n, (at, sample) in feed.samples.items():
+            if (now - at).total_seconds() <= 20.0:
+                memory = {g.index: g.memory_mib for g in nodes[n].gpus} if n in nodes else {}
+                walk[n] = telemetry_of(sample, memory)
+        assert dict(got) == walk, step
+    assert changed > 100 and len(kept._due) <= len(names)

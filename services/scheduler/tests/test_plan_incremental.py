@@ -9,10 +9,12 @@ import datetime as dt
 import random
 
 import msgspec
+import pytest
 
 from ibpool_core.pool import allocate as al
 from ibpool_core.pool.ledger import Ledger
 from ibpool_core.sched import records as jobs
+from ibpool_core.sched.book import ChangedMap, LiveBook
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
 from ibpool_core.sched.pool_cycle import (
@@ -174,3 +176,96 @@ def test_the_kept_gpus_in_flight_are_those_a_walk_over_the_jobs_finds() -> None:
     assert checked > 20
     states = {j.state for j in live.values()}
     assert {"queued", "proposed", "scheduled"} <= states
+
+
+@pytest.mark.parametrize(("policy", "framework_on"), [("fifo", True), ("priority", True), ("fifo", False)])
+def test_a_cycle_on_a_live_book_is_the_cycle_on_its_list(policy: str, framework_on: bool) -> None:
+    """The running jobs kept by the book's changes (`HeldRuns`), the jobs past their limit found by
+    deadline, the cycle's free view lent and given back and the telemetry read by its changes give
+    the plan a walk over `list(book)` gives, byte for byte, through submissions in two queues,
+    proposals, grants, starts, kills at the time limit, preemptions, finishes, a cordon and cycles
+    whose plan is not carried out; and a cycle computes the running picture of the jobs that
+    changed only."""
+    rng = random.Random(11)
+    names = [f"n{i:02d}" for i in range(24)]
+    ledger = ledger_of(*(node(n, 8, leaf=f"l{i // 6}") for i, n in enumerate(names)))
+    framework = Framework(build_profile(DEFAULT_PROFILE)) if framework_on else None
+    cache, book = PlanCache(), LiveBook()
+    telemetry: ChangedMap[Telemetry] = ChangedMap()
+    seq = 0
+    in_flight: list[tuple[int, str]] = []
+    kinds: dict[str, int] = {"kills": 0, "preemptions": 0, "starts": 0, "kept": 0}
+
+    def put(j: JobRecord) -> None:
+        nonlocal seq
+        if j.job_id in book.records:
+            book.put(book.seq_of(j.job_id), j)
+        else:
+            seq += 1
+            book.put(seq, j)
+
+    def end(job_id: str, at: dt.datetime) -> None:
+        j = book.drop(job_id)
+        assert j is not None
+        if j.allocation_id is not None and j.allocation_id in ledger.allocations:
+            al.handle(ledger, ReleaseAllocation(source="t", key=j.allocation_id, allocation_id=j.allocation_id), at)
+
+    for cycle in range(40):
+        at = T0 + dt.timedelta(seconds=10 * cycle)
+        for k in range(rng.randint(0, 6)):
+            jid = f"c{cycle:02d}-{k}"
+            queue = rng.choice(("q", "q", "r"))
+            limit = rng.choice((None, 25.0, 600.0))
+            if rng.random() < 0.15:
+                j = job(jid, 8, hosts=2, at=10 * cycle, time_limit_s=limit)
+            else:
+                gpus = rng.choice((1, 1, 2, 4))
+                j = job(jid, gpus, at=10 * cycle, time_limit_s=limit, priority=rng.randint(0, 3))
+            put(msgspec.structs.replace(j, queue=queue))
+        held = [j for j in book if j.holding]
+        for j in rng.sample(held, min(len(held), rng.randint(0, 2))):  # some finish
+            end(j.job_id, at)
+        for j in [j for j in book if j.state == "scheduled" and rng.random() < 0.5]:  # some start
+            put(msgspec.structs.replace(j, state="running", started_at=at))
+        if cycle == 20:
+            al.handle(ledger, Cordoned(source="f", key="n05", node_id="n05", scope="node", reason="hot"), at)
+        seen = cache.held.version if cache.held is not None else 0  # the book's version at the last cycle
+        changed = len(set(book.changes_since(book.token, seen) or book.records))
+        for n in rng.sample(names, 3):  # telemetry comes, changes and ages out
+            if rng.random() < 0.3:
+                telemetry.drop(n)
+            else:
+                telemetry.put(n, Telemetry(gpu_util=rng.random(), temperature_c=rng.choice((40.0, 85.0))))
+        inputs = PlacementInputs(framework, telemetry=telemetry, sample=4) if framework else PlacementInputs()
+        config = CycleConfig(min_runtime_s=15.0)
+        args = (at, make_policy(policy, **({"preempt_classes": True} if policy == "priority" else {})), config, LEAF)
+        fast = plan_cycle(ledger, book, *args, cache, placement=inputs, in_flight=taken_in_flight(ledger, book))
+        slow = plan_cycle(
+            ledger,
+            list(book),
+            *args,
+            placement=PlacementInputs(framework, telemetry=dict(telemetry), sample=4)
+            if framework
+            else PlacementInputs(),
+        )
+        assert msgspec.json.encode(fast) == msgspec.json.encode(slow), f"cycle {cycle}"
+        assert cache.held is not None and cache.held.built <= changed, (cycle, cache.held.built, changed)
+        kinds["kept"] += len(cache.held.runs) - cache.held.built
+        kinds["kills"] += len(fast.killed)
+        kinds["preemptions"] += len(fast.preempted)
+        kinds["starts"] += len(fast.proposals)
+        if cycle % 5 == 3:
+            continue  # this cycle's writes lost (another leader wrote first): nothing of it is carried out
+        for job_id in [*fast.killed, *fast.preempted_ids()]:
+            end(job_id, at)
+        for p in fast.proposals:  # proposed now, granted two cycles later
+            put(jobs.proposed(book.records[p.job_id], f"p-{p.job_id}", p.assignments, None))
+            in_flight.append((cycle + 2, p.job_id))
+        for due, jid in [x for x in in_flight if x[0] <= cycle]:
+            in_flight.remove((due, jid))
+            j = book.records.get(jid)
+            if j is not None and j.state == "proposed":
+                put(grant(ledger, j, j.proposal, at))
+    assert kinds["starts"] > 40 and kinds["kills"] > 3 and kinds["kept"] > 100, kinds
+    if policy == "priority":
+        assert kinds["preemptions"] > 0, kinds

@@ -81,6 +81,10 @@ class SchedulingRequest(msgspec.Struct, frozen=True, kw_only=True):
     instead of O(Q log Q)). `fairshare`: tenant -> factor in [0, 1] (fairshare.py), read by the
     priority policy. `placer`: None means `LeafPlacer`. `running_sorted_by_end`: the caller keeps
     `running` sorted by `planned_end`, so the reservation needs no sort.
+    `free_view`: the caller's `FreeView.of(cluster)`, kept from cycle to cycle; the cycle changes it
+    and the caller undoes that (its `journal`, `rollback`), so no view of every host is built.
+    `overruns`: the ids of the running jobs past their time limit at `now`, when the caller keeps
+    them by deadline (None: the cycle finds them, a walk over every running job).
     """
 
     now: float
@@ -94,6 +98,8 @@ class SchedulingRequest(msgspec.Struct, frozen=True, kw_only=True):
     fairshare: Mapping[str, float] = {}
     placer: Placer | None = None
     running_sorted_by_end: bool = False
+    free_view: FreeView | None = None
+    overruns: Sequence[str] | None = None
 
 
 class SchedulingReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,7 +127,7 @@ class _Cycle:
         self.cfg = request.config
         self.now = request.now
         self.placer: Placer = request.placer if request.placer is not None else LeafPlacer()
-        self.view = FreeView.of(request.cluster)
+        self.view = request.free_view if request.free_view is not None else FreeView.of(request.cluster)
         self.starts: list[Start] = []
         self.started_ids: set[str] = set()
         self.waiting: dict[str, Wait] = {}
@@ -135,8 +141,16 @@ class _Cycle:
         return None if relaxed else min_leaf_span(job.hosts, self.cfg.hosts_per_leaf)
 
     def kill_overruns(self) -> None:
-        now = self.now
-        over = [r for r in self.running if r.job.time_limit_s is not None and now >= r.started_at + r.job.time_limit_s]
+        now, named = self.now, self.req.overruns
+        if named is None:
+            over = [
+                r for r in self.running if r.job.time_limit_s is not None and now >= r.started_at + r.job.time_limit_s
+            ]
+        elif named:
+            wanted = set(named)
+            over = [r for r in self.running if r.job.id in wanted]
+        else:
+            return
         if not over:
             return
         for run in over:

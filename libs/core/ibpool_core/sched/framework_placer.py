@@ -109,7 +109,8 @@ class FrameworkPlacer:
     `names[h]` is the host name of the cycle's host index h; every name must be a host of `view`.
     `hints`: job id -> `AskHints` (absent: none). `now` is the time Permit plugins see.
     `sample`: a single-host job is scored on at most this many hosts (0: all), taken from the
-    fullest hosts that fit (best fit first, as `LeafPlacer`), plus every host with room that holds
+    fullest hosts that fit (best fit first, as `LeafPlacer`; the lowest host index first among
+    hosts with as many free), plus every host with room that holds
     the job's dataset: what bounds a placement's cost on a large cluster (kube-scheduler scores a
     share of the nodes for the same reason). Gangs are always placed on the whole view.
     After a cycle, `results` holds the framework's last admitted result per job id (hosts in rank

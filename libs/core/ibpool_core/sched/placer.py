@@ -7,6 +7,7 @@ that "does a job of g GPUs fit anywhere?" costs O(GPUs per host), not O(hosts). 
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from typing import Protocol
 
 from .jobs import FreeCapacity, Job, host_shares
@@ -17,23 +18,28 @@ Placement = list[tuple[int, int]]  # (host index, GPUs) per gang member
 class FreeView:
     """Free GPUs per host, with hosts bucketed by their free count and grouped by leaf.
 
-    Invariant: host h is in `by_free[free[h]]` and 0 <= free[h] <= capacity[h]. Only `take` and
-    `give` change the free counts. `capacity`: each host's GPUs (default: `max_gpus` for every host).
+    Invariant: host h is in `by_free[free[h]]` and 0 <= free[h] <= capacity[h]; each bucket lists
+    its hosts in increasing index (so what a placer reads of a bucket does not depend on the view's
+    history). Only `take`, `give`, `set_free` and `rollback` change the free counts. `capacity`:
+    each host's GPUs (default: `max_gpus` for every host). `journal`: while not None, every change
+    is written to it (host, free before), and `rollback()` undoes them: a view kept from cycle to
+    cycle lends itself to one cycle and is given back as it was, in the work of that cycle's changes.
     """
 
-    __slots__ = ("by_free", "capacity", "free", "leaf_of", "leaves", "total_free")
+    __slots__ = ("by_free", "capacity", "free", "journal", "leaf_of", "leaves", "total_free")
 
     def __init__(self, free: list[int], leaf_of: list[int], max_gpus: int, capacity: list[int] | None = None) -> None:
         self.free = list(free)
         self.leaf_of = leaf_of
         self.capacity = capacity if capacity is not None else [max_gpus] * len(self.free)
-        self.by_free: list[set[int]] = [set() for _ in range(max_gpus + 1)]
+        self.by_free: list[list[int]] = [[] for _ in range(max_gpus + 1)]
         leaves: dict[int, list[int]] = {}
         for h, f in enumerate(self.free):
-            self.by_free[f].add(h)
+            self.by_free[f].append(h)
             leaves.setdefault(leaf_of[h], []).append(h)
         self.leaves = leaves
         self.total_free = sum(self.free)
+        self.journal: list[tuple[int, int]] | None = None
 
     @classmethod
     def of(cls, cluster: FreeCapacity) -> FreeView:
@@ -44,34 +50,50 @@ class FreeView:
         other.free = list(self.free)
         other.leaf_of = self.leaf_of
         other.capacity = self.capacity
-        other.by_free = [set(b) for b in self.by_free]
+        other.by_free = [list(b) for b in self.by_free]
         other.leaves = self.leaves
         other.total_free = self.total_free
+        other.journal = None
         return other
 
     def hosts_with_at_least(self, gpus: int) -> int:
         return sum(len(b) for b in self.by_free[gpus:])
 
-    def take(self, host: int, gpus: int) -> None:
+    def set_free(self, host: int, free: int) -> None:
+        """`host` has `free` GPUs free (0 <= free <= its capacity)."""
         f = self.free[host]
-        self.by_free[f].discard(host)
-        self.free[host] = f - gpus
-        self.by_free[f - gpus].add(host)
-        self.total_free -= gpus
+        if f == free:
+            return
+        if self.journal is not None:
+            self.journal.append((host, f))
+        bucket = self.by_free[f]
+        del bucket[bisect_left(bucket, host)]
+        insort(self.by_free[free], host)
+        self.free[host] = free
+        self.total_free += free - f
+
+    def take(self, host: int, gpus: int) -> None:
+        self.set_free(host, self.free[host] - gpus)
 
     def give(self, host: int, gpus: int) -> None:
         """`gpus` come free on `host`, up to its capacity: a running job whose GPUs the pool already
         shows free (its allocation ended, its exit not yet handled) frees nothing more."""
-        f = self.free[host]
-        back = min(f + gpus, self.capacity[host])
-        self.by_free[f].discard(host)
-        self.free[host] = back
-        self.by_free[back].add(host)
-        self.total_free += back - f
+        self.set_free(host, min(self.free[host] + gpus, self.capacity[host]))
 
     def apply(self, placement: Placement) -> None:
         for host, gpus in placement:
             self.take(host, gpus)
+
+    def rollback(self) -> None:
+        """Undo every change since `journal` was set to an empty list; the journal is left empty."""
+        journal = self.journal
+        if not journal:
+            return
+        self.journal = None
+        for host, f in reversed(journal):
+            self.set_free(host, f)
+        journal.clear()
+        self.journal = journal
 
 
 class Placer(Protocol):
@@ -106,7 +128,7 @@ class LeafPlacer:
             by_free = view.by_free
             for f in range(job.gpus, len(by_free)):
                 if by_free[f]:
-                    return [(min(by_free[f]), job.gpus)]
+                    return [(by_free[f][0], job.gpus)]
             return None
         shares = host_shares(job)
         need = shares[0]  # the largest share: every member host must hold it (shares differ by at most 1)

@@ -30,7 +30,7 @@ from ibpool_core.sched.cycle import (
 )
 from ibpool_core.sched.framework_placer import FrameworkPlacer
 from ibpool_core.sched.jobs import FreeCapacity, Job, QueueStats, RunningJob
-from ibpool_core.sched.placer import Placer
+from ibpool_core.sched.placer import FreeView, Placer
 from ibpool_core.sched.queueing import QueuePolicy
 from ibpool_core.sched.records import JobPlacement
 from ibpool_core.sched.sharp import SharpDecision, SharpLimits, SharpTree, SharpTrees, decide_sharp
@@ -63,6 +63,8 @@ class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
     many SHARP trees the fabric runs at once (None: no bound); `sharp_held`: the trees running jobs
     hold, by job id (a job this plan preempts or kills gives its trees back to the starts).
     `fabric_version`: the published fabric the decision is made on, recorded in every placement.
+    `free_view`, `overruns`: see `cycle.SchedulingRequest` (for the first queue decided; the
+    queues after it see the cluster that queue left).
     """
 
     now: float
@@ -76,6 +78,8 @@ class PlanRequest(msgspec.Struct, frozen=True, kw_only=True):
     sharp_limits: SharpLimits | None = None
     sharp_held: Mapping[str, SharpTree] = {}
     fabric_version: int | None = None
+    free_view: FreeView | None = None
+    overruns: Sequence[str] | None = None
 
 
 class PlannedStart(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,6 +112,7 @@ def plan(request: PlanRequest) -> PlanReply:
     if len(queues) > 1:
         queues = sorted(queues, key=lambda q: (min((j.submit_time for j in q.jobs), default=0.0), q.name))
     cluster, running = request.cluster, request.running
+    free_view, overruns = request.free_view, request.overruns
     replies: list[SchedulingReply] = []
     for i, q in enumerate(queues):
         one = SchedulingRequest(
@@ -122,6 +127,8 @@ def plan(request: PlanRequest) -> PlanReply:
             queue_order=q.order,
             fairshare=request.fairshare,
             placer=request.placer,
+            free_view=free_view if i == 0 else None,
+            overruns=overruns if i == 0 else None,
         )
         reply = schedule(one)
         replies.append(reply)

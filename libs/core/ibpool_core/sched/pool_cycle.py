@@ -17,6 +17,7 @@ the ledger version it was computed on; the same cycle on the same input proposes
 from __future__ import annotations
 
 import datetime as dt
+from bisect import bisect_right, insort
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import msgspec
@@ -29,10 +30,11 @@ from ibpool_core.pool import mig
 from ibpool_core.pool.ledger import Allocation, Ledger, Node
 from ibpool_core.sched import framework as fw
 from ibpool_core.sched import lifecycle, records
+from ibpool_core.sched.book import HOLDING_OR_PROPOSED, ChangedMap, LiveBook, Ordered
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.framework_placer import AskHints, FrameworkPlacer, leaf_fabric
 from ibpool_core.sched.jobs import FreeCapacity, Job, RunningJob, estimated_runtime
-from ibpool_core.sched.placer import Placer
+from ibpool_core.sched.placer import FreeView, Placer
 from ibpool_core.sched.plan import PlanReply, PlanRequest, QueueRequest, plan
 from ibpool_core.sched.queueing import QueuePolicy
 from ibpool_core.sched.records import HOLDING, JobPlacement, JobRecord, avoided
@@ -188,8 +190,9 @@ class InFlight:
             if job.proposal_id not in allocations:
                 take(job.proposal)
         held = self._held
-        for allocation_id in held.keys() - allocations.keys():
-            take(held[allocation_id].assignments)
+        if not held.keys() <= allocations.keys():  # the granted ones found without a set built
+            for allocation_id in held.keys() - allocations.keys():
+                take(held[allocation_id].assignments)
         for job in self._held_unnamed.values():
             take(job.assignments)
         for job in self._replacement_proposed.values():
@@ -234,8 +237,9 @@ class PlanCache:
     `offers`: see `FreeCache`. `running`: job id -> (its record, the core's RunningJob) of jobs that
     hold GPUs since a known time; reused while the record is the same object (`state.live_jobs`
     returns the same record for an unchanged row) and the hosts are the same list (`node_ids`);
-    `promised` the same for proposed jobs, whose start time is renewed every cycle. `layout`: the
-    last host view (`host_view_cached`). The placement view, its fabric and its placer are kept
+    `promised` the same for proposed jobs, whose start time is renewed every cycle; `held` the same
+    for the jobs of a `LiveBook`, kept by its changes (`HeldRuns`). `layout`: the last host view
+    (`host_view_cached`) and its free view. The placement view, its fabric and its placer are kept
     while their inputs hold (`placement_view`, `framework_placer`).
     """
 
@@ -257,6 +261,9 @@ class PlanCache:
         self.inputs_key: object = None
         # Hosts of the placement view whose telemetry may not be the idle default.
         self.telemetry_hosts: set[str] = set()
+        # The (token, version) of the telemetry's change log the view was last brought to, when the
+        # telemetry came as a `ChangedMap`.
+        self.telemetry_seen: tuple[object, int] | None = None
         # Job id -> (its record, the core's job, its hosts, its estimated runtime) of proposed jobs (and
         # held ones since an unknown time), which start "now" every cycle: all but the time is reused.
         self.promised: dict[str, tuple[JobRecord, RunningJob | None, float]] = {}
@@ -266,6 +273,8 @@ class PlanCache:
         # The placer of the last cycle, reused while its view, hosts, framework and sample hold.
         self.placer: FrameworkPlacer | None = None
         self.placer_key: tuple[object, ...] = ()
+        # The running jobs of a `LiveBook`, kept by its changes.
+        self.held: HeldRuns | None = None
 
 
 DEFAULT_SHARP_LIMITS = SharpLimits()
@@ -396,26 +405,42 @@ def placement_view(ledger: Ledger, view: HostView, inputs: PlacementInputs, cach
         cache.view_key, cache.view = view_key, placement
         cache.lists, cache.inputs_key = lists, inputs_key
         cache.telemetry_hosts = {n for n in telemetry if n in placement.hosts}
+        note_telemetry_seen(telemetry, cache)
     return placement
 
 
 def refresh_telemetry(view: fw.ClusterView, telemetry: Mapping[str, fw.Telemetry], cache: PlanCache) -> None:
     """Give every host of `view` its telemetry of `telemetry` (absent: idle), touching only the hosts
-    named there and those that had telemetry before (`PlanCache.telemetry_hosts`), not every host."""
+    named there and those that had telemetry before (`PlanCache.telemetry_hosts`), not every host;
+    of a `ChangedMap` seen before, only the hosts whose telemetry changed since."""
     hosts = view.hosts
     marked = cache.telemetry_hosts
-    for n, t in telemetry.items():
+    seen = cache.telemetry_seen
+    changed = telemetry.log.changes_since(*seen) if isinstance(telemetry, ChangedMap) and seen is not None else None
+    names = telemetry.keys() if changed is None else dict.fromkeys(changed)
+    for n in names:
         host = hosts.get(n)
+        t = telemetry.get(n)
         if host is None:
             continue
+        if t is None:
+            marked.discard(n)
+            t = IDLE
+        else:
+            marked.add(n)
         if host.telemetry is not t and host.telemetry != t:
             view.replace_host(msgspec.structs.replace(host, telemetry=t))
-        marked.add(n)
-    for n in [n for n in marked if n not in telemetry]:
-        host = hosts[n]
-        if host.telemetry is not IDLE and host.telemetry != IDLE:
-            view.replace_host(msgspec.structs.replace(host, telemetry=IDLE))
-        marked.discard(n)
+    if changed is None:
+        for n in [n for n in marked if n not in telemetry]:
+            host = hosts[n]
+            if host.telemetry is not IDLE and host.telemetry != IDLE:
+                view.replace_host(msgspec.structs.replace(host, telemetry=IDLE))
+            marked.discard(n)
+    note_telemetry_seen(telemetry, cache)
+
+
+def note_telemetry_seen(telemetry: Mapping[str, fw.Telemetry], cache: PlanCache) -> None:
+    cache.telemetry_seen = (telemetry.log.token, telemetry.log.version) if isinstance(telemetry, ChangedMap) else None
 
 
 def allowed_hosts(job: JobRecord, sites: SitePlan, node_ids: Sequence[str], now: dt.datetime) -> frozenset[str] | None:
@@ -587,9 +612,11 @@ class Layout:
            `_layout_key` when the view's host lists were built
     base   per host index, its offer's free GPUs (before the GPUs in flight are taken out)
     pos    node id -> host index (offered nodes only); `taken` the hosts with GPUs in flight last time
+    free_view  `FreeView.of(view.cluster)`, kept in step with the view host by host; a cycle borrows
+           it (`plan_cycle`) and gives it back as it was
     """
 
-    __slots__ = ("base", "ids", "keys", "leaves", "nodes", "pos", "taken", "view")
+    __slots__ = ("base", "free_view", "ids", "keys", "leaves", "nodes", "pos", "taken", "view")
 
     def __init__(self, ledger: Ledger, leaves: LeafSource, taken: dict[str, set[int]], cache: FreeCache) -> None:
         self.leaves = leaves
@@ -602,6 +629,7 @@ class Layout:
         self.pos = {n: h for h, n in enumerate(self.view.node_ids)}
         self.base: list[Sequence[int]] = [cache[n][1].free for n in self.view.node_ids]
         self.taken = {n for n in taken if n in self.pos}
+        self.free_view = FreeView.of(self.view.cluster)
 
 
 _CHUNK = 64
@@ -654,11 +682,13 @@ def host_view_cached(ledger: Ledger, taken: dict[str, set[int]], leaves: LeafSou
     free_gpus = list(old.free_gpus)
     free = list(old.cluster.free)
     node_ids = old.node_ids
+    free_view = st.free_view
     for h in dirty:
         held = taken.get(node_ids[h])
         offered = base[h]
         free_gpus[h] = got = [g for g in offered if g not in held] if held else offered
         free[h] = len(got)
+        free_view.set_free(h, free[h])
     st.view = HostView(
         node_ids=node_ids,
         free_gpus=free_gpus,
@@ -727,7 +757,7 @@ def running_jobs(
     out: list[RunningJob] = []
     for j in jobs:
         state = j.state
-        if state not in _HOLDING_OR_PROPOSED:
+        if state not in HOLDING_OR_PROPOSED:
             continue
         job_id = j.job_id
         hit = running.get(job_id)
@@ -756,7 +786,96 @@ def running_jobs(
     return out
 
 
-_HOLDING_OR_PROPOSED = frozenset(("proposed", "scheduled", "running"))
+class HeldRuns:
+    """`running_jobs` of a `LiveBook`, kept by the book's changes: the core's `RunningJob` of every job
+    holding or promised GPUs whose hosts are all in the view, in the book's order, and the deadlines
+    of those with a time limit, so that a cycle costs the jobs that changed (and the promised ones,
+    which start "now" every cycle), not a walk over every held job. Built for one book, host list
+    and margin (`fits`); `update` brings it to the book's version."""
+
+    __slots__ = (
+        "built", "deadlines", "index", "margin", "node_ids", "order", "promised", "runs", "seq_of", "token", "version",
+    )  # fmt: skip
+
+    def __init__(self, book: LiveBook, index: dict[str, int], node_ids: list[str], margin: float, now: float) -> None:
+        self.token, self.version = book.token, book.version
+        self.index, self.node_ids, self.margin = index, node_ids, margin
+        self.order = Ordered()  # seq -> job id, of the jobs in `runs`
+        self.runs: list[RunningJob] = []  # by position of `order`
+        self.seq_of: dict[str, int] = {}
+        # Job id -> (seq, its RunningJob as of the last cycle, its estimated runtime) of the jobs that
+        # start "now" every cycle (proposed, or held since an unknown time).
+        self.promised: dict[str, tuple[int, RunningJob, float]] = {}
+        self.deadlines: list[tuple[float, int]] = []  # (started_at + time limit, seq), sorted
+        self.built = 0  # running pictures computed by the last `update` (the jobs that changed)
+        records = book.records
+        for job_id in book.held.ids:
+            self._add(records[job_id], book.seq_of(job_id), now)
+
+    def fits(self, book: LiveBook, node_ids: list[str], margin: float) -> bool:
+        return (
+            self.token is book.token
+            and (self.node_ids is node_ids or self.node_ids == node_ids)
+            and self.margin == margin
+            and book.changes_since(self.token, self.version) is not None
+        )
+
+    def _add(self, job: JobRecord, seq: int, now: float) -> None:
+        self.built += 1
+        r = running_job(job, self.index, self.margin, now)
+        if r is None:
+            return
+        job_id = job.job_id
+        self.runs.insert(self.order.add(seq, job_id), r)
+        self.seq_of[job_id] = seq
+        if job.state != "proposed" and (job.started_at or job.scheduled_at) is not None:
+            if r.job.time_limit_s is not None:
+                insort(self.deadlines, (r.started_at + r.job.time_limit_s, seq))
+        else:
+            self.promised[job_id] = (seq, r, estimated_runtime(r.job, self.margin))
+
+    def _remove(self, job_id: str) -> None:
+        seq = self.seq_of.pop(job_id, None)
+        if seq is None:
+            return
+        i = self.order.remove(seq)
+        assert i is not None
+        r = self.runs.pop(i)
+        if self.promised.pop(job_id, None) is None and r.job.time_limit_s is not None:
+            deadlines = self.deadlines
+            at = bisect_right(deadlines, (r.started_at + r.job.time_limit_s, seq)) - 1
+            assert deadlines[at][1] == seq
+            del deadlines[at]
+
+    def update(self, book: LiveBook, now: float) -> tuple[list[RunningJob], list[str]]:
+        """The running jobs at `now`, in the book's order, and the ids of those past their time limit
+        (in the same order). `fits` must hold."""
+        changes = book.changes_since(self.token, self.version)
+        assert changes is not None
+        records = book.records
+        self.built = 0
+        for job_id in dict.fromkeys(changes):
+            self._remove(job_id)
+            job = records.get(job_id)
+            if job is not None and job.state in HOLDING_OR_PROPOSED:
+                self._add(job, book.seq_of(job_id), now)
+        self.version = book.version
+        order, runs = self.order, self.runs
+        over: list[tuple[int, str]] = []
+        for job_id, (seq, r, runtime) in self.promised.items():
+            i = order.position(seq)
+            assert i is not None
+            runs[i] = r = RunningJob(job=r.job, hosts=r.hosts, started_at=now, planned_end=now + runtime)
+            self.promised[job_id] = (seq, r, runtime)
+            if r.job.time_limit_s is not None and now >= r.started_at + r.job.time_limit_s:
+                over.append((seq, job_id))
+        due = self.deadlines[: bisect_right(self.deadlines, (now, float("inf")))]
+        for _, seq in due:
+            i = order.position(seq)
+            assert i is not None
+            over.append((seq, order.ids[i]))
+        over.sort()
+        return runs, [job_id for _, job_id in over]
 
 
 QueueRule = tuple[QueuePolicy, CycleConfig]
@@ -823,8 +942,17 @@ def plan_cycle(
     leaves = LeafSource(leaf_label, placement.fabric if placement.framework is not None else None)
     view = host_view(ledger, taken, leaves) if cache is None else host_view_cached(ledger, taken, leaves, cache)
     index = host_index(view.node_ids, cache)
-    waiting = [j for j in jobs if j.state == "queued" and (j.not_before is None or j.not_before <= now)]
-    running = running_jobs(jobs, index, view.node_ids, config.safety_margin, now.timestamp(), cache)
+    book = jobs if isinstance(jobs, LiveBook) else None
+    queued: Iterable[JobRecord] = book.queued() if book is not None else (j for j in jobs if j.state == "queued")
+    waiting = [j for j in queued if j.not_before is None or j.not_before <= now]
+    overruns: list[str] | None = None
+    if book is not None and cache is not None:
+        margin = config.safety_margin
+        if cache.held is None or not cache.held.fits(book, view.node_ids, margin):
+            cache.held = HeldRuns(book, index, view.node_ids, margin, now.timestamp())
+        running, overruns = cache.held.update(book, now.timestamp())
+    else:
+        running = running_jobs(jobs, index, view.node_ids, config.safety_margin, now.timestamp(), cache)
     placer: Placer | None = None
     sites = NO_SITES
     if placement.framework is None:
@@ -858,23 +986,38 @@ def plan_cycle(
         )
 
     framework = isinstance(placer, FrameworkPlacer)
-    reply = plan(
-        PlanRequest(
-            now=now.timestamp(),
-            # No job waiting: the cluster's policy on an empty queue still kills jobs past their limit.
-            queues=[queue(q, jobs) for q, jobs in groups.items()] or [queue("", [])],
-            running=running,
-            cluster=view.cluster,
-            names=view.node_ids,
-            fairshare=placement.fairshare,
-            placer=placer,
-            sharp_limits=placement.sharp_limits if framework else None,
-            sharp_held=placement.sharp_held,
-            fabric_version=leaves.fabric.about.version if framework and leaves.fabric is not None else None,
+    # The host view's free view, kept by the cache, lent to the first queue's cycle and given back.
+    free_view = cache.layout.free_view if cache is not None and cache.layout is not None else None
+    if free_view is not None:
+        free_view.journal = []
+    try:
+        reply = plan(
+            PlanRequest(
+                now=now.timestamp(),
+                # No job waiting: the cluster's policy on an empty queue still kills jobs past their limit.
+                queues=[queue(q, jobs) for q, jobs in groups.items()] or [queue("", [])],
+                running=running,
+                cluster=view.cluster,
+                names=view.node_ids,
+                fairshare=placement.fairshare,
+                placer=placer,
+                sharp_limits=placement.sharp_limits if framework else None,
+                sharp_held=placement.sharp_held,
+                fabric_version=leaves.fabric.about.version if framework and leaves.fabric is not None else None,
+                free_view=free_view,
+                overruns=overruns,
+            )
         )
-    )
+    finally:
+        if free_view is not None:
+            free_view.rollback()
+            free_view.journal = None
     # The records assign() reads: the starts' (all waiting jobs) and, when there are any, the victims'.
-    records = {j.job_id: j for j in (jobs if reply.preemptions or reply.kills else waiting)}
+    records: Mapping[str, JobRecord]
+    if reply.preemptions or reply.kills:
+        records = book.records if book is not None else {j.job_id: j for j in jobs}
+    else:
+        records = {j.job_id: j for j in waiting}
     return CyclePlan(
         ledger_version=ledger.version,
         proposals=assign(reply, view, records, index),
@@ -887,7 +1030,7 @@ def plan_cycle(
 
 
 def assign(
-    reply: PlanReply, view: HostView, jobs: dict[str, JobRecord], index: Mapping[str, int] | None = None
+    reply: PlanReply, view: HostView, jobs: Mapping[str, JobRecord], index: Mapping[str, int] | None = None
 ) -> list[Proposal]:
     """The exact GPUs of every start, host by host in its rank order: the lowest free indices of
     each host the core chose, counting the GPUs of the jobs this cycle preempts or kills as free
