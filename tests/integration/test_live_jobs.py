@@ -6,11 +6,13 @@ it, or when a later submission commits before an earlier one."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 
 import msgspec
 
 from ibpool_core.pool.ledger import Ledger
 from ibpool_core.sched import records as jobs
+from ibpool_core.sched.book import LiveBook
 from ibpool_core.sched.pool_cycle import taken_in_flight
 from ibpool_core.sched.records import JobRecord
 from ibpool_proto.job import JobSpec
@@ -42,9 +44,12 @@ async def incremental(live: state.LiveJobs, store: Store) -> list[tuple[str, str
     return [(j.job_id, j.state) for j in records]
 
 
-def kept_as_walked(live: state.LiveJobs, records: list[JobRecord]) -> None:
+def kept_as_walked(live: state.LiveJobs, records: Sequence[JobRecord]) -> None:
     """What the cache keeps as rows change is what a walk over the jobs it read finds."""
-    assert list(live.by_id.items()) == [(j.job_id, j) for j in records]
+    assert dict(live.by_id) == {j.job_id: j for j in records}
+    if isinstance(records, LiveBook):  # the book's own indexes
+        assert records.queued() == [j for j in records if j.state == "queued"]
+        assert records.held.ids == [j.job_id for j in records if j.state != "queued"]
     assert live.tally() == state.tally_of(records)
     assert live.queued == sum(1 for j in records if j.state == "queued")
     assert live.replacing() == [j for j in records if j.holding and j.replacing is not None and j.replace_id is None]
@@ -77,10 +82,10 @@ async def test_reads_only_what_changed_and_ends_with_what_a_whole_read_returns(s
         live = state.LiveJobs()
         assert await incremental(live, store) == await whole(store)
         assert len(await whole(store)) == 20
-        first = (await incremental(live, store), live._records)
-        # Nothing written since: the read fetches no job row and hands back the same list.
+        first = (await incremental(live, store), live._book.version)
+        # Nothing written since: the read fetches no job row and hands back the book unchanged.
         assert await rows_read(live, store) == 0
-        assert (await incremental(live, store), live._records) == first
+        assert (await incremental(live, store), live._book.version) == first
 
         # A job ends, another is scheduled, a third is submitted: three rows are read, not 21.
         async with store.transaction() as tx:

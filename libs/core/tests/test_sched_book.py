@@ -95,3 +95,55 @@ def test_the_kept_indexes_are_what_a_walk_over_the_jobs_finds() -> None:
                 if j.state != "queued" and j.placement is not None and j.placement.sharp_tree is not None
             }
             assert msgspec.json.encode(list(book)) == msgspec.json.encode(walk)
+
+
+def test_the_leases_watched_by_changes_are_those_a_walk_finds_due() -> None:
+    """`LeaseWatch.due` against `leases_due` through grants, renewals (some landing late), leases
+    left to run out, allocations not in the ledger yet, finishes and requeues."""
+    from ibpool_core.pool.ledger import Allocation
+    from ibpool_core.sched.pool_cycle import LeaseWatch, leases_due
+
+    rng = random.Random(9)
+    lease_s = 60.0
+    book, watch = LiveBook(), LeaseWatch()
+    allocations: dict[str, Allocation] = {}
+    seqs: dict[str, int] = {}
+    now = T0
+    found = 0
+    for step in range(400):
+        now += dt.timedelta(seconds=rng.choice((1.0, 2.0, 7.0)))
+        job_id = f"j{rng.randrange(60)}"
+        seq = seqs.setdefault(job_id, step)
+        roll = rng.random()
+        if roll < 0.25:  # granted a new allocation (the ledger may not show it yet)
+            allocation_id = f"a{step}"
+            book.put(seq, msgspec.structs.replace(job(job_id, "scheduled"), allocation_id=allocation_id))
+            if rng.random() < 0.8:
+                allocations[allocation_id] = Allocation(
+                    allocation_id=allocation_id, command_id=allocation_id, job_id=job_id, tenant="t", queue="q",
+                    kind="whole", nodes=("n",), grants=(), lease_expires_at=now + dt.timedelta(seconds=lease_s),
+                )  # fmt: skip
+        elif roll < 0.35:
+            book.drop(job_id)
+        elif roll < 0.45:
+            book.put(seq, job(job_id, "queued"))
+        elif roll < 0.55 and book.records.get(job_id) is not None:  # a record change, same allocation
+            book.put(seq, msgspec.structs.replace(book.records[job_id], state="running"))
+        for _, allocation_id in leases_due(book, allocations, now, lease_s):
+            if rng.random() < 0.6:  # renewed (the others wait, or their renewal lands later)
+                old = allocations[allocation_id]
+                allocations[allocation_id] = msgspec.structs.replace(
+                    old, lease_expires_at=now + dt.timedelta(seconds=lease_s)
+                )
+        if step % 23 == 0:  # an allocation the walk never saw grant lands late
+            for j in book:
+                if j.allocation_id is not None and j.allocation_id not in allocations:
+                    allocations[j.allocation_id] = Allocation(
+                        allocation_id=j.allocation_id, command_id="c", job_id=j.job_id, tenant="t", queue="q",
+                        kind="whole", nodes=("n",), grants=(), lease_expires_at=now,
+                    )  # fmt: skip
+                    break
+        expected = leases_due(book, allocations, now, lease_s)
+        assert watch.due(book, allocations, now, lease_s) == expected, step
+        found += len(expected)
+    assert found > 50

@@ -40,6 +40,7 @@ from ibpool_core.sched.framework import Framework, Telemetry, build_profile
 from ibpool_core.sched.pool_cycle import (
     CyclePlan,
     LeafSource,
+    LeaseWatch,
     PlacementInputs,
     PlanCache,
     ProposalStamp,
@@ -212,6 +213,7 @@ class Scheduler:
         self.live = state.LiveJobs()
         # Allocation id -> when its lease renewal was last sent (monotonic): one renewal in flight.
         self._renewed: dict[str, float] = {}
+        self.lease_watch = LeaseWatch()
         # A look for leases to renew walks every live job: at most every `lease_s / 8`, and once a
         # second at most (a lease still has half its length left when it first becomes due).
         self.renewals_due = Every(min(1.0, cfg.lease_s / 8))
@@ -666,11 +668,16 @@ class Scheduler:
         )
 
     def renewals(self, live: Sequence[JobRecord], now: dt.datetime) -> list[RenewLease]:
-        """Renew the leases the core finds due (`leases_due`), each at most once per quarter of `lease_s`."""
+        """Renew the leases the core finds due (`leases_due`; of the cycle's book, `LeaseWatch`, which
+        follows the book's changes), each at most once per quarter of `lease_s`."""
         out: list[RenewLease] = []
         clock = time.monotonic()
         allocations = self.feed.ledger.allocations
-        for job_id, allocation_id in leases_due(live, allocations, now, self.cfg.lease_s):
+        if isinstance(live, LiveBook):
+            due = self.lease_watch.due(live, allocations, now, self.cfg.lease_s)
+        else:
+            due = leases_due(live, allocations, now, self.cfg.lease_s)
+        for job_id, allocation_id in due:
             if clock - self._renewed.get(allocation_id, -1e18) < self.cfg.lease_s / 4:
                 continue  # renewed lately: the renewal is on its way
             self._renewed[allocation_id] = clock

@@ -17,6 +17,7 @@ the ledger version it was computed on; the same cycle on the same input proposes
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 from bisect import bisect_right, insort
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
@@ -1159,3 +1160,60 @@ def leases_due(
         if alloc is not None and alloc.lease_expires_at - now <= half:
             out.append((job.job_id, alloc.allocation_id))
     return out
+
+
+class LeaseWatch:
+    """`leases_due` of a `LiveBook`'s jobs, kept by the book's changes and a heap of the times each
+    held allocation's lease comes due (its expiry less half of `lease_s`), so that a call costs the
+    jobs that changed and the leases due, not a walk over every held job. A lease renewed since it
+    went into the heap goes back in at its new time when its old one comes; one not in the ledger
+    yet, or due (until its renewal lands), is looked at again at every call. The same answers as
+    `leases_due(book, ...)`, in the book's order; one `lease_s` per watch."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[dt.datetime, int, str, str]] = []  # (due at, seq, job id, allocation id)
+        self._tracked: dict[str, str] = {}  # job id -> the allocation id of its entry in the heap
+        self._seen: tuple[object, int] | None = None  # the book's (token, version) last read
+
+    def due(
+        self, book: LiveBook, allocations: Mapping[str, Allocation], now: dt.datetime, lease_s: float
+    ) -> list[tuple[str, str]]:
+        half = dt.timedelta(seconds=lease_s / 2)
+        heap, tracked = self._heap, self._tracked
+        changes = book.changes_since(*self._seen) if self._seen is not None else None
+        if changes is None:
+            heap.clear()
+            tracked.clear()
+        records = book.records
+        for job_id in book.held.ids if changes is None else dict.fromkeys(changes):
+            job = records.get(job_id)
+            allocation_id = job.allocation_id if job is not None and job.holding else None
+            if allocation_id is None:
+                tracked.pop(job_id, None)  # its entry, if any, is dropped when it comes up
+                continue
+            if tracked.get(job_id) == allocation_id:
+                continue
+            tracked[job_id] = allocation_id
+            alloc = allocations.get(allocation_id)
+            at = alloc.lease_expires_at - half if alloc is not None else now
+            heapq.heappush(heap, (at, book.seq_of(job_id), job_id, allocation_id))
+        self._seen = (book.token, book.version)
+        out: list[tuple[int, str, str]] = []
+        again: list[tuple[dt.datetime, int, str, str]] = []
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            _, seq, job_id, allocation_id = entry
+            if tracked.get(job_id) != allocation_id:
+                continue  # the job ended, went back to the queue or holds another allocation
+            alloc = allocations.get(allocation_id)
+            if alloc is None:
+                again.append((now, seq, job_id, allocation_id))
+            elif alloc.lease_expires_at - now <= half:
+                out.append((seq, job_id, allocation_id))
+                again.append(entry)
+            else:
+                heapq.heappush(heap, (alloc.lease_expires_at - half, seq, job_id, allocation_id))
+        for entry in again:
+            heapq.heappush(heap, entry)
+        out.sort()
+        return [(job_id, allocation_id) for _, job_id, allocation_id in out]
