@@ -4,14 +4,24 @@
 here alone over a ledger of `--nodes` 8-GPU nodes (leaves of 32), every node holding `--per-node`
 jobs (granted through the allocator's own `allocate.handle`), with the service's default framework
 profile, its `PlanCache` kept from cycle to cycle and the GPUs in flight kept as the service keeps
-them (`InFlight`). Two kinds of cycle, each timed `--cycles` times after three warm-up cycles:
+them (`InFlight`). The jobs are given two ways, in the same run:
 
-  idle        nothing waiting (the service's timer cycle: kills past their limit, nothing to place)
+  book   a `LiveBook` kept by the jobs' changes, as the service keeps it (`state.LiveJobs`), and
+         every node's telemetry as a `ChangedMap` (`node_feed.PlacementTelemetry`): the cycle
+         reads what changed (now)
+  list   the same jobs as a list and the telemetry as a dict: the cycle walks every held job and
+         every node's telemetry (the service before; the cache's identity checks still spare the
+         rebuilding of what did not change)
+
+Three kinds of cycle, each timed `--cycles` times after three warm-up cycles:
+
+  idle        nothing waiting and nothing changed (the service's timer cycle)
   one job     one 1-GPU job waiting (the cycle a submission wakes)
+  one change  one held job's record changed since the last cycle (it started: a JobStarted's news)
+              and one node's telemetry
 
-and, from cProfile over the idle cycles, the share of the parts that walk every held job or every
-host. No floor: the figures go to docs/scale.md (what is still owed: a cycle bounded by what changed).
-Results: tests/bench/results/bench_sched_cycle-latest.json.
+and, from cProfile over the idle cycles of the book, the functions that take the most of it.
+No floor: the figures go to docs/scale.md. Results: tests/bench/results/bench_sched_cycle-latest.json.
 Usage: .venv/bin/python tests/bench/bench_sched_cycle.py --nodes 1000,5000,12500 --per-node 2
 """
 
@@ -25,29 +35,26 @@ import pstats
 import statistics
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from bench_report import machine, run_child
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 T0 = dt.datetime(2026, 12, 5, tzinfo=dt.UTC)
 LEAF = "ibpool.io/leaf"
-# Functions whose own time is a walk over every held job or every host, by the name cProfile gives.
-WALKS = {
-    "running_jobs": "held jobs: their running picture (identity checks against the cache)",
-    "__init__": "hosts: the free view of the cycle (placer.FreeView)",
-    "<listcomp>": "held jobs: past their limit; live jobs: the waiting ones",
-}
 
 
 def one_run(nodes: int, per_node: int, cycles: int) -> dict[str, Any]:
     from ibpool_core.pool import allocate as al
     from ibpool_core.pool.ledger import Ledger
     from ibpool_core.sched import records
+    from ibpool_core.sched.book import ChangedMap, LiveBook
     from ibpool_core.sched.cycle import CycleConfig
-    from ibpool_core.sched.framework import Framework, build_profile
+    from ibpool_core.sched.framework import Framework, Telemetry, build_profile
     from ibpool_core.sched.pool_cycle import InFlight, PlacementInputs, PlanCache, plan_cycle
     from ibpool_core.sched.queueing import make_policy
     from ibpool_core.sched.records import JobRecord
@@ -85,45 +92,75 @@ def one_run(nodes: int, per_node: int, cycles: int) -> dict[str, Any]:
             )  # fmt: skip
             al.handle(ledger, cmd, T0)
             live.append(records.granted(records.proposed(j, cmd.id, assignments, None), cmd.id, [n], T0))
-    in_flight = InFlight()
-    for j in live:
-        in_flight.add(j)
     policy, config = make_policy("fifo"), CycleConfig()
-    inputs = PlacementInputs(framework=Framework(build_profile(DEFAULT_PROFILE)))
-    cache = PlanCache()
     t = [10.0]
 
-    def cycle(jobs: list[JobRecord]) -> float:
-        t[0] += 1.0
-        start = time.perf_counter()
-        plan_cycle(ledger, jobs, T0 + dt.timedelta(seconds=t[0]), policy, config, LEAF, cache, placement=inputs,
-                   in_flight=in_flight.taken(ledger))  # fmt: skip
-        return time.perf_counter() - start
+    # Every node's telemetry, as the service keeps it (a ChangedMap) and as a plain dict (before).
+    kept: ChangedMap[Telemetry] = ChangedMap()
+    for i, n in enumerate(ids):
+        kept.put(n, Telemetry(gpu_util=(i % 10) / 10, temperature_c=60.0))
+    plain = dict(kept)
 
-    for _ in range(3):
-        cycle(live)
-    idle = [cycle(live) for _ in range(cycles)]
+    def timer(jobs: Sequence[JobRecord], telemetry: Mapping[str, Telemetry]) -> Callable[[], float]:
+        inputs = PlacementInputs(framework=Framework(build_profile(DEFAULT_PROFILE)), telemetry=telemetry)
+        cache = PlanCache()
+        in_flight = InFlight()
+        for j in live:
+            in_flight.add(j)
+
+        def cycle() -> float:
+            t[0] += 1.0
+            start = time.perf_counter()
+            plan_cycle(ledger, jobs, T0 + dt.timedelta(seconds=t[0]), policy, config, LEAF, cache, placement=inputs,
+                       in_flight=in_flight.taken(ledger))  # fmt: skip
+            return time.perf_counter() - start
+
+        return cycle
+
+    book = LiveBook()
+    for seq, j in enumerate(live):
+        book.put(seq, j)
+    listed = list(live)
+    cycles_of = {"book": timer(book, kept), "list": timer(listed, plain)}
+    out: dict[str, Any] = {"nodes": nodes, "held_jobs": len(live)}
+    for way, cycle in cycles_of.items():
+        for _ in range(3):
+            cycle()
+        out[f"{way}_idle_ms"] = statistics.median(cycle() for _ in range(cycles)) * 1e3
     new = JobRecord(job_id="new", tenant="t", queue="q", gpus_per_host=1, hosts=1, submitted_at=T0, queued_at=T0)
-    waiting = [*live, new]
-    one = [cycle(waiting) for _ in range(cycles)]
+    book.put(len(live), new)
+    listed.append(new)
+    for way, cycle in cycles_of.items():
+        out[f"{way}_one_job_ms"] = statistics.median(cycle() for _ in range(cycles)) * 1e3
+    book.drop("new")
+    listed.pop()
+    # One held job starts (its record changes) between every two cycles.
+    times: dict[str, list[float]] = {"book": [], "list": []}
+    for k in range(cycles):
+        i = k % len(live)
+        again = msgspec.structs.replace(live[i], started_at=T0 + dt.timedelta(seconds=k))
+        book.put(i, again)
+        listed[i] = again
+        hot = Telemetry(gpu_util=0.95, temperature_c=60.0 + k % 2)  # and one node's telemetry
+        kept.put(ids[i // per_node], hot)
+        plain[ids[i // per_node]] = hot
+        for way, cycle in cycles_of.items():
+            times[way].append(cycle())
+    for way, ts in times.items():
+        out[f"{way}_one_change_ms"] = statistics.median(ts) * 1e3
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(cycles):
-        cycle(live)
+        cycles_of["book"]()
     prof.disable()
     stats = pstats.Stats(prof)
     total = max(stats.total_tt, 1e-9)  # type: ignore[attr-defined]
-    walks: dict[str, float] = {}
-    for (file, _, name), (_, _, own, _, _) in stats.stats.items():  # type: ignore[attr-defined]
-        if name in WALKS and own / total >= 0.01 and any(m in file for m in ("pool_cycle", "placer", "cycle.py")):
-            walks[f"{Path(file).name}:{name}"] = walks.get(f"{Path(file).name}:{name}", 0.0) + own / total
-    return {
-        "nodes": nodes,
-        "held_jobs": len(live),
-        "idle_ms": statistics.median(idle) * 1e3,
-        "one_job_ms": statistics.median(one) * 1e3,
-        "walk_share_idle": walks,
-    }
+    own = sorted(
+        ((v[2] / total, f"{Path(file).name}:{name}") for (file, _, name), v in stats.stats.items()),  # type: ignore[attr-defined]
+        reverse=True,
+    )
+    out["book_idle_top"] = {name: round(share, 3) for share, name in own[:6]}
+    return out
 
 
 def main() -> int:
@@ -138,22 +175,14 @@ def main() -> int:
         print(json.dumps(one_run(args.child, args.per_node, args.cycles)))
         return 0
     out: dict[str, Any] = {"machine": machine(), "per_node": args.per_node, "cycles": args.cycles, "sizes": {}}
-    print(f"{'nodes':>7} {'held jobs':>10} {'idle cycle':>11} {'one job':>9}  walks (share of the idle cycle)")
+    keys = [f"{way}_{kind}_ms" for kind in ("idle", "one_job", "one_change") for way in ("book", "list")]
+    print(f"{'nodes':>7} {'held jobs':>10}  " + "  ".join(f"{k[:-3]:>16}" for k in keys))
     for n in [int(s) for s in args.nodes.split(",")]:
         child = ["--child", str(n), "--per-node", str(args.per_node), "--cycles", str(args.cycles)]
         runs = [run_child(Path(__file__), child) for _ in range(args.runs)]
-        med = {k: statistics.median(r[k] for r in runs) for k in ("idle_ms", "one_job_ms")}
-        walks = {
-            k: statistics.median(r["walk_share_idle"].get(k, 0.0) for r in runs) for k in runs[0]["walk_share_idle"]
-        }
-        out["sizes"][str(n)] = {
-            "median": med,
-            "walk_share_idle": walks,
-            "held_jobs": runs[0]["held_jobs"],
-            "runs": runs,
-        }
-        shares = ", ".join(f"{k} {v:.0%}" for k, v in sorted(walks.items(), key=lambda kv: -kv[1]))
-        print(f"{n:>7} {runs[0]['held_jobs']:>10} {med['idle_ms']:>9.1f}ms {med['one_job_ms']:>7.1f}ms  {shares}")
+        med = {k: statistics.median(r[k] for r in runs) for k in keys}
+        out["sizes"][str(n)] = {"median": med, "held_jobs": runs[0]["held_jobs"], "runs": runs}
+        print(f"{n:>7} {runs[0]['held_jobs']:>10}  " + "  ".join(f"{med[k]:>14.2f}ms" for k in keys))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_sched_cycle-latest.json").write_text(json.dumps(out, indent=2) + "\n")
     return 0
