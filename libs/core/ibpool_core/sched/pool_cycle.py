@@ -8,6 +8,10 @@ GPU indices, the exact assignment a `ProposePlacement` carries. GPUs are counted
 ledger holds a grant on them, and also while the ledger replica has not seen yet what the
 scheduler already knows: a proposal in flight, or a grant the replica has not folded in.
 
+The live jobs come as a list, or as a `LiveBook` kept by their changes (the service's), and the
+telemetry as a mapping or a `ChangedMap`: with a `PlanCache`, a cycle on a book reads what changed
+since the last (`HeldRuns`, `refresh_telemetry`) and gives the plan a walk over `list(book)` gives.
+
 `job_changes` turns a plan into records and commands. A `ProposePlacement`'s id (also the allocation
 id of its grant) derives from the proposal (`ibpool_core.ids.event_id`): the job, its attempt and
 rejections so far (a new proposal of the job each time), the scheduler group and fencing term, and
