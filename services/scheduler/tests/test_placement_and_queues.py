@@ -14,11 +14,12 @@ import pytest
 from ibpool_core.fabric.generators import generate
 from ibpool_core.fabric.model import rename_hosts
 from ibpool_core.fabric.view import FabricView, fabric_state
+from ibpool_core.pool import allocate as al
 from ibpool_core.sched import records as jobs
 from ibpool_core.sched.cycle import CycleConfig
 from ibpool_core.sched.fairshare import fairshare_factors, seeded_usage
 from ibpool_core.sched.framework import Framework, Telemetry, build_profile
-from ibpool_core.sched.pool_cycle import PlacementInputs, PlanCache, plan_cycle
+from ibpool_core.sched.pool_cycle import PlacementInputs, PlanCache, mig_hosts, plan_cycle
 from ibpool_core.sched.queueing import make_policy
 from ibpool_proto.fabric import LinkDegraded, LinkRecovered
 from ibpool_proto.node import GpuSample, HcaPort, HcaPortsReported, NodeRegistered, TelemetryReported
@@ -347,3 +348,26 @@ def test_the_placement_telemetry_kept_by_changes_is_what_a_walk_over_every_sampl
                 walk[n] = telemetry_of(sample, memory)
         assert dict(got) == walk, step
     assert changed > 100 and len(kept._due) <= len(names)
+
+
+def test_the_mig_capable_hosts_are_kept_with_the_layout_and_follow_a_node_registered_again() -> None:
+    """`mig_hosts_cached` is `mig_hosts` through cycles: computed once while no node's GPUs change,
+    again when a node comes back with MIG on (the same model and labels)."""
+    plain, capable = node("n1", 8), node("n2", 8)
+    mig_on = [msgspec.structs.replace(g, mig_capable=True) for g in capable.gpus]
+    ledger = ledger_of(plain, msgspec.structs.replace(capable, gpus=mig_on))
+    cache = PlanCache()
+    slice_job = job("s", 1, at=1, mig_profile="1g.10gb")
+
+    def cycle() -> frozenset[str]:
+        plan_cycle(ledger, [slice_job], T0, make_policy("fifo"), CycleConfig(), "ibpool.io/leaf", cache,
+                   placement=PlacementInputs(framework()))  # fmt: skip
+        assert cache.layout is not None
+        return cache.layout.mig["1g.10gb"]
+
+    first = cycle()
+    assert first == mig_hosts(ledger, "1g.10gb") == {"n2"}
+    assert cycle() is first  # kept, not walked again
+    again = msgspec.structs.replace(plain, gpus=[msgspec.structs.replace(g, mig_capable=True) for g in plain.gpus])
+    al.handle(ledger, again, T0)  # registered again with MIG on
+    assert cycle() == mig_hosts(ledger, "1g.10gb") == {"n1", "n2"}

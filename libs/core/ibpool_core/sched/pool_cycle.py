@@ -468,6 +468,18 @@ def mig_hosts(ledger: Ledger, profile: str) -> frozenset[str]:
     )
 
 
+def mig_hosts_cached(ledger: Ledger, profile: str, cache: PlanCache | None) -> frozenset[str]:
+    """`mig_hosts`, kept with the cache's host layout (rebuilt when any node's GPU models or MIG
+    capability change, `_layout_key`), so a MIG job waiting costs no walk over every node per cycle."""
+    layout = cache.layout if cache is not None else None
+    if layout is None:
+        return mig_hosts(ledger, profile)
+    hit = layout.mig.get(profile)
+    if hit is None:
+        hit = layout.mig[profile] = mig_hosts(ledger, profile)
+    return hit
+
+
 def _and(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
     """Both host limits (None: no limit)."""
     return b if a is None else a if b is None else a & b
@@ -606,8 +618,10 @@ def host_view(
 
 
 def _layout_key(node: Node, offer: NodeOffer) -> tuple[object, ...]:
-    """What of a node shapes the cycle's host lists and the placement view (all but its free GPUs)."""
-    return (offer.offered, offer.leaf, offer.capacity, node.labels, node.gpus[0].model if node.gpus else "")
+    """What of a node shapes the cycle's host lists, the placement view and the MIG-capable hosts
+    (all but its free GPUs)."""
+    gpus = tuple((g.model, g.mig_capable) for g in node.gpus)
+    return (offer.offered, offer.leaf, offer.capacity, node.labels, gpus)
 
 
 class Layout:
@@ -619,9 +633,10 @@ class Layout:
     pos    node id -> host index (offered nodes only); `taken` the hosts with GPUs in flight last time
     free_view  `FreeView.of(view.cluster)`, kept in step with the view host by host; a cycle borrows
            it (`plan_cycle`) and gives it back as it was
+    mig    MIG profile -> the hosts whose every GPU can run it (`mig_hosts_cached`), as asked
     """
 
-    __slots__ = ("base", "free_view", "ids", "keys", "leaves", "nodes", "pos", "taken", "view")
+    __slots__ = ("base", "free_view", "ids", "keys", "leaves", "mig", "nodes", "pos", "taken", "view")
 
     def __init__(self, ledger: Ledger, leaves: LeafSource, taken: dict[str, set[int]], cache: FreeCache) -> None:
         self.leaves = leaves
@@ -635,6 +650,7 @@ class Layout:
         self.base: list[Sequence[int]] = [cache[n][1].free for n in self.view.node_ids]
         self.taken = {n for n in taken if n in self.pos}
         self.free_view = FreeView.of(self.view.cluster)
+        self.mig: dict[str, frozenset[str]] = {}  # MIG profile -> `mig_hosts`, while no layout changes
 
 
 _CHUNK = 64
@@ -967,7 +983,9 @@ def plan_cycle(
     elif view.node_ids:
         sites = plan_sites(ledger, view, waiting, running, placement, now.timestamp(), config.safety_margin)
         fw_view = placement_view(ledger, view, placement, cache)
-        mig_capable = {p: mig_hosts(ledger, p) for p in sorted({j.mig_profile for j in waiting if j.mig_profile})}
+        mig_capable = {
+            p: mig_hosts_cached(ledger, p, cache) for p in sorted({j.mig_profile for j in waiting if j.mig_profile})
+        }
         hints = {
             j.job_id: hints_of(
                 j, _and(allowed_hosts(j, sites, view.node_ids, now), mig_capable.get(j.mig_profile or ""))
