@@ -40,6 +40,7 @@ from typing import Literal, TypeVar
 
 import msgspec
 
+from ibpool_core.changes import ChangeLog
 from ibpool_proto.pool import (
     AllocationExpired,
     AllocationKind,
@@ -268,6 +269,25 @@ class Ledger:
         return [self.allocations[a] for a in sorted(node.holders)] if node else []
 
 
+def node_changes(ledger: Ledger) -> ChangeLog:
+    """The node ids whose `Node` the ledger replaced, added or removed, as it applies events: kept
+    beside the ledger object (not part of its value: neither encoded nor compared; a copy or a
+    decoded ledger starts a log of its own), for a reader that wants the nodes changed since it
+    looked without comparing every node (`ChangeLog.changes_since`)."""
+    log: ChangeLog | None = ledger.__dict__.get("_node_changes")
+    if log is None:
+        log = ledger.__dict__["_node_changes"] = ChangeLog()
+    return log
+
+
+def allocation_changes(ledger: Ledger) -> ChangeLog:
+    """The allocation ids added, changed or removed, as `node_changes` for nodes."""
+    log: ChangeLog | None = ledger.__dict__.get("_allocation_changes")
+    if log is None:
+        log = ledger.__dict__["_allocation_changes"] = ChangeLog()
+    return log
+
+
 # The format of `encode_ledger`'s bytes, stored with every snapshot. A change to the ledger's
 # structs that older bytes would not decode to the same ledger (a field renamed, retyped or given a
 # new meaning) raises it and brings a conversion from the older format; adding a field with a
@@ -473,6 +493,7 @@ def _granted(ledger: Ledger, ev: AllocationGranted) -> None:
     else:
         alloc = msgspec.structs.replace(old, grants=_sorted_grants([*old.grants, *grants]))
     ledger.allocations[alloc.allocation_id] = alloc
+    allocation_changes(ledger).note(alloc.allocation_id, len(ledger.allocations))
     _hold(ledger, alloc, grants, ev.ledger_version, +1)
     key = ev.command_id if ev.replaces is not None and ev.command_id else alloc.command_id
     ledger.answers[key] = (*ledger.answers.get(key, ()), _encode(ev))
@@ -492,6 +513,7 @@ def _ended(ledger: Ledger, ev: AllocationReleased | AllocationRevoked | Allocati
         ledger.allocations[alloc.allocation_id] = msgspec.structs.replace(alloc, grants=rest)
     else:
         del ledger.allocations[alloc.allocation_id]
+    allocation_changes(ledger).note(alloc.allocation_id, len(ledger.allocations))
     _hold(ledger, alloc, part, ev.ledger_version, -1)
     ledger.ended[alloc.allocation_id] = (*ledger.ended.get(alloc.allocation_id, ()), _encode(ev))
 
@@ -531,6 +553,7 @@ def _hold(ledger: Ledger, alloc: Allocation, grants: list[GpuGrant], version: in
         granted_memory_mib=node.granted_memory_mib + sign * alloc.host_memory_mib,
         version=version,
     )
+    node_changes(ledger).note(node.node_id, len(ledger.nodes))
     for g in grants:
         for key in usage_keys(alloc.tenant, alloc.queue, g.model):
             share = Share(milli=g.milli, memory_mib=g.memory_mib)
@@ -547,6 +570,7 @@ def _renewed(ledger: Ledger, ev: LeaseRenewed) -> None:
     alloc = ledger.allocations.get(ev.allocation_id)
     if alloc is not None:
         ledger.allocations[alloc.allocation_id] = msgspec.structs.replace(alloc, lease_expires_at=ev.lease_expires_at)
+        allocation_changes(ledger).note(alloc.allocation_id, len(ledger.allocations))
     if ev.command_id:
         ledger.answers[ev.command_id] = (_encode(ev),)
 
@@ -556,6 +580,7 @@ def _node_updated(ledger: Ledger, ev: PoolNodeUpdated) -> None:
         return
     v = ev.ledger_version
     old = ledger.nodes.get(ev.node_id)
+    node_changes(ledger).note(ev.node_id, len(ledger.nodes))
     if ev.removed:
         ledger.nodes.pop(ev.node_id, None)
         ledger.removed_nodes[ev.node_id] = v

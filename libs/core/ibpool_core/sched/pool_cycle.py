@@ -32,7 +32,7 @@ from ibpool_core.fabric.link_health import LinkState
 from ibpool_core.fabric.view import FabricState
 from ibpool_core.ids import event_id
 from ibpool_core.pool import mig
-from ibpool_core.pool.ledger import Allocation, Ledger, Node
+from ibpool_core.pool.ledger import Allocation, Ledger, Node, allocation_changes, node_changes
 from ibpool_core.sched import framework as fw
 from ibpool_core.sched import lifecycle, records
 from ibpool_core.sched.book import HOLDING_OR_PROPOSED, ChangedMap, LiveBook, Ordered
@@ -152,9 +152,11 @@ def taken_in_flight(ledger: Ledger, jobs: Iterable[JobRecord]) -> dict[str, set[
 class InFlight:
     """The jobs whose GPUs may be in flight, kept as live jobs come and go: `add` a job's record,
     `remove` it when the record is replaced or the job ends. `taken(ledger)` needs no walk over
-    every held job: those whose grant the ledger shows are found by a set difference of allocation
-    ids, and only the proposed ones are looked at one by one. (An allocation id belongs to one job:
-    it is the id of that job's proposal.)"""
+    every held job: the held jobs whose grant the ledger does not show yet are kept as a set,
+    brought up to date by the allocations the ledger changed since the last call (its
+    `allocation_changes` log) and the jobs added since (a ledger without that past is compared
+    whole, a set difference of allocation ids); only the proposed ones are looked at one by one.
+    (An allocation id belongs to one job: it is the id of that job's proposal.)"""
 
     def __init__(self) -> None:
         self._proposed: dict[str, JobRecord] = {}  # job id -> a proposed job
@@ -162,6 +164,9 @@ class InFlight:
         self._held_unnamed: dict[str, JobRecord] = {}  # job id -> a held job with no allocation id
         self._replacement_proposed: dict[str, JobRecord] = {}  # job id -> a held job whose member's
         # replacement is in flight: its GPUs are promised
+        self._missing: set[str] = set()  # allocation ids of `_held` the ledger did not show at `_seen`
+        self._fresh: set[str] = set()  # allocation ids added to `_held` since the last `taken`
+        self._seen: tuple[object, int] | None = None  # the ledger's allocation log, as read
 
     def add(self, job: JobRecord) -> None:
         if job.state == "proposed":
@@ -171,6 +176,7 @@ class InFlight:
                 self._held_unnamed[job.job_id] = job
             else:
                 self._held[job.allocation_id] = job
+                self._fresh.add(job.allocation_id)
             if job.replace_id is not None:
                 self._replacement_proposed[job.job_id] = job
 
@@ -182,6 +188,8 @@ class InFlight:
         if job.allocation_id is not None and (held := self._held.get(job.allocation_id)) is not None:
             if held.job_id == job.job_id:
                 del self._held[job.allocation_id]
+                self._missing.discard(job.allocation_id)
+                self._fresh.discard(job.allocation_id)
 
     def taken(self, ledger: Ledger) -> dict[str, set[int]]:
         taken: dict[str, set[int]] = {}
@@ -194,10 +202,25 @@ class InFlight:
         for job in self._proposed.values():
             if job.proposal_id not in allocations:
                 take(job.proposal)
-        held = self._held
-        if not held.keys() <= allocations.keys():  # the granted ones found without a set built
-            for allocation_id in held.keys() - allocations.keys():
-                take(held[allocation_id].assignments)
+        held, missing = self._held, self._missing
+        log = allocation_changes(ledger)
+        changed = log.changes_since(*self._seen) if self._seen is not None else None
+        if changed is None:
+            missing.clear()
+            if not held.keys() <= allocations.keys():  # the granted ones found without a set built
+                missing.update(held.keys() - allocations.keys())
+        else:
+            for allocation_id in (*changed, *self._fresh):
+                if allocation_id not in held:
+                    continue
+                if allocation_id in allocations:
+                    missing.discard(allocation_id)
+                else:
+                    missing.add(allocation_id)
+        self._fresh.clear()
+        self._seen = (log.token, log.version)
+        for allocation_id in missing:
+            take(held[allocation_id].assignments)
         for job in self._held_unnamed.values():
             take(job.assignments)
         for job in self._replacement_proposed.values():
@@ -627,8 +650,9 @@ def _layout_key(node: Node, offer: NodeOffer) -> tuple[object, ...]:
 class Layout:
     """The last host view of `host_view_cached` and what it was built from.
 
-    ids    every node id of the ledger, sorted; `nodes` the node of each as last seen and `keys` its
-           `_layout_key` when the view's host lists were built
+    ids    every node id of the ledger, sorted (`index`: node id -> position); `nodes` the node of
+           each as last seen and `keys` its `_layout_key` when the view's host lists were built;
+           `seen` the (token, version) of the ledger's `node_changes` they were brought to
     base   per host index, its offer's free GPUs (before the GPUs in flight are taken out)
     pos    node id -> host index (offered nodes only); `taken` the hosts with GPUs in flight last time
     free_view  `FreeView.of(view.cluster)`, kept in step with the view host by host; a cycle borrows
@@ -636,7 +660,7 @@ class Layout:
     mig    MIG profile -> the hosts whose every GPU can run it (`mig_hosts_cached`), as asked
     """
 
-    __slots__ = ("base", "free_view", "ids", "keys", "leaves", "mig", "nodes", "pos", "taken", "view")
+    __slots__ = ("base", "free_view", "ids", "index", "keys", "leaves", "mig", "nodes", "pos", "seen", "taken", "view")
 
     def __init__(self, ledger: Ledger, leaves: LeafSource, taken: dict[str, set[int]], cache: FreeCache) -> None:
         self.leaves = leaves
@@ -651,6 +675,9 @@ class Layout:
         self.taken = {n for n in taken if n in self.pos}
         self.free_view = FreeView.of(self.view.cluster)
         self.mig: dict[str, frozenset[str]] = {}  # MIG profile -> `mig_hosts`, while no layout changes
+        self.index = {n: i for i, n in enumerate(self.ids)}
+        log = node_changes(ledger)
+        self.seen: tuple[object, int] | None = (log.token, log.version)  # the ledger's node log, as read
 
 
 _CHUNK = 64
@@ -658,10 +685,11 @@ _CHUNK = 64
 
 def host_view_cached(ledger: Ledger, taken: dict[str, set[int]], leaves: LeafSource, cache: PlanCache) -> HostView:
     """`host_view(ledger, taken, leaves)`, computed from the last cycle's: only the hosts whose node
-    changed (the ledger replaces a node on every change) or whose GPUs in flight changed are redone,
-    and while no node's layout (`_layout_key`) changed the view keeps the same host lists, node ids,
-    leaves and capacities (the same list objects, which `placement_view` keys on). Any change of the
-    node set or of a layout rebuilds it."""
+    changed (the ledger replaces a node on every change; its `node_changes` log names them, or,
+    for a ledger without that past, every node is compared with the one last seen) or whose GPUs in
+    flight changed are redone, in place, and while no node's layout (`_layout_key`) changed the view
+    keeps the same host lists, node ids, leaves and capacities (the same list objects, which
+    `placement_view` keys on). Any change of the node set or of a layout rebuilds it."""
     st = cache.layout
     nodes = ledger.nodes
     if st is None or not st.leaves.same(leaves) or len(nodes) != len(st.ids):
@@ -670,39 +698,54 @@ def host_view_cached(ledger: Ledger, taken: dict[str, set[int]], leaves: LeafSou
         cache.layout = Layout(ledger, leaves, taken, cache.offers)
         return cache.layout.view
     ids, prev, pos, base = st.ids, st.nodes, st.pos, st.base
-    current = list(map(nodes.get, ids))
     dirty: set[int] = set()
-    n = len(current)
-    # A cycle sees a few changed nodes among 1,000: compare in chunks (C speed), walk only those that differ.
-    for lo in range(0, n, _CHUNK):
-        hi = lo + _CHUNK
-        if current[lo:hi] == prev[lo:hi]:
-            continue
-        for i in range(lo, min(hi, n)):
-            node = current[i]
-            if node is prev[i]:
+
+    def changed(i: int, node: Node | None) -> bool:
+        """Take in the node at `i`; False when the view must be rebuilt."""
+        if node is None:  # a node left and another came: the node set changed
+            return False
+        offer = offer_of(node, leaves, cache.offers)
+        if _layout_key(node, offer) != st.keys[i]:
+            return False
+        prev[i] = node
+        if offer.offered:
+            h = pos[ids[i]]
+            base[h] = offer.free
+            dirty.add(h)
+        return True
+
+    log = node_changes(ledger)
+    names = log.changes_since(*st.seen) if st.seen is not None else None
+    if names is not None:
+        index = st.index
+        for node_id in dict.fromkeys(names):
+            i = index.get(node_id)
+            node = nodes.get(node_id)
+            if node is not None and i is not None and node is prev[i]:
                 continue
-            if node is None:  # a node left and another came: the node set changed
+            if i is None or not changed(i, node):
                 cache.layout = Layout(ledger, leaves, taken, cache.offers)
                 return cache.layout.view
-            offer = offer_of(node, leaves, cache.offers)
-            if _layout_key(node, offer) != st.keys[i]:
-                cache.layout = Layout(ledger, leaves, taken, cache.offers)
-                return cache.layout.view
-            if offer.offered:
-                h = pos[ids[i]]
-                base[h] = offer.free
-                dirty.add(h)
+    else:
+        current = list(map(nodes.get, ids))
+        n = len(current)
+        # Compare in chunks (C speed), walk only those that differ.
+        for lo in range(0, n, _CHUNK):
+            hi = lo + _CHUNK
+            if current[lo:hi] == prev[lo:hi]:
+                continue
+            for i in range(lo, min(hi, n)):
+                if current[i] is not prev[i] and not changed(i, current[i]):
+                    cache.layout = Layout(ledger, leaves, taken, cache.offers)
+                    return cache.layout.view
+    st.seen = (log.token, log.version)
     dirty.update(pos[n] for n in st.taken)
     dirty.update(pos[n] for n in taken if n in pos)
-    st.nodes = current
     st.taken = {n for n in taken if n in pos}
     if not dirty:
         return st.view
-    old = st.view
-    free_gpus = list(old.free_gpus)
-    free = list(old.cluster.free)
-    node_ids = old.node_ids
+    view = st.view
+    free_gpus, free, node_ids = view.free_gpus, view.cluster.free, view.node_ids
     free_view = st.free_view
     for h in dirty:
         held = taken.get(node_ids[h])
@@ -710,13 +753,7 @@ def host_view_cached(ledger: Ledger, taken: dict[str, set[int]], leaves: LeafSou
         free_gpus[h] = got = [g for g in offered if g not in held] if held else offered
         free[h] = len(got)
         free_view.set_free(h, free[h])
-    st.view = HostView(
-        node_ids=node_ids,
-        free_gpus=free_gpus,
-        cluster=FreeCapacity(free=free, capacity=old.cluster.capacity, leaf_of=old.cluster.leaf_of),
-        hosts_per_leaf=old.hosts_per_leaf,
-    )
-    return st.view
+    return view
 
 
 def core_job(job: JobRecord, predicted: RuntimeEstimate | None = None) -> Job:
