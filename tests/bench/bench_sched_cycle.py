@@ -17,8 +17,9 @@ Three kinds of cycle, each timed `--cycles` times after three warm-up cycles:
 
   idle        nothing waiting and nothing changed (the service's timer cycle)
   one job     one 1-GPU job waiting (the cycle a submission wakes)
-  one change  one held job's record changed since the last cycle (it started: a JobStarted's news)
-              and one node's telemetry
+  one change  one held job ended and its GPUs were granted to a new job since the last cycle (the
+              ledger replaced the node and the allocation, the book the job) and one node's
+              telemetry changed
 
 and, from cProfile over the idle cycles of the book, the functions that take the most of it.
 No floor: the figures go to docs/scale.md. Results: tests/bench/results/bench_sched_cycle-latest.json.
@@ -59,7 +60,7 @@ def one_run(nodes: int, per_node: int, cycles: int) -> dict[str, Any]:
     from ibpool_core.sched.queueing import make_policy
     from ibpool_core.sched.records import JobRecord
     from ibpool_proto.node import GpuInfo, NodeRegistered
-    from ibpool_proto.pool import GpuAssignment, ProposePlacement
+    from ibpool_proto.pool import GpuAssignment, ProposePlacement, ReleaseAllocation
     from ibpool_scheduler.service import DEFAULT_PROFILE
 
     ledger = Ledger()
@@ -101,10 +102,13 @@ def one_run(nodes: int, per_node: int, cycles: int) -> dict[str, Any]:
         kept.put(n, Telemetry(gpu_util=(i % 10) / 10, temperature_c=60.0))
     plain = dict(kept)
 
+    flights: list[InFlight] = []
+
     def timer(jobs: Sequence[JobRecord], telemetry: Mapping[str, Telemetry]) -> Callable[[], float]:
         inputs = PlacementInputs(framework=Framework(build_profile(DEFAULT_PROFILE)), telemetry=telemetry)
         cache = PlanCache()
         in_flight = InFlight()
+        flights.append(in_flight)
         for j in live:
             in_flight.add(j)
 
@@ -134,14 +138,28 @@ def one_run(nodes: int, per_node: int, cycles: int) -> dict[str, Any]:
         out[f"{way}_one_job_ms"] = statistics.median(cycle() for _ in range(cycles)) * 1e3
     book.drop("new")
     listed.pop()
-    # One held job starts (its record changes) between every two cycles.
+    # Between every two cycles one held job ends and its GPUs are granted to a new job (the ledger
+    # replaces its node and the allocation; the book the job's record), and one node's telemetry changes.
     times: dict[str, list[float]] = {"book": [], "list": []}
     for k in range(cycles):
         i = k % len(live)
-        again = msgspec.structs.replace(live[i], started_at=T0 + dt.timedelta(seconds=k))
-        book.put(i, again)
+        old = listed[i]
+        assert old.allocation_id is not None
+        al.handle(ledger, ReleaseAllocation(source="bench", key=old.allocation_id, allocation_id=old.allocation_id), T0)
+        j = msgspec.structs.replace(old, job_id=f"again-{k}", state="queued", allocation_id=None)
+        cmd = ProposePlacement(
+            source="bench", key=j.job_id, job_id=j.job_id, tenant="t", queue="q",
+            ledger_version=ledger.version, assignments=old.assignments,
+        )  # fmt: skip
+        al.handle(ledger, cmd, T0)
+        again = records.granted(records.proposed(j, cmd.id, old.assignments, None), cmd.id, old.nodes, T0)
+        book.drop(old.job_id)
+        book.put(len(live) + 1 + k, again)
         listed[i] = again
-        hot = Telemetry(gpu_util=0.95, temperature_c=60.0 + k % 2)  # and one node's telemetry
+        for flight in flights:
+            flight.remove(old)
+            flight.add(again)
+        hot = Telemetry(gpu_util=0.95, temperature_c=60.0 + k % 2)
         kept.put(ids[i // per_node], hot)
         plain[ids[i // per_node]] = hot
         for way, cycle in cycles_of.items():
