@@ -20,6 +20,8 @@ Three kinds of cycle, each timed `--cycles` times after three warm-up cycles:
   one change  one held job ended and its GPUs were granted to a new job since the last cycle (the
               ledger replaced the node and the allocation, the book the job) and one node's
               telemetry changed
+  host set    a node was cordoned or uncordoned since the last cycle: the cycle's hosts changed,
+              and what is kept per host list is built anew
 
 and, from cProfile over the idle cycles of the book, the functions that take the most of it.
 No floor: the figures go to docs/scale.md. Results: tests/bench/results/bench_sched_cycle-latest.json.
@@ -59,6 +61,7 @@ def one_run(nodes: int, per_node: int, cycles: int) -> dict[str, Any]:
     from ibpool_core.sched.pool_cycle import InFlight, PlacementInputs, PlanCache, plan_cycle
     from ibpool_core.sched.queueing import make_policy
     from ibpool_core.sched.records import JobRecord
+    from ibpool_proto.health import Cordoned, Uncordoned
     from ibpool_proto.node import GpuInfo, NodeRegistered
     from ibpool_proto.pool import GpuAssignment, ProposePlacement, ReleaseAllocation
     from ibpool_scheduler.service import DEFAULT_PROFILE
@@ -166,6 +169,18 @@ def one_run(nodes: int, per_node: int, cycles: int) -> dict[str, Any]:
             times[way].append(cycle())
     for way, ts in times.items():
         out[f"{way}_one_change_ms"] = statistics.median(ts) * 1e3
+    # A node is cordoned (it leaves the cycle's hosts) or uncordoned before every cycle: the host
+    # set changed, so the host view, the placement view and the running pictures are built anew.
+    times = {"book": [], "list": []}
+    for k in range(cycles):
+        n = ids[k // 2]
+        kind = Cordoned if k % 2 == 0 else Uncordoned
+        change = kind(source="bench", key=n, node_id=n, scope="node", reason="bench")
+        al.handle(ledger, change, T0)
+        for way, cycle in cycles_of.items():
+            times[way].append(cycle())
+    for way, ts in times.items():
+        out[f"{way}_host_set_ms"] = statistics.median(ts) * 1e3
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(cycles):
@@ -193,7 +208,8 @@ def main() -> int:
         print(json.dumps(one_run(args.child, args.per_node, args.cycles)))
         return 0
     out: dict[str, Any] = {"machine": machine(), "per_node": args.per_node, "cycles": args.cycles, "sizes": {}}
-    keys = [f"{way}_{kind}_ms" for kind in ("idle", "one_job", "one_change") for way in ("book", "list")]
+    kinds = ("idle", "one_job", "one_change", "host_set")
+    keys = [f"{way}_{kind}_ms" for kind in kinds for way in ("book", "list")]
     print(f"{'nodes':>7} {'held jobs':>10}  " + "  ".join(f"{k[:-3]:>16}" for k in keys))
     for n in [int(s) for s in args.nodes.split(",")]:
         child = ["--child", str(n), "--per-node", str(args.per_node), "--cycles", str(args.cycles)]

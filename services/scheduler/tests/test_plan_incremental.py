@@ -183,7 +183,7 @@ def test_a_cycle_on_a_live_book_is_the_cycle_on_its_list(policy: str, framework_
     """The running jobs kept by the book's changes (`HeldRuns`), the jobs past their limit found by
     deadline, the cycle's free view lent and given back and the telemetry read by its changes give
     the plan a walk over `list(book)` gives, byte for byte, through submissions in two queues,
-    proposals, grants, starts, kills at the time limit, preemptions, finishes, a cordon and cycles
+    proposals, grants, starts, kills at the time limit, preemptions, finishes, a cordon and its end, and cycles
     whose plan is not carried out; and a cycle computes the running picture of the jobs that
     changed only."""
     rng = random.Random(11)
@@ -194,7 +194,7 @@ def test_a_cycle_on_a_live_book_is_the_cycle_on_its_list(policy: str, framework_
     telemetry: ChangedMap[Telemetry] = ChangedMap()
     seq = 0
     in_flight: list[tuple[int, str]] = []
-    kinds: dict[str, int] = {"kills": 0, "preemptions": 0, "starts": 0, "kept": 0}
+    kinds: dict[str, int] = {"kills": 0, "preemptions": 0, "starts": 0, "kept": 0, "absent": 0}
 
     def put(j: JobRecord) -> None:
         nonlocal seq
@@ -227,8 +227,9 @@ def test_a_cycle_on_a_live_book_is_the_cycle_on_its_list(policy: str, framework_
             end(j.job_id, at)
         for j in [j for j in book if j.state == "scheduled" and rng.random() < 0.5]:  # some start
             put(msgspec.structs.replace(j, state="running", started_at=at))
-        if cycle == 20:
-            al.handle(ledger, Cordoned(source="f", key="n05", node_id="n05", scope="node", reason="hot"), at)
+        if cycle in (20, 27):  # a node leaves the cycle's hosts with its jobs, and comes back
+            kind = Cordoned if cycle == 20 else Uncordoned
+            al.handle(ledger, kind(source="f", key="n05", node_id="n05", scope="node", reason="hot"), at)
         seen = cache.held.version if cache.held is not None else 0  # the book's version at the last cycle
         changed = len(set(book.changes_since(book.token, seen) or book.records))
         for n in rng.sample(names, 3):  # telemetry comes, changes and ages out
@@ -251,6 +252,9 @@ def test_a_cycle_on_a_live_book_is_the_cycle_on_its_list(policy: str, framework_
         assert msgspec.json.encode(fast) == msgspec.json.encode(slow), f"cycle {cycle}"
         assert cache.held is not None and cache.held.built <= changed, (cycle, cache.held.built, changed)
         kinds["kept"] += len(cache.held.runs) - cache.held.built
+        kinds["absent"] += len(cache.held.absent)  # jobs on the cordoned node, out of the picture
+        if cycle == 27:
+            assert not cache.held.absent  # back with their node
         kinds["kills"] += len(fast.killed)
         kinds["preemptions"] += len(fast.preempted)
         kinds["starts"] += len(fast.proposals)
@@ -266,6 +270,6 @@ def test_a_cycle_on_a_live_book_is_the_cycle_on_its_list(policy: str, framework_
             j = book.records.get(jid)
             if j is not None and j.state == "proposed":
                 put(grant(ledger, j, j.proposal, at))
-    assert kinds["starts"] > 40 and kinds["kills"] > 3 and kinds["kept"] > 100, kinds
+    assert kinds["starts"] > 40 and kinds["kills"] > 3 and kinds["kept"] > 100 and kinds["absent"] > 0, kinds
     if policy == "priority":
         assert kinds["preemptions"] > 0, kinds

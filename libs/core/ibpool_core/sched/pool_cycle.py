@@ -642,9 +642,10 @@ def host_view(
 
 def _layout_key(node: Node, offer: NodeOffer) -> tuple[object, ...]:
     """What of a node shapes the cycle's host lists, the placement view and the MIG-capable hosts
-    (all but its free GPUs)."""
-    gpus = tuple((g.model, g.mig_capable) for g in node.gpus)
-    return (offer.offered, offer.leaf, offer.capacity, node.labels, gpus)
+    (all but its free GPUs): its GPUs' models and MIG capability change only with its hardware
+    (`Node.inventory_version`)."""
+    model = node.gpus[0].model if node.gpus else ""
+    return (offer.offered, offer.leaf, offer.capacity, node.labels, model, node.inventory_version)
 
 
 class Layout:
@@ -849,10 +850,11 @@ class HeldRuns:
     holding or promised GPUs whose hosts are all in the view, in the book's order, and the deadlines
     of those with a time limit, so that a cycle costs the jobs that changed (and the promised ones,
     which start "now" every cycle), not a walk over every held job. Built for one book, host list
-    and margin (`fits`); `update` brings it to the book's version."""
+    and margin (`keeps`); `update` brings it to the book's version."""
 
     __slots__ = (
-        "built", "deadlines", "index", "margin", "node_ids", "order", "promised", "runs", "seq_of", "token", "version",
+        "absent", "built", "deadlines", "index", "margin", "node_ids", "order", "promised", "runs", "seq_of", "token",
+        "version",
     )  # fmt: skip
 
     def __init__(self, book: LiveBook, index: dict[str, int], node_ids: list[str], margin: float, now: float) -> None:
@@ -865,25 +867,65 @@ class HeldRuns:
         # start "now" every cycle (proposed, or held since an unknown time).
         self.promised: dict[str, tuple[int, RunningJob, float]] = {}
         self.deadlines: list[tuple[float, int]] = []  # (started_at + time limit, seq), sorted
+        self.absent: dict[str, int] = {}  # job id -> seq of the jobs with a host not in the view
         self.built = 0  # running pictures computed by the last `update` (the jobs that changed)
         records = book.records
         for job_id in book.held.ids:
             self._add(records[job_id], book.seq_of(job_id), now)
 
-    def fits(self, book: LiveBook, node_ids: list[str], margin: float) -> bool:
-        return (
-            self.token is book.token
-            and (self.node_ids is node_ids or self.node_ids == node_ids)
-            and self.margin == margin
-            and book.changes_since(self.token, self.version) is not None
-        )
+    def keeps(self, book: LiveBook, index: dict[str, int], node_ids: list[str], margin: float, now: float) -> bool:
+        """Whether `update` can bring it to `book` for this host list and margin; another host list
+        is taken on (`rehost`)."""
+        if self.token is not book.token or self.margin != margin:
+            return False
+        if book.changes_since(self.token, self.version) is None:
+            return False
+        if self.node_ids is not node_ids:
+            if self.node_ids != node_ids:
+                self.rehost(book, index, node_ids, now)
+            self.node_ids, self.index = node_ids, index
+        return True
+
+    def rehost(self, book: LiveBook, index: dict[str, int], node_ids: list[str], now: float) -> None:
+        """Take on another host list (a node joined or left the cycle's hosts): each running picture's
+        hosts mapped to their new indices, not built again from the job's record (a job with a host
+        no longer in the list drops out until it is back), and the jobs that were out tried again."""
+        names = self.node_ids
+        order, runs, seq_of = Ordered(), [], {}
+        dropped: list[tuple[str, int, RunningJob]] = []
+        # Both host lists are in node id order, so a picture's hosts stay in index order.
+        for seq, job_id, r in zip(self.order.seqs, self.order.ids, self.runs, strict=True):
+            try:
+                hosts = tuple([(index[names[h]], g) for h, g in r.hosts])
+            except KeyError:
+                dropped.append((job_id, seq, r))
+                continue
+            order.seqs.append(seq)
+            order.ids.append(job_id)
+            runs.append(RunningJob(job=r.job, hosts=hosts, started_at=r.started_at, planned_end=r.planned_end))
+            seq_of[job_id] = seq
+        self.order, self.runs, self.seq_of = order, runs, seq_of
+        self.index, self.node_ids = index, node_ids
+        for job_id, (seq, _, runtime) in list(self.promised.items()):
+            i = order.position(seq)
+            if i is not None:
+                self.promised[job_id] = (seq, runs[i], runtime)
+        for job_id, seq, r in dropped:
+            self._forget(job_id, seq, r)
+        retry, self.absent = self.absent, {job_id: seq for job_id, seq, _ in dropped}
+        records = book.records
+        for job_id, seq in retry.items():
+            job = records.get(job_id)
+            if job_id not in self.absent and job is not None and job.state in HOLDING_OR_PROPOSED:
+                self._add(job, seq, now)
 
     def _add(self, job: JobRecord, seq: int, now: float) -> None:
         self.built += 1
         r = running_job(job, self.index, self.margin, now)
-        if r is None:
-            return
         job_id = job.job_id
+        if r is None:
+            self.absent[job_id] = seq
+            return
         self.runs.insert(self.order.add(seq, job_id), r)
         self.seq_of[job_id] = seq
         if job.state != "proposed" and (job.started_at or job.scheduled_at) is not None:
@@ -893,12 +935,16 @@ class HeldRuns:
             self.promised[job_id] = (seq, r, estimated_runtime(r.job, self.margin))
 
     def _remove(self, job_id: str) -> None:
+        self.absent.pop(job_id, None)
         seq = self.seq_of.pop(job_id, None)
         if seq is None:
             return
         i = self.order.remove(seq)
         assert i is not None
-        r = self.runs.pop(i)
+        self._forget(job_id, seq, self.runs.pop(i))
+
+    def _forget(self, job_id: str, seq: int, r: RunningJob) -> None:
+        """Drop a job's promise or deadline (its picture `r` is out of `runs` already)."""
         if self.promised.pop(job_id, None) is None and r.job.time_limit_s is not None:
             deadlines = self.deadlines
             at = bisect_right(deadlines, (r.started_at + r.job.time_limit_s, seq)) - 1
@@ -907,7 +953,7 @@ class HeldRuns:
 
     def update(self, book: LiveBook, now: float) -> tuple[list[RunningJob], list[str]]:
         """The running jobs at `now`, in the book's order, and the ids of those past their time limit
-        (in the same order). `fits` must hold."""
+        (in the same order). `keeps` must hold."""
         changes = book.changes_since(self.token, self.version)
         assert changes is not None
         records = book.records
@@ -1006,7 +1052,7 @@ def plan_cycle(
     overruns: list[str] | None = None
     if book is not None and cache is not None:
         margin = config.safety_margin
-        if cache.held is None or not cache.held.fits(book, view.node_ids, margin):
+        if cache.held is None or not cache.held.keeps(book, index, view.node_ids, margin, now.timestamp()):
             cache.held = HeldRuns(book, index, view.node_ids, margin, now.timestamp())
         running, overruns = cache.held.update(book, now.timestamp())
     else:
