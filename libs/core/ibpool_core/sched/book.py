@@ -70,6 +70,12 @@ class ChangedMap(Mapping[str, V], Generic[V]):
     def __getitem__(self, key: str) -> V:
         return self._items[key]
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def get(self, key: str, default: V | None = None) -> V | None:  # type: ignore[override]
+        return self._items.get(key, default)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
 
