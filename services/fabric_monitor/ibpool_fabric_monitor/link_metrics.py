@@ -65,17 +65,26 @@ def link_gauges(
     errors = dict.fromkeys(known, 0.0)
     congestion = dict.fromkeys(known, 0.0)
     unhealthy: list[UnhealthyLink] = []
+    up = dict.fromkeys(known, 0)  # the links "up" per tier, counted apart: most links, every poll
     for link_id, tier in tiers.items():
         health = healths.get(link_id)
         if health is None:
             continue
-        state = health.state
-        links[(tier, state)] += 1
         r = rates.get(link_id)
         if r is not None:
-            errors[tier] = max(errors[tier], r.errors_per_s)
-            if r.congestion_ratio is not None:
-                congestion[tier] = max(congestion[tier], min(1.0, r.congestion_ratio))
+            # max(errors[tier], rate) and max(congestion[tier], min(1.0, ratio)), without the calls.
+            if r.errors_per_s > errors[tier]:
+                errors[tier] = r.errors_per_s
+            ratio = r.congestion_ratio
+            if ratio is not None:
+                capped = ratio if ratio < 1.0 else 1.0
+                if capped > congestion[tier]:
+                    congestion[tier] = capped
+        if not health.active:  # LinkHealth.state: "up" exactly when no problem is active
+            up[tier] += 1
+            continue
+        state = health.state
+        links[(tier, state)] += 1
         if state != "up":
             last = health.last
             unhealthy.append(
@@ -88,6 +97,8 @@ def link_gauges(
                     rates=r,
                 )
             )
+    for tier, n in up.items():
+        links[(tier, "up")] += n
     unhealthy.sort(key=lambda u: u.link_id)
     return LinkGauges(links=links, error_rate_max=errors, congestion_max=congestion, unhealthy=unhealthy)
 

@@ -17,7 +17,7 @@ from ibpool_core.fabric.link_health import (
     PortSample,
     Rules,
     link_events,
-    observe,
+    observe_with_rates,
     port_rates,
 )
 from ibpool_core.fabric.model import LANE_GBPS, FabricError, Topology, content_hash, diff
@@ -70,6 +70,9 @@ class FabricMonitor:
         # the gauges the last poll made of them.
         self.tiers: dict[str, str] = {}
         self.rates: dict[str, PortRates] = {}
+        # The samples and healths of the last `judge` and each sample's rates (None: none), which
+        # `measure` of the same samples and healths reuses rather than computing them again.
+        self._judged: tuple[list[PortSample], Mapping[str, LinkHealth], list[PortRates | None]] = ([], {}, [])
         self.gauges = LinkGauges()
         self.polls = 0
         self.link_writes = Counter(
@@ -190,43 +193,55 @@ class FabricMonitor:
         self, samples: list[PortSample], healths: dict[str, LinkHealth]
     ) -> tuple[dict[str, LinkHealth], list[Event], dict[str, LinkHealth], list[PortSample]]:
         """One poll's verdicts from the healths before it: every link's new health, the events, the
-        verdicts new or changed, and the samples worth keeping (see `poll_once`)."""
+        verdicts new or changed, and the samples worth keeping (see `poll_once`). Each link's rates
+        (`port_rates` against its previous sample) are kept for `measure` of the same samples."""
         updated: dict[str, LinkHealth] = {}
+        polled: list[PortRates | None] = []
         events: list[Event] = []
+        expected, rules, version, source = self.expected, self.rules, self.version, self.kit.source
         for s in samples:
-            before = healths.get(s.link_id) or LinkHealth(link_id=s.link_id)
-            after, findings = observe(before, s, self.expected.get(s.link_id), self.rules)
-            updated[s.link_id] = after
-            events += link_events(before, after, findings, topology_version=self.version, source=self.kit.source)
-        changed = {
-            k: h
-            for k, h in updated.items()
-            if (old := healths.get(k)) is None
-            or (old.transitions, old.active.keys()) != (h.transitions, h.active.keys())
-        }
-        # Samples of the links not up, and of those that just came back (the end of their trouble).
-        kept = [
-            s for s in samples if updated[s.link_id].state != "up" or (s.link_id in changed and s.link_id in healths)
-        ]
+            link_id = s.link_id
+            before = healths.get(link_id) or LinkHealth(link_id=link_id)
+            rates = port_rates(before.last, s)
+            after, findings = observe_with_rates(before, s, expected.get(link_id), rules, rates)
+            updated[link_id] = after
+            polled.append(rates)
+            # No finding and no problem active before or after: the state stayed "up", no event.
+            if findings or before.active or after.active:
+                events += link_events(before, after, findings, topology_version=version, source=source)
+        self._judged = (samples, healths, polled)
+        # A verdict is stored when first seen or when its transitions or active problems changed.
+        changed: dict[str, LinkHealth] = {}
+        for k, h in updated.items():
+            old = healths.get(k)
+            if old is None or old.transitions != h.transitions or old.active.keys() != h.active.keys():
+                changed[k] = h
+        # Samples of the links not up (a problem active), and of those that just came back (the end
+        # of their trouble).
+        kept = [s for s in samples if updated[s.link_id].active or (s.link_id in changed and s.link_id in healths)]
         return updated, events, changed, kept
 
     def measure(
         self, samples: list[PortSample], healths: Mapping[str, LinkHealth], updated: Mapping[str, LinkHealth]
     ) -> tuple[dict[str, PortRates], dict[str, int], LinkGauges]:
         """What /metrics shows after a poll: every link's rates (`port_rates` against its previous
-        sample), the ports that went down or came up per tier, and the gauges of the healths after it."""
+        sample, as `judge` of these samples computed them), the ports that went down or came up per
+        tier, and the gauges of the healths after it."""
+        judged, judged_healths, polled = self._judged
+        reuse = judged is samples and judged_healths is healths and len(polled) == len(samples)
         rates = dict(self.rates)
         changes: dict[str, int] = {}
-        for s in samples:
-            before = healths.get(s.link_id)
+        for i, s in enumerate(samples):
+            link_id = s.link_id
+            before = healths.get(link_id)
             prev = before.last if before is not None else None
-            r = port_rates(prev, s)
+            r = polled[i] if reuse else port_rates(prev, s)
             if r is None:
-                rates.pop(s.link_id, None)
+                rates.pop(link_id, None)
             else:
-                rates[s.link_id] = r
+                rates[link_id] = r
             if prev is not None and prev.up != s.up:
-                tier = self.tiers.get(s.link_id, "0")
+                tier = self.tiers.get(link_id, "0")
                 changes[tier] = changes.get(tier, 0) + 1
         return rates, changes, link_gauges(self.tiers, {**healths, **updated}, rates)
 

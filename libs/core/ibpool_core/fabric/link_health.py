@@ -34,8 +34,13 @@ CONGESTION_COUNTER = "port_xmit_wait"
 TICKS_PER_SECOND_AT_FULL_WAIT = 1.0e8  # PortXmitWait counts in ticks; ~1e8/s means always waiting
 
 
-class PortSample(msgspec.Struct, frozen=True, kw_only=True):
-    """What one read of a port shows. `up` is the logical state (ACTIVE), `width`/`gbps` the active rate."""
+class PortSample(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What one read of a port shows. `up` is the logical state (ACTIVE), `width`/`gbps` the active rate.
+
+    gc=False (here and in LinkHealth): the fabric monitor holds one of each per link and makes new
+    ones every poll (300,000 at 100,000 GPUs); tracked by the garbage collector they made it run
+    full collections every poll. Neither can be part of a reference cycle: their fields are
+    scalars, a dict of counters, a list of times, a dict of times and a PortSample."""
 
     link_id: str
     at: dt.datetime
@@ -68,7 +73,7 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
-class LinkHealth(msgspec.Struct, frozen=True, kw_only=True):
+class LinkHealth(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     link_id: str
     last: PortSample | None = None
     # times of up/down transitions inside the flap window
@@ -104,6 +109,10 @@ class PortRates(msgspec.Struct, frozen=True, kw_only=True):
     congestion_ratio: float | None  # share of time it waited to send (PortXmitWait); None: not reported
 
 
+_IDLE = PortRates(errors_per_s=0.0, congestion_ratio=None)
+_IDLE_WAITING = PortRates(errors_per_s=0.0, congestion_ratio=0.0)
+
+
 def port_rates(prev: PortSample | None, sample: PortSample) -> PortRates | None:
     """The rates `observe` judges by; None without a previous sample, when the port was down at
     either, or when no time passed."""
@@ -112,16 +121,24 @@ def port_rates(prev: PortSample | None, sample: PortSample) -> PortRates | None:
     seconds = (sample.at - prev.at).total_seconds()
     if seconds <= 0:
         return None
-    errors = sum(
-        counter_delta(prev.counters.get(c, 0), sample.counters.get(c, 0), sample.counter_bits)
-        for c in ERROR_COUNTERS
-        if c in sample.counters
-    )
+    # Called for every link every poll. Counters that did not move (most links, most polls): every
+    # delta is 0, so the rates are 0.0 (the congestion ratio only where the counter is reported).
+    new, old, bits = sample.counters, prev.counters, sample.counter_bits
+    if new == old:
+        return _IDLE_WAITING if CONGESTION_COUNTER in new else _IDLE
+    # Otherwise a plain loop, and counter_delta only for a counter that went backwards (new >= old is
+    # the delta counter_delta would return).
+    errors = 0
+    for c in ERROR_COUNTERS:
+        n = new.get(c)
+        if n is not None:
+            o = old.get(c, 0)
+            errors += n - o if n >= o else counter_delta(o, n, bits)
     congestion = None
-    if CONGESTION_COUNTER in sample.counters:
-        wait = counter_delta(
-            prev.counters.get(CONGESTION_COUNTER, 0), sample.counters[CONGESTION_COUNTER], sample.counter_bits
-        )
+    n = new.get(CONGESTION_COUNTER)
+    if n is not None:
+        o = old.get(CONGESTION_COUNTER, 0)
+        wait = n - o if n >= o else counter_delta(o, n, bits)
         congestion = wait / seconds / TICKS_PER_SECOND_AT_FULL_WAIT
     return PortRates(errors_per_s=errors / seconds, congestion_ratio=congestion)
 
@@ -129,9 +146,44 @@ def port_rates(prev: PortSample | None, sample: PortSample) -> PortRates | None:
 def observe(
     health: LinkHealth, sample: PortSample, expected: Expected | None, rules: Rules
 ) -> tuple[LinkHealth, list[Finding]]:
+    return observe_with_rates(health, sample, expected, rules, port_rates(health.last, sample))
+
+
+def observe_with_rates(
+    health: LinkHealth, sample: PortSample, expected: Expected | None, rules: Rules, rates: PortRates | None
+) -> tuple[LinkHealth, list[Finding]]:
+    """`observe`, given `rates = port_rates(health.last, sample)` (for a caller that keeps them too)."""
     now = sample.at
-    seen: dict[Problem, tuple[dict[str, float], str]] = {}
     prev = health.last
+    # Most links, most polls: up before and now, no problem active, no recent transition, running at
+    # the expected width and speed, rates under the thresholds. Nothing is found and the new health
+    # is the sample alone; the same result as the general path below, without building it.
+    if (
+        prev is not None
+        and prev.up
+        and sample.up
+        and not health.active
+        and not health.transitions
+        and rules.flap_changes > 0
+        and (
+            expected is None
+            or (
+                (sample.width is None or sample.width >= expected.width)
+                and (sample.lane_gbps is None or sample.lane_gbps >= expected.lane_gbps)
+            )
+        )
+        and (
+            rates is None
+            or (
+                rates.errors_per_s <= rules.errors_per_s
+                and (rates.congestion_ratio is None or rates.congestion_ratio <= rules.congestion_ratio)
+            )
+        )
+    ):
+        # The empty transitions and problems are passed on, not made anew: nothing changes them in
+        # place (the general path builds new ones), and no container is allocated per link per poll.
+        return LinkHealth(link_id=health.link_id, last=sample, transitions=health.transitions, active=health.active), []
+    seen: dict[Problem, tuple[dict[str, float], str]] = {}
     transitions = [t for t in health.transitions if (now - t).total_seconds() <= rules.flap_window_s]
     if prev is not None and prev.up != sample.up:
         transitions.append(now)
@@ -153,7 +205,6 @@ def observe(
                 {"lane_gbps": sample.lane_gbps, "expected_lane_gbps": expected.lane_gbps},
                 f"running {sample.lane_gbps:g} Gb/s per lane, expected {expected.lane_gbps:g}",
             )
-    rates = port_rates(prev, sample)
     if rates is not None:
         if rates.errors_per_s > rules.errors_per_s:
             seen["errors"] = (
@@ -201,6 +252,8 @@ def link_events(
 ) -> list[Event]:
     """The events that tell the cluster what `observe` found: a state change, then one event per finding."""
     assert after.last is not None
+    if not findings and before.state == after.state:
+        return []  # nothing to tell (most links, most polls)
     now = after.last.at
     link = after.link_id
     ids = EventIds(now)
