@@ -77,7 +77,8 @@ class FabricMonitor:
         self.polls = 0
         self.link_writes = Counter(
             "ibpool_fabric_monitor_link_writes",
-            "Rows a poll wrote: link verdicts (first seen or changed) and ring samples (links not up)",
+            "Rows a poll wrote: link verdicts (changed from the last stored, or from clean) and ring samples"
+            " (links not up)",
             ["kind"],
             registry=kit.metrics.registry,
         )
@@ -164,8 +165,9 @@ class FabricMonitor:
 
     async def poll_once(self) -> int:
         """Read every port once, judge each link, publish what changed, and store what is worth it:
-        a link's verdict when first seen and when it changes (its transitions, or which problems are
-        active; not each poll's "last seen" of a problem that stays), and the
+        a link's verdict when it changes (its transitions, or which problems are active; not each
+        poll's "last seen" of a problem that stays; a link first seen clean, with neither, stores
+        nothing: no row is read back as that same clean verdict at a restart), and the
         samples of links that are not up, or that just came back up, in their ring. The counters of a
         healthy link (its last sample) stay in memory: storing every link every poll cost one upsert
         per link per poll twice over, 600,000 rows a poll at 100,000 GPUs."""
@@ -210,11 +212,15 @@ class FabricMonitor:
             if findings or before.active or after.active:
                 events += link_events(before, after, findings, topology_version=version, source=source)
         self._judged = (samples, healths, polled)
-        # A verdict is stored when first seen or when its transitions or active problems changed.
+        # A verdict is stored when its transitions or active problems changed, from the clean verdict
+        # of a link first seen (what a restart reads for a link with no row).
         changed: dict[str, LinkHealth] = {}
         for k, h in updated.items():
             old = healths.get(k)
-            if old is None or old.transitions != h.transitions or old.active.keys() != h.active.keys():
+            if old is None:
+                if h.transitions or h.active:
+                    changed[k] = h
+            elif old.transitions != h.transitions or old.active.keys() != h.active.keys():
                 changed[k] = h
         # Samples of the links not up (a problem active), and of those that just came back (the end
         # of their trouble).
