@@ -35,6 +35,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ibpool_autoscaler.loadgen import LoadRamp
+from ibpool_core.fabric.generators import SUPERPOD_SU_SIZE
 from ibpool_core.fabric.index import FabricIndex
 from ibpool_core.fabric.model import Topology
 from ibpool_proto import decode
@@ -418,8 +419,9 @@ DEMO_ELASTIC_JOB = {"tenant": "demo", "priority": -10, "min_workers": 1, "max_wo
 def _allocation_asks(seed: int) -> list[dict[str, object]]:
     """What the scenario asks the pool allocator for: every kind of allocation, one over its memory.
 
-    The remote client is the node of the 8-GPU job-03 (filled in when it is granted): with no GPU
-    free there, the grant comes from another node, as near as the allocator finds one."""
+    The remote client is the node of the 8-GPU job-03, or of the gang job-07 when job-03 went to the
+    spare, off the fabric (filled in when they are granted): with no GPU free there, the grant comes
+    from another node, as near as the allocator finds one."""
     rng = random.Random(seed)
 
     def ask(i: int, request: dict[str, object], runtime: float, memory: int | None = None) -> dict[str, object]:
@@ -449,10 +451,23 @@ def _allocation_asks(seed: int) -> list[dict[str, object]]:
 NEVER_FITS_JOB = "wide-gang"
 
 
-def _scheduler_jobs(seed: int) -> list[dict[str, object]]:
+# Up to this many nodes the scenario's fabric is shaped and polled for a small demonstration.
+SMALL_CLUSTER_NODES = 128
+
+
+def su_size_for(nodes: int) -> int:
+    """Hosts per scalable unit (leaf group) of the generated fabric: 4 in a small cluster, so it has
+    leaf groups for gangs to pack into, and the DGX SuperPOD's 32 beyond (with 4, a 5,000-node
+    fabric had 10,000 leaves of 4 hosts and 32 uplinks each: 687,680 links, 5.7 times those of the
+    SuperPOD shape)."""
+    return 4 if nodes <= SMALL_CLUSTER_NODES else SUPERPOD_SU_SIZE
+
+
+def _scheduler_jobs(seed: int, su_size: int = 4) -> list[dict[str, object]]:
     """The mixed workload submitted to the scheduler: gangs with required topology constraints (a
-    2-host training gang under one leaf group, a 6-host one under one spine group, and a 5-host one
-    under one leaf group that never fits and must wait), small jobs, inference slices."""
+    2-host training gang under one leaf group, a 6-host one under one spine group, and one of
+    `su_size` + 1 hosts under one leaf group that never fits and must wait), small jobs, inference
+    slices."""
     rng = random.Random(seed + 1)
 
     def job(name: str, runtime: float, **shape: object) -> dict[str, object]:
@@ -463,15 +478,15 @@ def _scheduler_jobs(seed: int) -> list[dict[str, object]]:
 
     jobs = [job("train-gang", rng.uniform(3, 5), hosts=2, gpus_per_host=8, priority=10, **tier(1))]
     jobs += [job("spine-gang", rng.uniform(3, 5), hosts=6, gpus_per_host=2, **tier(2))]
-    jobs += [job(NEVER_FITS_JOB, 60.0, hosts=5, gpus_per_host=1, **tier(1))]
+    jobs += [job(NEVER_FITS_JOB, 60.0, hosts=su_size + 1, gpus_per_host=1, **tier(1))]
     jobs += [job(f"small-{i}", rng.uniform(2, 4), gpus=rng.choice((1, 2, 4))) for i in range(4)]
     jobs += [job(f"infer-{i}", rng.uniform(2, 4), fraction=0.25, memory_mib=10_000) for i in range(2)]
     return jobs
 
 
-async def _submit_jobs(http: aiohttp.ClientSession, url: str, seed: int) -> int:
+async def _submit_jobs(http: aiohttp.ClientSession, url: str, seed: int, su_size: int) -> int:
     accepted = 0
-    for body in _scheduler_jobs(seed):
+    for body in _scheduler_jobs(seed, su_size):
         async with http.post(f"{url}/v1/jobs", json=body) as r:
             accepted += r.status in (200, 201, 202)
     return accepted
@@ -630,11 +645,14 @@ async def _read_scheduler(http: aiohttp.ClientSession, url: str, seen: Scheduler
         seen.cycles, seen.last_order = about["cycles"], about.get("last_order") or ""
 
 
-async def _request_allocations(http: aiohttp.ClientSession, url: str, seed: int, seen: PoolSeen) -> None:
+async def _request_allocations(http: aiohttp.ClientSession, url: str, seed: int, seen: PoolSeen, spare: str) -> None:
     for ask in _allocation_asks(seed):
         job = str(ask["job_id"])
         if job == REMOTE_JOB:
-            ask["client_node_id"] = (seen.grant_nodes.get(BUSY_JOB) or ["node-001"])[0]
+            # A node the 8-GPU job or the gang filled, on the fabric: the spare is not on it (and a
+            # large cluster's asks can come before most nodes registered, when the spare is free).
+            full = [n for j in (BUSY_JOB, GANG_JOB) for n in seen.grant_nodes.get(j, []) if n != spare]
+            ask["client_node_id"] = full[0] if full else "node-001"
         async with http.post(f"{url}/v1/allocations", json=ask) as r:
             body = await r.json()
             if r.status == 201:
@@ -697,11 +715,14 @@ def _services(
             "fabric_monitor",
             base,
             state,
-            # Scalable units of 4 hosts, so a 16-node cluster has 4 leaf groups for gangs to pack into.
-            GENERATE=f"rail_optimised:hosts={args.nodes},su_size=4",
+            # Scalable units of 4 hosts in a small cluster (a 16-node one has 4 leaf groups for gangs
+            # to pack into), of the SuperPOD's 32 in a large one (`su_size_for`).
+            GENERATE=f"rail_optimised:hosts={args.nodes},su_size={su_size_for(args.nodes)}",
             HOST_NAME_FORMAT="node-{:03d}",
             COUNTER_SOURCE="simulated",
-            POLL_INTERVAL_S="1",
+            # A poll a second shows a small cluster's link faults at once; a large one is polled at
+            # the service's default interval (5 s), as a real fabric of that size would be.
+            POLL_INTERVAL_S="1" if args.nodes <= SMALL_CLUSTER_NODES else "5",
             CLEAR_AFTER_S="3",
         ),
         ServiceProcess.of(
@@ -938,12 +959,12 @@ async def _scenario(
                 # The scheduler and the autoscaler take the work over HTTP: wait until both answer.
                 ready = all([await by_name[n].ready(http) for n in ("scheduler", "autoscaler")])
             if not asked and obs.all_heartbeating_after is not None and ready:
-                await _request_allocations(http, alloc_url, args.seed, pool)
+                await _request_allocations(http, alloc_url, args.seed, pool, f"node-{args.nodes + 1:03d}")
                 pool.gang_leaf_groups = await _leaf_groups_of(
                     http, by_name["fabric_monitor"].url, pool.grant_nodes.get(GANG_JOB, [])
                 )
                 asked = True
-                submitted = await _submit_jobs(http, by_name["scheduler"].url, args.seed)
+                submitted = await _submit_jobs(http, by_name["scheduler"].url, args.seed, su_size_for(args.nodes))
                 async with http.put(f"{by_name['autoscaler'].url}/v1/deployments/chat", json=DEMO_DEPLOYMENT) as r:
                     r.raise_for_status()
                 async with http.put(f"{by_name['autoscaler'].url}/v1/elastic-jobs/train", json=DEMO_ELASTIC_JOB) as r:
@@ -1230,6 +1251,7 @@ def _summary(
     first = obs.all_heartbeating_after
     hb = obs.by_type.get(NodeHeartbeat.ce_type(), 0)
     topo = obs.topology
+    su = su_size_for(args.nodes)
     should_complete = {str(j["id"]) for j in _scheduler_jobs(0)} - {NEVER_FITS_JOB}
     completed = sum(1 for j in should_complete if obs.jobs_finished.get(j) == "completed")
     checks = [
@@ -1290,7 +1312,7 @@ def _summary(
             gangs is not None and gangs.placed >= 2 and not gangs.violations,
         ),
         (
-            f"{NEVER_FITS_JOB} (5 hosts, required under one leaf group of 4) waits, saying the tier",
+            f"{NEVER_FITS_JOB} ({su + 1} hosts, required under one leaf group of {su}) waits, saying the tier",
             "-" if gangs is None or gangs.waiting is None else f"{gangs.waiting[0]}: {gangs.waiting[1]}",
             gangs is not None
             and gangs.waiting is not None
