@@ -47,21 +47,22 @@ class HostLink(msgspec.Struct, frozen=True, kw_only=True):
     peer: str
 
 
-def links_of_host(topology: Topology, host: str) -> dict[str, HostLink]:
-    """link id -> the host's end and the other one, for every cable of `host`'s adapters."""
-    cas = {ca.guid: ca for ca in topology.cas if ca.host == host}
-    if not cas:
-        return {}
+def links_by_host(topology: Topology) -> dict[str, dict[str, HostLink]]:
+    """host -> (link id -> the host's end and the other one) for every cable of the host's adapters,
+    built in one walk over the links (`?host=` answers from it for as long as the topology holds)."""
+    cas = {ca.guid: ca for ca in topology.cas if ca.host}
     names = {sw.guid: sw.name for sw in topology.switches} | {r.guid: r.name for r in topology.routers}
     names |= {ca.guid: f"{ca.host}/{ca.name or ca.guid}" for ca in topology.cas}
-    out: dict[str, HostLink] = {}
+    out: dict[str, dict[str, HostLink]] = {ca.host: {} for ca in cas.values()}
     for link in topology.links:
-        mine, other = (link.a, link.b) if link.a.guid in cas else (link.b, link.a)
-        if mine.guid in cas:
-            ca = cas[mine.guid]
-            out[link.link_id] = HostLink(
-                adapter=ca.name or ca.guid, rail=ca.rail, peer=names.get(other.guid, other.guid)
-            )
+        seen = None  # a cable between two adapters of one host is that host's once, by its first end
+        for mine, other in ((link.a, link.b), (link.b, link.a)):
+            ca = cas.get(mine.guid)
+            if ca is not None and ca.host != seen:
+                out[ca.host][link.link_id] = HostLink(
+                    adapter=ca.name or ca.guid, rail=ca.rail, peer=names.get(other.guid, other.guid)
+                )
+                seen = ca.host
     return out
 
 
@@ -91,6 +92,8 @@ def _not_found(detail: str) -> web.Response:
 def routes(monitor: FabricMonitor) -> web.RouteTableDef:
     r = web.RouteTableDef()
     pool = monitor.kit.store.pool
+    # `?host=`'s index of the topology in force, made at the first such request after it changed.
+    by_host: tuple[Topology | None, dict[str, dict[str, HostLink]]] = (None, {})
 
     @r.get("/v1/topology")
     @documented("A topology version (default: current)", {200: Topology, 404: ErrorBody}, query={"version": Version})
@@ -136,7 +139,11 @@ def routes(monitor: FabricMonitor) -> web.RouteTableDef:
         healths: dict[str, LinkHealth] = monitor.healths
         host = request.query.get("host")
         if host is not None:
-            mine = await asyncio.to_thread(links_of_host, monitor.topology, host)
+            nonlocal by_host
+            topology = monitor.topology
+            if by_host[0] is not topology:
+                by_host = (topology, await asyncio.to_thread(links_by_host, topology))
+            mine = by_host[1].get(host, {})
             if not mine:
                 detail = f"no host {host!r} with adapters in topology version {monitor.version}"
                 return json_response(ErrorBody(error="not found", detail=detail), status=404)
