@@ -272,8 +272,8 @@ class LiveJobs:
     def __init__(self) -> None:
         self._xmin: int | None = None
         self._started: object = None  # pg_postmaster_start_time() at the previous read
-        self._rows: dict[str, tuple[int, str]] = {}  # job id -> (seq, body)
-        self._book = LiveBook()  # the records of `_rows`, by seq
+        self._bodies: dict[str, str] = {}  # job id -> its row's body as read
+        self._book = LiveBook()  # the records of those rows, by their seq
         self._clear()
 
     def _clear(self) -> None:
@@ -284,7 +284,7 @@ class LiveJobs:
         self._in_flight = InFlight()
 
     def reset(self) -> None:
-        self._xmin, self._started, self._rows = None, None, {}
+        self._xmin, self._started, self._bodies = None, None, {}
         self._clear()
 
     @property
@@ -312,8 +312,7 @@ class LiveJobs:
 
     def replacing(self) -> list[JobRecord]:
         """The held jobs with a member to replace and none proposed, in submission order."""
-        rows = self._rows
-        return sorted(self._replacing.values(), key=lambda j: rows[j.job_id][0])
+        return sorted(self._replacing.values(), key=lambda j: self._book.seq_of(j.job_id))
 
     def _count(self, job: JobRecord, sign: int) -> None:
         if sign > 0:
@@ -331,7 +330,7 @@ class LiveJobs:
         """The body of a live job's row as the last read found it (what a conditional write compares:
         the stored text itself, which re-encoding the record need not give back once the record
         has gained a field)."""
-        return self._rows[job_id][1]
+        return self._bodies[job_id]
 
     async def read(self, conn: asyncpg.Connection) -> LiveBook:
         """The live jobs in submission order, as of this read's snapshot: the book kept from read to
@@ -341,9 +340,9 @@ class LiveJobs:
         rows = None if last is None else await conn.fetch(_CHANGED_SINCE, last)
         if rows is None or last is None or int(rows[0]["xmin"]) < last or rows[0]["started"] != self._started:
             rows = await conn.fetch(_LIVE_ALL, list(LIVE))  # ids went back, or the server restarted
-            self._rows = {}
+            self._bodies = {}
             self._clear()
-        known, book = self._rows, self._book
+        known, book = self._bodies, self._book
         for r in rows:
             job_id = r["job_id"]
             if job_id is None:
@@ -356,11 +355,11 @@ class LiveJobs:
                 continue
             body: str = r["body"]
             had = known.get(job_id)
-            if had is not None and had[1] == body:
+            if had == body:
                 continue
             seq: int = r["seq"]
             record = record_of(body)
-            known[job_id] = (seq, body)
+            known[job_id] = body
             if had is not None:
                 self._count(book.records[job_id], -1)
             self._count(record, 1)

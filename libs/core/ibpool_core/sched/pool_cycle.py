@@ -678,7 +678,7 @@ class Layout:
         self.mig: dict[str, frozenset[str]] = {}  # MIG profile -> `mig_hosts`, while no layout changes
         self.index = {n: i for i, n in enumerate(self.ids)}
         log = node_changes(ledger)
-        self.seen: tuple[object, int] | None = (log.token, log.version)  # the ledger's node log, as read
+        self.seen: tuple[object, int] = (log.token, log.version)  # the ledger's node log, as read
 
 
 _CHUNK = 64
@@ -716,7 +716,7 @@ def host_view_cached(ledger: Ledger, taken: dict[str, set[int]], leaves: LeafSou
         return True
 
     log = node_changes(ledger)
-    names = log.changes_since(*st.seen) if st.seen is not None else None
+    names = log.changes_since(*st.seen)
     if names is not None:
         index = st.index
         for node_id in dict.fromkeys(names):
